@@ -1,0 +1,136 @@
+"""Scaled dot-product attention: the reference and the SDPA path (chapter 02).
+
+Shape legend: B batch, H heads, T queries, S keys, D query/key width, Dv value width.
+Masks are bool, ``True`` where a query may attend, broadcastable to ``(B, H, T, S)``
+(see :mod:`companion.masks`). ``causal=True`` aligns the triangle to the end of the keys,
+so T new queries after S - T cached keys see the whole prefix.
+
+All three forms share one signature: :func:`naive_attention` (the reference; it also
+returns the weights), :func:`sdpa_attention` (PyTorch's fused kernels) and
+:func:`companion.flash.tiled_attention` (online softmax over tiles). :func:`attention`
+dispatches on ``impl``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import causal_mask, combine_masks, guard_empty_rows
+
+__all__ = ["IMPLS", "attention", "check_qkv", "naive_attention", "sdpa_attention"]
+
+IMPLS = ("reference", "sdpa", "tiled")
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    """Raise a ValueError naming the argument whose shape or dtype does not fit."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have shape (B, H, T, D), got {tuple(x.shape)}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"q, k, v must share (B, H); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share D; got q D={q.shape[-1]}, k D={k.shape[-1]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must share S; got k S={k.shape[2]}, v S={v.shape[2]}")
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor (True = attend), got dtype {mask.dtype}")
+        target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        try:
+            torch.broadcast_shapes(mask.shape, target)
+        except RuntimeError:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, S) = {target}"
+            ) from None
+
+
+def _full_mask(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool) -> Tensor | None:
+    tri = causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
+    return combine_masks(mask, tri)
+
+
+def naive_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """softmax(q kᵀ · scale) v, written out; returns ``(out (B,H,T,Dv), weights (B,H,T,S))``.
+
+    ``scale`` defaults to 1/√D. Query rows with no visible key output zeros.
+    """
+    check_qkv(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    full = _full_mask(q, k, mask, causal)
+    has_key = None
+    if full is not None:
+        full, has_key = guard_empty_rows(full)
+        scores = scores.masked_fill(~full, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S)
+    if has_key is not None:
+        weights = weights * has_key
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights  # (B, H, T, Dv)
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The same function through ``F.scaled_dot_product_attention`` (fused kernels)."""
+    check_qkv(q, k, v, mask)
+    if mask is None and (not causal or q.shape[2] == k.shape[2]):
+        # SDPA's own is_causal is top-left aligned, which equals ours when T == S.
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p
+        )
+    full, has_key = guard_empty_rows(_full_mask(q, k, mask, causal))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=scale, dropout_p=dropout_p)
+    return out * has_key
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    impl: str = "reference",
+    mask: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Dispatch to one implementation by name: ``"reference"``, ``"sdpa"`` or ``"tiled"``."""
+    if impl == "reference":
+        return naive_attention(q, k, v, mask=mask, causal=causal, scale=scale, dropout_p=dropout_p)[
+            0
+        ]
+    if impl == "sdpa":
+        return sdpa_attention(q, k, v, mask=mask, causal=causal, scale=scale, dropout_p=dropout_p)
+    if impl == "tiled":
+        if dropout_p > 0.0:
+            raise ValueError("impl='tiled' does not implement attention dropout; use dropout_p=0")
+        from .flash import tiled_attention
+
+        return tiled_attention(q, k, v, mask=mask, causal=causal, scale=scale)
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

@@ -1,0 +1,48 @@
+"""Device/dtype selection and the plotting helpers."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from companion.device import bf16_supported, default_device, default_dtype, describe  # noqa: E402
+from companion.plotting import animate, heatmap, loglog_fit, use_style  # noqa: E402
+
+
+def test_cpu_is_always_available_and_fp32():
+    assert default_device("cpu").type == "cpu"
+    assert not bf16_supported("cpu")
+    assert default_dtype("cpu") == torch.float32
+    assert "torch" in describe("cpu")
+
+
+def test_device_errors(monkeypatch):
+    with pytest.raises(ValueError, match=r"device must be one of \('cuda', 'mps', 'cpu'\)"):
+        default_device("tpu")
+    monkeypatch.setenv("COMPANION_DEVICE", "cpu")
+    assert default_device().type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="'cuda' was requested"):
+            default_device("cuda")
+
+
+def test_animation_is_self_contained_html():
+    use_style()
+    fig, ax = plt.subplots()
+    (line,) = ax.plot([0, 1], [0, 1])
+    html = animate(fig, lambda i: line.set_ydata([0, i]), frames=3)
+    assert "<script" in html and "data:image/png;base64" in html
+    assert not plt.get_fignums()
+
+
+def test_heatmap_and_loglog_fit():
+    fig, ax = plt.subplots()
+    heatmap(ax, np.eye(3), ["a", "b", "c"], ["a", "b", "c"], title="t")
+    plt.close(fig)
+    x = np.array([1.0, 10.0, 100.0])
+    slope, intercept = loglog_fit(x, 3.0 * x**2)
+    assert slope == pytest.approx(2.0) and intercept == pytest.approx(np.log(3.0))

@@ -1,0 +1,133 @@
+"""The decoder-only LM: shapes, causality, backends agree, generation, input errors."""
+
+import pytest
+import torch
+
+from companion.config import ModelConfig
+from companion.model import DecoderLM
+
+
+def small(**kw) -> ModelConfig:
+    return ModelConfig(
+        **{"vocab_size": 37, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 24, **kw}
+    )
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "none"])
+def test_logits_shape_and_causality(placement, position):
+    torch.manual_seed(0)
+    model = DecoderLM(small(norm_placement=placement, position=position)).eval()
+    x = torch.randint(0, 37, (2, 10))
+    logits = model(x)
+    assert logits.shape == (2, 10, 37)
+    y = x.clone()
+    y[:, 6:] = (y[:, 6:] + 1) % 37  # change the future: the past logits must not move
+    torch.testing.assert_close(model(y)[:, :6], logits[:, :6])
+
+
+def test_backends_give_the_same_logits_and_gradients():
+    torch.manual_seed(0)
+    ref = DecoderLM(small(attn_impl="reference"))
+    x = torch.randint(0, 37, (3, 17))
+    out = {}
+    for impl in ("reference", "sdpa", "tiled"):
+        m = DecoderLM(small(attn_impl=impl))
+        m.load_state_dict(ref.state_dict())
+        logits = m(x)
+        logits.square().mean().backward()
+        out[impl] = (logits.detach(), m.tok_emb.weight.grad.clone())
+    for impl in ("sdpa", "tiled"):
+        torch.testing.assert_close(out[impl][0], out["reference"][0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(out[impl][1], out["reference"][1], atol=1e-6, rtol=1e-4)
+
+
+def test_padding_mask_hides_left_padding():
+    torch.manual_seed(0)
+    model = DecoderLM(small(position="none")).eval()
+    x = torch.randint(1, 37, (1, 6))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
+    torch.testing.assert_close(
+        model(padded, attention_mask=mask)[:, 3:], model(x), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_tied_embeddings_are_counted_once():
+    tied = DecoderLM(small(tie_embeddings=True))
+    untied = DecoderLM(small(tie_embeddings=False))
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    assert untied.num_params() - tied.num_params() == 37 * 32
+    assert tied.num_params(include_embeddings=False) == tied.num_params() - 37 * 32 - 24 * 32
+
+
+def test_greedy_generate_is_argmax_of_the_forward():
+    torch.manual_seed(0)
+    model = DecoderLM(small()).eval()
+    prompt = torch.randint(0, 37, (2, 5))
+    out = model.generate(prompt, max_new_tokens=6)
+    assert out.shape == (2, 11)
+    assert torch.equal(out[:, :5], prompt)
+    for t in range(5, 11):
+        assert torch.equal(out[:, t], model(out[:, :t])[:, -1].argmax(-1))
+
+
+def test_sampling_is_seeded_and_top_k_restricts():
+    torch.manual_seed(0)
+    model = DecoderLM(small()).eval()
+    prompt = torch.randint(0, 37, (1, 4))
+    a = model.generate(
+        prompt, 8, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(1)
+    )
+    b = model.generate(
+        prompt, 8, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(a, b)
+    one = model.generate(prompt, 8, temperature=1.0, top_k=1)
+    assert torch.equal(one, model.generate(prompt, 8))
+
+
+def test_generation_runs_past_the_context_by_sliding():
+    model = DecoderLM(small(max_seq_len=8)).eval()
+    assert model.generate(torch.zeros(1, 8, dtype=torch.long), 5).shape == (1, 13)
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        pytest.param(
+            torch.zeros(5, dtype=torch.long), r"input_ids must have shape \(B, T\)", id="1d"
+        ),
+        pytest.param(torch.zeros(1, 5), "input_ids must be int64 or int32", id="float"),
+        pytest.param(
+            torch.zeros(1, 25, dtype=torch.long),
+            "max_seq_len=24; shorten the prompt",
+            id="too-long",
+        ),
+        pytest.param(torch.full((1, 3), 37), r"\[0, vocab_size=37\)", id="id-too-big"),
+        pytest.param(torch.full((1, 3), -1), r"\[0, vocab_size=37\)", id="id-negative"),
+    ],
+)
+def test_bad_input_ids_are_named(ids, message):
+    model = DecoderLM(small())
+    with pytest.raises(ValueError, match=message):
+        model(ids)
+
+
+def test_bad_generation_arguments():
+    model = DecoderLM(small())
+    x = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        model.generate(x, 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        model.generate(x, 2, temperature=1.0, top_k=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        model.generate(x, -1)
+
+
+def test_attention_maps_are_causal_distributions():
+    model = DecoderLM(small()).eval()
+    maps = model.attention_maps(torch.randint(0, 37, (1, 9)))
+    assert len(maps) == 2 and maps[0].shape == (1, 4, 9, 9)
+    torch.testing.assert_close(maps[1].sum(-1), torch.ones(1, 4, 9))
+    assert maps[0].triu(1).abs().max() == 0

@@ -1,0 +1,112 @@
+"""Schedules, label smoothing, AdamW groups, the training loop, progress silencing."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from companion.config import ModelConfig
+from companion.model import DecoderLM
+from companion.training import (
+    cosine_lr,
+    evaluate,
+    inverse_sqrt_lr,
+    label_smoothed_cross_entropy,
+    lm_loss,
+    make_adamw,
+    progress,
+    seed_everything,
+    train,
+)
+
+
+def test_inverse_sqrt_schedule_peaks_at_warmup():
+    lrs = [inverse_sqrt_lr(s, 512, 4000) for s in range(20000)]
+    peak = max(range(len(lrs)), key=lrs.__getitem__)
+    assert peak == 3999
+    assert lrs[peak] == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert lrs[15999] == pytest.approx(lrs[3999] / 2)  # 1/sqrt decay: 4x the steps, half the lr
+
+
+def test_cosine_schedule_endpoints():
+    assert cosine_lr(0, 1.0, 10, 100) == pytest.approx(0.1)
+    assert cosine_lr(9, 1.0, 10, 100) == pytest.approx(1.0)
+    assert cosine_lr(100, 1.0, 10, 100, min_lr=0.1) == pytest.approx(0.1)
+    assert cosine_lr(55, 1.0, 10, 100) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothing_matches_torch_with_rescaled_eps(eps):
+    torch.manual_seed(0)
+    v = 13
+    logits, tgt = torch.randn(20, v), torch.randint(0, v, (20,))
+    tgt[3] = -100
+    ours = label_smoothed_cross_entropy(logits, tgt, eps)
+    # torch spreads eps over all V classes; ours over the V - 1 wrong ones (the 2017 paper's).
+    theirs = F.cross_entropy(logits, tgt, label_smoothing=eps * v / (v - 1), ignore_index=-100)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_label_smoothing_rejects_bad_eps():
+    with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\)"):
+        label_smoothed_cross_entropy(torch.randn(2, 3), torch.zeros(2, dtype=torch.long), 1.0)
+
+
+def test_adamw_decays_matrices_only():
+    model = DecoderLM(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1))
+    opt = make_adamw(model, lr=1e-3, weight_decay=0.1)
+    decay, no_decay = opt.param_groups
+    assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+
+
+def test_training_reduces_loss_and_is_seeded():
+    def run() -> list[float]:
+        gen = seed_everything(0)
+        model = DecoderLM(
+            ModelConfig(vocab_size=8, d_model=32, n_heads=2, n_layers=1, max_seq_len=16)
+        )
+        data = torch.arange(8).repeat(40)  # a periodic sequence: easy to learn
+
+        def batch(_: int):
+            start = torch.randint(0, len(data) - 17, (8,), generator=gen)
+            idx = start[:, None] + torch.arange(16)
+            return data[idx], data[idx + 1]
+
+        opt = make_adamw(model, lr=3e-3)
+        hist = train(
+            model,
+            batch,
+            60,
+            opt,
+            lr_at=lambda s: cosine_lr(s, 3e-3, 5, 60),
+            eval_fn=lambda: evaluate(model, [batch(0)]),
+            eval_every=20,
+        )
+        assert hist.eval_step == [19, 39, 59]
+        return hist.loss
+
+    a, b = run(), run()
+    assert a == b
+    assert a[-1] < 0.5 * a[0]
+
+
+def test_nonfinite_loss_raises():
+    model = DecoderLM(ModelConfig(vocab_size=8, d_model=16, n_heads=2, n_layers=1))
+    x = torch.zeros(1, 4, dtype=torch.long)
+
+    def nan_loss(m, a, b):
+        return lm_loss(m, a, b) * float("nan")
+
+    with pytest.raises(FloatingPointError, match="loss became nan at step 0"):
+        train(model, lambda s: (x, x), 3, make_adamw(model, 1e-3), loss_fn=nan_loss)
+
+
+def test_evaluate_needs_batches():
+    with pytest.raises(ValueError, match="no batches"):
+        evaluate(torch.nn.Identity(), [])
+
+
+def test_progress_is_silenced_by_env(monkeypatch, capsys):
+    monkeypatch.setenv("COMPANION_PROGRESS", "0")
+    assert list(progress(range(3), desc="x")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
