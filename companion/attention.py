@@ -79,7 +79,8 @@ def naive_attention(
     if full is not None:
         full, has_key = guard_empty_rows(full)
         scores = scores.masked_fill(~full, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S)
+    acc = torch.promote_types(scores.dtype, torch.float32)  # fp32 for bf16, fp64 stays
+    weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)  # (B, H, T, S)
     if has_key is not None:
         weights = weights * has_key
     if dropout_p > 0.0:

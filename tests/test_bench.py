@@ -1,0 +1,47 @@
+"""The benchmark command line runs, prints the table, and rejects unknown benchmarks."""
+
+from __future__ import annotations
+
+import pytest
+
+from companion.bench import main
+
+COLUMNS = [
+    "naive ms",
+    "tiled ms",
+    "sdpa ms",
+    "naive MiB",
+    "tiled MiB",
+    "sdpa MiB",
+    "naive/sdpa time",
+    "tiled/sdpa time",
+    "naive/tiled mem",
+]
+
+
+def test_attention_prints_one_row_per_length(capsys):
+    main(["attention", "--device", "cpu", "--lengths", "64", "128", "--repeats", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = next(line for line in lines if line.strip().startswith("T "))
+    for column in COLUMNS:
+        assert column in header
+    rows = [line.split() for line in lines if line.split()[0] in {"64", "128"}]
+    assert [r[0] for r in rows] == ["64", "128"]
+    assert all(r[-1].endswith("x") for r in rows)
+
+
+@pytest.mark.parametrize("argv", [["decodee"], []], ids=["unknown", "missing"])
+def test_unknown_or_missing_benchmark_is_a_clear_error(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "benchmark" in err
+    if argv:
+        assert "invalid choice: 'decodee'" in err
+
+
+def test_bad_length_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["attention", "--lengths", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
