@@ -1,4 +1,4 @@
-"""One look for every figure in the book, and stepped figures as HTML animations.
+"""One look for every figure in the book (all chapters), and stepped figures as animations.
 
 Call :func:`use_style` at the top of a chapter. :func:`animate` turns a drawing function
 into a self-contained ``to_jshtml()`` player that steps in the static HTML book.
