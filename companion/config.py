@@ -65,7 +65,7 @@ class ModelConfig:
 
     @property
     def ffn_dim(self) -> int:
-        """The FFN's hidden width: ``d_ff`` if given, else 4·d."""
+        """The FFN's hidden width, ``d_ff`` if given, else 4·d."""
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     def replace(self, **changes: object) -> ModelConfig:

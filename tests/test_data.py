@@ -77,7 +77,7 @@ def test_copy_task_layout():
 def test_associative_recall_answer_is_the_paired_value():
     x, y = associative_recall(64, 4, 10, 6, generator=torch.Generator().manual_seed(0))
     assert x.shape == (64, 9)
-    for row_x, row_y in zip(x, y):
+    for row_x, row_y in zip(x, y, strict=True):
         keys, values = row_x[0:8:2].tolist(), row_x[1:8:2].tolist()
         assert len(set(keys)) == 4
         assert row_y[-1].item() == values[keys.index(row_x[-1].item())]

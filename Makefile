@@ -1,0 +1,124 @@
+# The Transformer, 2017 → 2026: build, test and run the book.
+#
+#   make book   strict HTML build into _build/html (any warning is an error)
+#   make test   lint, unit tests, every chapter re-run by nbval, the book, a browser check
+#   make help   everything else
+#
+# The first target that needs Python creates .venv (CPU PyTorch first, then the package with
+# all extras, pinned by requirements/constraints.txt), and redoes it when pyproject.toml or
+# the constraints change.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+# The test steps must run in the order written, also under `make -j`.
+.NOTPARALLEL:
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONSTRAINTS := requirements/constraints.txt
+TORCH := torch==2.13.0
+CHROMIUM := /usr/bin/chromium
+EXTRAS := book,test,hf,lab
+
+# Same environment for tests, notebooks and kernels: no progress bars, no downloads,
+# reproducible hashing.
+export COMPANION_PROGRESS := 0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONHASHSEED := 0
+# MPLBACKEND=Agg is set for the unit tests only. A Jupyter kernel that inherits it drops
+# every inline figure from the notebook outputs without an error, so whatever starts a
+# kernel runs under $(NO_MPLBACKEND).
+NO_MPLBACKEND := env -u MPLBACKEND
+NBVAL_SANITIZE := tests/nbval_sanitize.cfg
+
+.PHONY: help venv book test lint unit nbval browser lab bench notebooks lock clean distclean
+
+help:
+	@echo "make book       strict HTML build into _build/html"
+	@echo "make test       ruff, unit tests, nbval over the chapters, book build, browser check"
+	@echo "make lab        JupyterLab on chapters/ (jupytext keeps .ipynb and .py paired)"
+	@echo "make bench      python -m companion.bench attention"
+	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
+	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
+	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
+	@echo "Parts of make test: make lint | unit | nbval | book | browser"
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# CPU PyTorch first: installed later as a dependency, pip would fetch a CUDA build.
+	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --builder html --all -W -n --keep-going
+
+test: lint unit nbval book browser
+	@echo "make test: all steps passed"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+unit: $(STAMP)
+	MPLBACKEND=Agg $(BIN)/pytest tests -m "not browser" --disable-socket --allow-unix-socket
+
+nbval: $(STAMP)
+	@nbs="$$($(BIN)/python tools/toc_notebooks.py)"; \
+	if [ -z "$$nbs" ]; then echo "nbval: no notebooks listed in _toc.yml"; exit 0; fi; \
+	echo "nbval:" $$nbs; \
+	$(NO_MPLBACKEND) $(BIN)/pytest --nbval --nbval-current-env \
+		--nbval-sanitize-with $(NBVAL_SANITIZE) -p no:cacheprovider $$nbs
+
+browser: $(STAMP)
+	@if [ -x $(CHROMIUM) ]; then \
+		$(BIN)/pytest tests/browser -m browser -p no:cacheprovider; \
+	elif [ -n "$${CI:-}" ]; then \
+		echo "browser check: FAILED, CI is set and $(CHROMIUM) is missing (apt-get install chromium)" >&2; \
+		exit 1; \
+	else \
+		echo "browser check: SKIPPED (only this step): $(CHROMIUM) not found."; \
+		echo "               Install it with 'apt-get install chromium'; with CI set this fails."; \
+	fi
+
+# Containers often run as root, which Jupyter refuses without --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+
+lab: $(STAMP)
+	$(NO_MPLBACKEND) $(BIN)/jupyter lab --ServerApp.root_dir=chapters $(LAB_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m companion.bench attention
+
+notebooks: $(STAMP)
+	$(BIN)/python tools/sync_repo_url.py
+	@for nb in $$($(BIN)/python tools/toc_notebooks.py); do \
+		echo "== $$nb"; \
+		$(BIN)/jupytext --sync "$$nb"; \
+		$(NO_MPLBACKEND) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+			--ExecutePreprocessor.timeout=3600 --ExecutePreprocessor.record_timing=False "$$nb"; \
+		$(BIN)/jupytext --sync "$$nb"; \
+	done
+
+lock: $(STAMP)
+	@mkdir -p $(dir $(CONSTRAINTS))
+	@{ echo "# Pins for every package in .venv. Regenerate with 'make lock'; do not edit."; \
+	   echo "# torch is pinned without its local label (+cpu) so the same file serves CUDA builds."; \
+	   $(BIN)/pip freeze --exclude-editable | sed -E 's/^(torch==[^+]+)\+.*$$/\1/'; \
+	 } > $(CONSTRAINTS).tmp
+	@mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
+	@touch $(STAMP)
+	@echo "wrote $(CONSTRAINTS) ($$(grep -c '==' $(CONSTRAINTS)) pins)"
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) \
+		-type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

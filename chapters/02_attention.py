@@ -1,0 +1,564 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 2 · Attention
+#
+# A recurrent network reads a sentence one token at a time and squeezes everything it has
+# seen into one state vector. Attention drops that bottleneck: every token looks at every
+# other token directly, and decides for itself how much of each to take. This chapter builds
+# the mechanism from nothing, measures the three facts that shaped everything after 2017 —
+# why the scores are divided by $\sqrt{d_k}$, why the cost grows as $n^2$, and how
+# FlashAttention computes the *same* numbers without ever storing the $n \times n$ matrix —
+# and trains a small model on Shakespeare to watch real attention heads form
+# {cite}`vaswani2017attention`.
+#
+# Every claim below is checked by an `assert`; if a future version of PyTorch (or of this
+# book's code) breaks one, the book's CI fails.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True)
+
+# %%
+import inspect
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+
+from companion.attention import naive_attention, sdpa_attention
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.flash import online_softmax_trace, tiled_attention, tiled_attention_forward
+from companion.masks import causal_mask
+from companion.memory import PeakMemory
+from companion.mha import MultiHeadAttention
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
+from companion.text import CharTokenizer, load_bpe, load_shakespeare, sample_windows, split_tokens
+from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
+
+FULL = False  # True: a bigger model, longer training and longer sequences (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+torch.set_num_threads(2)
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## Tokens become vectors
+#
+# A model never sees text. A tokenizer cuts the text into pieces and numbers them; an
+# embedding table turns each number into a vector of $d$ learned values. Our tokenizer is a
+# byte-level BPE with 2,048 pieces, trained on the eight Shakespeare plays that ship with
+# `companion`.
+
+# %%
+bpe = load_bpe()
+sentence = "To be, or not to be, that is the question"
+ids = bpe.encode(sentence)
+pieces = [p.replace("Ġ", "·") for p in bpe.tokens(sentence)]
+print(len(ids), "tokens:", pieces)
+print("ids:", ids)
+assert bpe.decode(ids) == sentence
+
+# %%
+seed_everything(0)
+d = 16
+embedding = torch.nn.Embedding(bpe.vocab_size, d)
+x = embedding(torch.tensor(ids)).detach()  # (T, d): one row per token
+print("x:", tuple(x.shape))
+
+# %% [markdown]
+# ## Queries, keys and values, one step at a time
+#
+# Each token plays three roles. Its **query** $q_i = x_i W_Q$ says what it is looking for;
+# its **key** $k_j = x_j W_K$ says what it offers to be found by; its **value**
+# $v_j = x_j W_V$ is what it hands over when found. Token $i$ scores every token $j$ by the
+# dot product $q_i \cdot k_j$, turns the scores into weights with a softmax, and takes the
+# weighted average of the values:
+#
+# $$
+# \operatorname{Attention}(Q, K, V) = \operatorname{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right) V .
+# $$
+#
+# Below, the three projections are random (the model is untrained), so the point is the
+# arithmetic, not the pattern.
+
+# %%
+W_q, W_k, W_v = (torch.randn(d, d) / math.sqrt(d) for _ in range(3))
+q, k, v = x @ W_q, x @ W_k, x @ W_v  # (T, d) each
+scores = q @ k.T / math.sqrt(d)  # (T, T): row i = how well each key matches query i
+weights = torch.softmax(scores, dim=-1)  # each row sums to 1
+out = weights @ v  # (T, d): a weighted average of the values
+print("scores", tuple(scores.shape), "| first row sums", [round(s, 4) for s in weights.sum(-1)[:3].tolist()])
+
+# the package's reference implementation computes exactly this
+ref_out, ref_w = naive_attention(q[None, None], k[None, None], v[None, None])
+assert torch.allclose(ref_out[0, 0], out, atol=1e-6) and torch.allclose(ref_w[0, 0], weights)
+
+# %%
+Code(inspect.getsource(naive_attention), language="python")
+
+# %%
+fig, ax = plt.subplots(figsize=(5.2, 4.4))
+heatmap(ax, weights.numpy(), pieces, pieces, title="Untrained attention: who looks at whom")
+ax.set_xlabel("key (attended to)")
+ax.set_ylabel("query (looking)")
+plt.show()
+
+# %% [markdown]
+# ## Why divide by $\sqrt{d_k}$?
+#
+# If the entries of $q$ and $k$ are independent with variance 1, the dot product
+# $q \cdot k = \sum_{m=1}^{d_k} q_m k_m$ is a sum of $d_k$ such products: its variance is
+# $d_k$. Wide heads therefore produce large scores, and a softmax of large numbers is
+# nearly one-hot. A one-hot softmax has an almost-zero Jacobian
+# $\partial p / \partial s = \operatorname{diag}(p) - p p^\top$: gradients stop flowing
+# through the weights and the head cannot learn where to look. Dividing by $\sqrt{d_k}$
+# brings the variance back to 1 whatever the width. Let us measure all three quantities:
+# the spread of the scores, the largest weight of each softmax row, and the size (Frobenius
+# norm) of the Jacobian for a typical row, over 256 random queries against 64 keys.
+
+# %%
+gen = torch.Generator().manual_seed(0)
+n_keys, trials = 64, 256
+rows = []
+for d_k in [4, 16, 64, 256, 1024]:
+    qs = torch.randn(trials, d_k, generator=gen)
+    ks = torch.randn(trials, n_keys, d_k, generator=gen)
+    raw = torch.einsum("td,tnd->tn", qs, ks)  # (trials, n_keys)
+    for is_scaled in (False, True):
+        s = raw / math.sqrt(d_k) if is_scaled else raw
+        p = torch.softmax(s, dim=-1)
+        jac = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # ∂p/∂s per trial
+        rows.append(
+            {
+                "d_k": d_k,
+                "scaled": is_scaled,
+                "score_std": s.std().item(),
+                "max_weight": p.max(-1).values.mean().item(),
+                "jacobian_norm": torch.linalg.matrix_norm(jac).median().item(),  # typical row
+            }
+        )
+print(f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} {'median ‖∂p/∂s‖':>15}")
+for r in rows:
+    print(f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} {r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}")
+
+# %%
+unscaled = [r for r in rows if not r["scaled"]]
+scaled = [r for r in rows if r["scaled"]]
+# the claim: unscaled score spread grows like sqrt(d_k); scaled stays near 1
+for r in unscaled:
+    assert abs(r["score_std"] / math.sqrt(r["d_k"]) - 1) < 0.1
+assert all(abs(r["score_std"] - 1) < 0.1 for r in scaled)
+# ... so without the scale the softmax saturates and its gradient collapses
+assert unscaled[-1]["max_weight"] > 0.9 and scaled[-1]["max_weight"] < 0.3
+assert unscaled[-1]["jacobian_norm"] < 0.01 * scaled[-1]["jacobian_norm"]
+assert max(r["jacobian_norm"] for r in scaled) < 1.5 * min(r["jacobian_norm"] for r in scaled)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
+dks = [r["d_k"] for r in scaled]
+for data, label, style in ((unscaled, "q·k", "o--"), (scaled, "q·k / √d_k", "o-")):
+    axes[0].plot(dks, [r["max_weight"] for r in data], style, label=label)
+    axes[1].plot(dks, [r["jacobian_norm"] for r in data], style, label=label)
+axes[0].set(xscale="log", xlabel="head width d_k", ylabel="mean largest weight", title="Softmax saturates without the scale")
+axes[1].set(xscale="log", yscale="log", xlabel="head width d_k", ylabel="median ‖∂softmax/∂scores‖", title="…and its gradient vanishes")
+axes[0].legend()
+plt.show()
+
+# %% [markdown]
+# ## The causal mask
+#
+# A language model predicts token $t+1$ from tokens $1..t$, and it is trained on all
+# positions of a sequence at once. Position $i$ must therefore not see keys $j > i$: we set
+# those scores to $-\infty$ before the softmax, so their weights are exactly zero. In
+# `companion` a mask is a boolean tensor, `True` where attention is allowed.
+
+# %%
+T = len(ids)
+print(causal_mask(T)[:5, :5].int())
+out_c, w_c = naive_attention(q[None, None], k[None, None], v[None, None], causal=True)
+assert w_c[0, 0].triu(1).abs().max() == 0  # no weight on the future
+
+# change the last token's vector: no earlier output may move
+x2 = x.clone()
+x2[-1] += 10.0
+q2, k2, v2 = x2 @ W_q, x2 @ W_k, x2 @ W_v
+out_c2, _ = naive_attention(q2[None, None], k2[None, None], v2[None, None], causal=True)
+assert torch.allclose(out_c2[0, 0, :-1], out_c[0, 0, :-1])
+assert not torch.allclose(out_c2[0, 0, -1], out_c[0, 0, -1])
+print("outputs before the changed token unchanged; the last one changed")
+
+# %% [markdown]
+# ## Many heads
+#
+# One softmax can only express one way of mixing the sequence. Multi-head attention splits
+# the width $d$ into $H$ heads of width $D = d/H$, runs attention in each independently, and
+# concatenates the results before a final projection $W_O$. The parameter count is the same
+# as one wide head ($4d^2$ plus biases); what changes is that each head gets its own
+# softmax. Here is the module, with one fused matrix producing $q$, $k$ and $v$:
+
+# %%
+Code(inspect.getsource(MultiHeadAttention.project) + "\n" + inspect.getsource(MultiHeadAttention.forward), language="python")
+
+# %%
+mha = MultiHeadAttention(d_model=64, n_heads=4)
+xb = torch.randn(2, 10, 64)  # (B, T, d)
+qh, kh, vh = mha.project(xb)
+print("x", tuple(xb.shape), "-> q, k, v per head", tuple(qh.shape), "-> out", tuple(mha(xb, causal=True).shape))
+assert qh.shape == (2, 4, 10, 16)
+assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
+
+# %% [markdown]
+# ### Training a small model to watch heads specialise
+#
+# A two-layer, four-head decoder trained for a few hundred steps on the plays is enough for
+# heads to stop being uniform and to start doing different jobs. To learn quickly on a CPU
+# it reads *characters* (76 distinct ones) rather than BPE pieces. While it trains we keep a
+# snapshot of one head's attention on a short line at regular intervals.
+
+# %%
+seed_everything(0)
+text = load_shakespeare()
+chars = CharTokenizer(text)
+tokens = torch.tensor(chars.encode(text))
+train_ids, val_ids = split_tokens(tokens, 0.1)
+steps, seq_len, batch = (3000, 256, 64) if FULL else (600, 64, 32)
+cfg = ModelConfig(
+    vocab_size=chars.vocab_size, d_model=128 if FULL else 64, n_layers=2, n_heads=4,
+    max_seq_len=seq_len, position="learned", norm_placement="pre", attn_impl="sdpa",
+)
+model = DecoderLM(cfg).to(DEVICE)
+gen = torch.Generator().manual_seed(0)
+val_batches = [sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE) for i in range(4)]
+line = "To be, or not to be"
+line_chars = list(line)
+probe = torch.tensor([chars.encode(line)], device=DEVICE)
+snapshots = [model.attention_maps(probe)[0][0, 3].cpu()]  # layer 1, head 4, before training
+
+
+def eval_and_snapshot() -> float:
+    snapshots.append(model.attention_maps(probe)[0][0, 3].cpu())
+    return evaluate(model, val_batches)
+
+
+hist = train(
+    model,
+    lambda step: sample_windows(train_ids, batch, seq_len, gen, DEVICE),
+    steps,
+    make_adamw(model, lr=1e-2, weight_decay=0.1),
+    lr_at=lambda s: cosine_lr(s, 1e-2, warmup=steps // 10, total=steps, min_lr=1e-3),
+    eval_fn=eval_and_snapshot,
+    eval_every=steps // 8,
+)
+unigram = torch.bincount(train_ids, minlength=chars.vocab_size).float() / len(train_ids)
+unigram_loss = -(unigram[val_ids] + 1e-12).log().mean().item()
+print(f"validation loss {hist.eval_loss[-1]:.2f} nats/char; unigram baseline {unigram_loss:.2f}")
+assert hist.eval_loss[-1] < unigram_loss - 0.8  # it learned far more than letter frequencies
+
+# %%
+fig, ax = plt.subplots(figsize=(5.2, 4.4))
+
+
+def draw(i: int) -> None:
+    ax.clear()
+    step = 0 if i == 0 else hist.eval_step[i - 1] + 1
+    heatmap(ax, snapshots[i].numpy(), line_chars, line_chars, title=f"Layer 1, head 4 after {step} steps", vmax=1.0)
+
+
+HTML(animate(fig, draw, len(snapshots), interval_ms=600))
+
+# %% [markdown]
+# The head starts uniform over the visible prefix (each row spreads its weight over the
+# characters so far) and sharpens as training goes on. Now all eight heads of the trained
+# model on the same line:
+
+# %%
+maps = model.attention_maps(probe)
+fig, axes = plt.subplots(2, 4, figsize=(11, 5.6))
+for layer in range(2):
+    for head in range(4):
+        heatmap(axes[layer, head], maps[layer][0, head].cpu().numpy(), title=f"layer {layer + 1} · head {head + 1}")
+        axes[layer, head].set(xticks=[], yticks=[])
+fig.suptitle("Trained heads on «" + line + "»: eight different patterns")
+plt.show()
+
+# %% [markdown]
+# Do the heads really differ? A simple summary of a head is *how far back it looks*: the
+# average distance $\sum_j w_{ij}\,(i-j)$ between a query and the keys it attends to, and how
+# much weight it puts on the immediately preceding character. We measure both on held-out
+# text (a head that spreads evenly over 64 characters looks back about 16 on average).
+
+# %%
+xv = val_batches[0][0]
+head_stats = []
+for layer, m in enumerate(model.attention_maps(xv)):
+    t = m.shape[-1]
+    dist = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).clamp(min=0).float().to(m.device)
+    mean_dist = (m * dist).sum(-1).mean(dim=(0, 2))  # (H,)
+    prev = torch.diagonal(m, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (H,)
+    for h in range(m.shape[1]):
+        head_stats.append((layer + 1, h + 1, mean_dist[h].item(), prev[h].item()))
+print("layer head  mean look-back  weight on previous char")
+for layer, h, md, pv in head_stats:
+    print(f"{layer:>5} {h:>4} {md:>15.1f} {pv:>25.2f}")
+look_back = [r[2] for r in head_stats]
+prev_weight = [r[3] for r in head_stats]
+assert max(look_back) > 3 * min(look_back)  # some heads look far back, others stay local
+assert max(prev_weight) > 0.3  # at least one head leans on the previous character
+
+# %% [markdown]
+# For live exploration in Jupyter, pick any layer and head (in the static book the controls
+# are shown but need a running kernel):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (nbval's kernel shows the widget's figure outside the widget; Jupyter does not)
+import ipywidgets as widgets  # noqa: E402
+
+
+def show_head(layer: int = 2, head: int = 1) -> None:
+    fig, ax = plt.subplots(figsize=(4.6, 3.9))
+    heatmap(ax, maps[layer - 1][0, head - 1].cpu().numpy(), line_chars, line_chars, title=f"layer {layer} · head {head}")
+    plt.show()
+
+
+widgets.interactive(show_head, layer=widgets.IntSlider(2, 1, 2), head=widgets.IntSlider(1, 1, 4))
+
+# %% [markdown]
+# ## The $n^2$ bill
+#
+# The score matrix has one entry per (query, key) pair: $n^2$ of them per head. Doubling the
+# context quadruples the work and — if the matrix is stored — the memory. We measure both
+# for the reference implementation, which stores it. Peak memory is counted by
+# `companion.memory.PeakMemory` (every tensor allocated inside the block, so the count is
+# exact and repeatable); time is the median of a few runs.
+
+# %%
+lengths = [256, 512, 1024, 2048] + ([4096, 8192] if FULL else [])
+H, D = 4, 64
+mem_naive, time_naive = [], []
+for n in lengths:
+    qq, kk, vv = (torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3))
+    with PeakMemory(DEVICE) as pm:
+        naive_attention(qq, kk, vv, causal=True)
+    mem_naive.append(pm.peak_bytes)
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        naive_attention(qq, kk, vv, causal=True)
+        runs.append(time.perf_counter() - t0)
+    time_naive.append(float(np.median(runs)))
+mem_slope, _ = loglog_fit(lengths, mem_naive)
+time_slope, _ = loglog_fit(lengths, time_naive)
+for n, mb in zip(lengths, mem_naive, strict=True):
+    print(f"n = {n:>5}: peak memory {mb / 2**20:8.1f} MiB")
+print(f"memory grows as n^{mem_slope:.2f}")
+assert 1.9 < mem_slope < 2.1
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings differ from run to run)
+for n, t in zip(lengths, time_naive, strict=True):
+    print(f"n = {n:>5}: {1e3 * t:7.1f} ms")
+print(f"time grows as n^{time_slope:.2f}")
+assert time_slope > 1.3  # loose: the n^2 matmuls dominate, but small n carries overheads
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
+axes[0].loglog(lengths, [m / 2**20 for m in mem_naive], "o-")
+axes[0].set(xlabel="sequence length n", ylabel="peak memory (MiB)", title=f"Memory ∝ n^{mem_slope:.1f}")
+axes[1].loglog(lengths, [1e3 * t for t in time_naive], "o-", color=PALETTE[1])
+axes[1].set(xlabel="sequence length n", ylabel="forward time (ms)", title="Time, also quadratic")
+plt.show()
+
+# %% [markdown]
+# ## FlashAttention: the same numbers, never the whole matrix
+#
+# The softmax of a row needs its maximum (for numerical safety) and its sum of exponentials
+# before any weight is known — which seems to force us to hold the whole row. The *online
+# softmax* {cite}`milakov2018online` removes that need. Read the scores in blocks and keep
+# two running numbers per row: the largest score so far, $m$, and the sum
+# $\ell = \sum_j e^{s_j - m}$. When a new block raises the maximum to $m'$, everything summed
+# so far is simply rescaled:
+#
+# $$
+# m' = \max\bigl(m, \max_{j \in \text{block}} s_j\bigr), \qquad
+# \ell' = \ell\, e^{m - m'} + \sum_{j \in \text{block}} e^{s_j - m'} .
+# $$
+#
+# The output row is a weighted sum of values, so it can be carried along the same way:
+# $o' = o\,e^{m-m'} + \sum_j e^{s_j - m'} v_j$, divided by $\ell$ once at the end. Nothing
+# larger than one block of scores ever exists {cite}`dao2022flashattention`. Watch one row
+# being processed in blocks of four: the weights computed so far are exact up to the final
+# rescaling, and after the last block they *are* the softmax.
+
+# %%
+Code(inspect.getsource(online_softmax_trace), language="python")
+
+# %%
+row = torch.randn(16, generator=torch.Generator().manual_seed(3)) * 2
+trace = online_softmax_trace(row, block=4)
+final_m, final_l = trace[-1]
+assert torch.allclose(torch.exp(row.double() - final_m) / final_l, torch.softmax(row.double(), dim=0))
+print("running (max, sum) after each block:", [(round(m, 2), round(s, 2)) for m, s in trace])
+
+fig, ax = plt.subplots(figsize=(6.4, 3.2))
+true_p = torch.softmax(row, dim=0).numpy()
+
+
+def draw_block(i: int) -> None:
+    ax.clear()
+    m, l_sum = trace[i]
+    seen = 4 * (i + 1)
+    ax.bar(range(16), true_p, color="none", edgecolor="grey", label="true softmax")
+    ax.bar(range(seen), (torch.exp(row[:seen] - m) / l_sum).numpy(), color=PALETTE[0], alpha=0.8, label="computed so far")
+    ax.axvspan(seen - 4 - 0.5, seen - 0.5, color=PALETTE[4], alpha=0.2)
+    ax.set(ylim=(0, 1.05 * true_p.max()), xlabel="key position", ylabel="weight", title=f"After block {i + 1} of 4: running max {m:.2f}")
+    ax.legend(loc="upper right")
+
+
+HTML(animate(fig, draw_block, len(trace), interval_ms=900))
+
+# %% [markdown]
+# `companion.flash` applies this to tiles of queries *and* keys. Here is its forward loop; the
+# backward pass (not shown) recomputes each tile from the saved log-sum-exp
+# $m + \log \ell$ instead of storing the weights, as FlashAttention-2 does
+# {cite}`dao2023flashattention2`.
+
+# %%
+Code(inspect.getsource(tiled_attention_forward), language="python")
+
+# %% [markdown]
+# The claim "exact, not an approximation" is an assertion: outputs and gradients of the
+# tiled form agree with the reference and with PyTorch's fused SDPA, on a length that is not
+# a multiple of the tile size, with a causal mask.
+
+# %%
+torch.manual_seed(0)
+qq, kk, vv = (torch.randn(2, 4, 300, 32, requires_grad=True) for _ in range(3))
+forms = {
+    "reference": lambda a, b, c: naive_attention(a, b, c, causal=True)[0],
+    "sdpa": lambda a, b, c: sdpa_attention(a, b, c, causal=True),
+    "tiled": lambda a, b, c: tiled_attention(a, b, c, causal=True, block_q=64, block_k=64),
+}
+results = {}
+for name, fn in forms.items():
+    o = fn(qq, kk, vv)
+    results[name] = (o.detach(), torch.autograd.grad(o.square().sum(), (qq, kk, vv)))
+for name in ("sdpa", "tiled"):
+    err_o = (results[name][0] - results["reference"][0]).abs().max().item()
+    err_g = max((a - b).abs().max().item() for a, b in zip(results[name][1], results["reference"][1], strict=True))
+    print(f"{name:>6} vs reference: max |Δ output| < 1e-5: {err_o < 1e-5}, max |Δ grad| < 1e-4: {err_g < 1e-4}")
+    assert err_o < 1e-5 and err_g < 1e-4
+
+# %% [markdown]
+# And the memory: at each length the tiled form holds a few $64 \times 64$ tiles instead of
+# the $n \times n$ matrix. Its peak is the output and the per-row statistics, which grow
+# linearly in $n$, plus a fixed tile budget, so the fitted slope is at most 1.
+
+# %%
+mem_tiled = []
+for n in lengths:
+    qq, kk, vv = (torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3))
+    with PeakMemory(DEVICE) as pm:
+        tiled_attention(qq, kk, vv, causal=True)
+    mem_tiled.append(pm.peak_bytes)
+tiled_slope, _ = loglog_fit(lengths, mem_tiled)
+print(f"{'n':>6} {'reference MiB':>14} {'tiled MiB':>10} {'ratio':>7}")
+for n, a, b in zip(lengths, mem_naive, mem_tiled, strict=True):
+    print(f"{n:>6} {a / 2**20:>14.1f} {b / 2**20:>10.2f} {a / b:>7.1f}")
+print(f"tiled memory grows as n^{tiled_slope:.2f}")
+assert tiled_slope < 1.2
+assert mem_naive[-1] > 20 * mem_tiled[-1]
+
+# %%
+fig, ax = plt.subplots(figsize=(5.6, 3.4))
+ax.loglog(lengths, [m / 2**20 for m in mem_naive], "o-", label=f"reference (∝ n^{mem_slope:.1f})")
+ax.loglog(lengths, [m / 2**20 for m in mem_tiled], "o-", label=f"tiled online softmax (∝ n^{tiled_slope:.1f})")
+ax.set(xlabel="sequence length n", ylabel="peak memory (MiB)", title="Same output, at most linear memory")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# On this CPU the pure-PyTorch tiled loop is *slower* than PyTorch's fused SDPA: Python
+# drives each tile, and a CPU has no small fast memory for the tile to live in. On a GPU the
+# same algorithm, written as one fused kernel, keeps each tile in on-chip SRAM; it is what
+# SDPA's flash backend runs. `make bench` (`python -m companion.bench attention`) prints
+# the three side by side.
+#
+# ## Summary
+#
+# - Attention is a differentiable lookup: queries score keys, a softmax turns scores into
+#   weights, the output is the weighted average of the values.
+# - The $1/\sqrt{d_k}$ scale keeps score variance at 1 whatever the head width; without it
+#   wide heads saturate the softmax and its gradient collapses (measured above).
+# - A boolean causal mask makes every position blind to its future, which lets one forward
+#   pass train all positions of a sequence.
+# - Heads are cheap to multiply: the same $4d^2$ parameters, each head with its own softmax.
+#   Trained, they specialise (local, previous-character, long-range).
+# - The score matrix is $n^2$: memory and time grow quadratically (slope ≈ 2 measured).
+# - FlashAttention changes *how*, not *what*: the online softmax gives identical outputs and
+#   gradients with memory linear in $n$.
+#
+# ## Exercises
+#
+# 1. Replace $1/\sqrt{d_k}$ by $1/d_k$ in the saturation experiment. What happens to the
+#    score spread and the Jacobian norm as $d_k$ grows?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The scores then have standard deviation $1/\sqrt{d_k}$: the softmax tends to *uniform*,
+# and every head averages everything — the opposite failure.
+# ```
+#
+# 2. Train the chapter's model with `n_heads=1` and the same `d_model`. Is the validation
+#    loss better or worse, and what does the single head's map look like?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Build `ModelConfig(..., n_heads=1)`; the parameter count is unchanged. One softmax per
+# layer must compromise between local and long-range reading.
+# ```
+#
+# 3. How long can the context of one layer with $H = 32$ heads be before the reference
+#    implementation's score matrices alone fill 80 GB, in fp32 and in bf16? Check your
+#    formula against `PeakMemory` at a small $n$.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The scores take $4 H n^2$ bytes in fp32, so $n \approx \sqrt{80\cdot 10^9 / 128}
+# \approx 25{,}000$; in bf16 ($2Hn^2$ bytes) about 35,000 — before the softmax's copy.
+# ```
+#
+# 4. In `online_softmax_trace`, process the blocks in *reverse* order. Does the final
+#    result change? Why is that useful for parallel hardware?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Two partial results $(m_1, \ell_1)$ and $(m_2, \ell_2)$ merge into
+# $(\max(m_1, m_2),\ \ell_1 e^{m_1 - m} + \ell_2 e^{m_2 - m})$ in any order: blocks can be
+# combined in a tree, which is how split-KV decoding parallelises over long contexts.
+# ```

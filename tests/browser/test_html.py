@@ -1,0 +1,319 @@
+"""The built HTML book works in a real browser, offline.
+
+Serves ``_build/html`` on 127.0.0.1 and opens every page of ``_toc.yml`` in Debian's
+Chromium through Playwright (never ``playwright install``: it downloads a browser). Each page
+must load, render its math with the local MathJax, load every image, run its matplotlib
+animations and raise no JavaScript error. Requests to any other host are blocked and fail
+the test, so a page that works here works without a network.
+
+Run after ``make book``: ``pytest tests/browser -m browser``. Without ``/usr/bin/chromium``
+the tests skip, unless ``CI`` is set: then they fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+HTML = ROOT / "_build" / "html"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+IN_CI = bool(os.environ.get("CI"))
+
+# Errors we accept: (message regex, where regex, why). "where" is the error's stack or the
+# console message's URL. Everything else on the console, and every uncaught error, fails.
+ALLOWED_ERRORS: list[tuple[str, str, str]] = [
+    # The widget renderer (html-manager's embed-amd.js) typesets widget labels through
+    # MathJax 2's MathJax.Hub.Queue; the book loads MathJax 3, which has no Hub. The widgets
+    # still render (checked in test_page); only LaTeX inside widget labels stays raw.
+    (
+        r"^Cannot read properties of undefined \(reading 'Queue'\)$",
+        r"/_static/js/embed-amd\.js",
+        "widget renderer expects MathJax 2",
+    ),
+    # sphinx-thebe 0.3.1 registers its inline config script twice (once through the app and
+    # once through the builder), so the second `const THEBE_JS_URL` throws at parse time.
+    # The first copy defines everything; "Live Code" loads thebe only when pressed.
+    (
+        r"^Identifier 'THEBE_JS_URL' has already been declared$",
+        r"",
+        "sphinx-thebe config script included twice",
+    ),
+]
+# External requests we accept (blocked, and the page must still work without them).
+ALLOWED_EXTERNAL: list[tuple[str, str]] = [
+    # matplotlib's to_jshtml() links Font Awesome 4 CSS from a CDN for its button icons;
+    # the theme's local Font Awesome draws them anyway (checked in test_page).
+    (r"^https://maxcdn\.bootstrapcdn\.com/font-awesome/", "jshtml button icons"),
+]
+# A failed load is also logged on the console, with the URL as its location.
+FAILED_LOAD = re.compile(r"^Failed to load resource: ")
+
+
+def _load_toc_module():
+    path = ROOT / "tools" / "toc_notebooks.py"
+    spec = importlib.util.spec_from_file_location("toc_notebooks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PAGES: list[str] = _load_toc_module().toc_files(ROOT)
+
+
+def _unavailable(reason: str) -> None:
+    """Skip outside CI, fail in CI: CI must not pass without having looked at the book."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI is set, so this is a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
+# --- what the sources say each page should contain -------------------------------------
+
+_FENCE = re.compile(r"^(```+|~~~+)(.*?)$.*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_INLINE_CODE = re.compile(r"`+[^`\n]*`+")
+_MATH = re.compile(r"\$\$|\$[^\s$][^$\n]*\$|\{math\}|\\\(|\\\[|\\begin\{")
+
+
+def _markdown_sources(doc: str) -> tuple[list[str], list[dict]]:
+    """Markdown text and code-cell outputs of a page (outputs only for notebooks)."""
+    nb_path = ROOT / f"{doc}.ipynb"
+    if nb_path.is_file():
+        nb = json.loads(nb_path.read_text(encoding="utf-8"))
+        texts = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+        outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+        return texts, outputs
+    return [(ROOT / f"{doc}.md").read_text(encoding="utf-8")], []
+
+
+def _has_math(doc: str) -> bool:
+    texts, _ = _markdown_sources(doc)
+    for text in texts:
+        # math fences ({math}) count; other code fences and inline code do not
+        text = _FENCE.sub(lambda m: "{math}" if "{math}" in m[2] else "", text)
+        if _MATH.search(_INLINE_CODE.sub("", text)):
+            return True
+    return False
+
+
+def _count_outputs(doc: str, needle: str) -> int:
+    """How many stored outputs contain ``needle`` in one of their representations."""
+    _, outputs = _markdown_sources(doc)
+    count = 0
+    for out in outputs:
+        data = out.get("data", {})
+        blobs = ["".join(v) if isinstance(v, list) else str(v) for v in data.values()]
+        count += any(needle in b for b in blobs) or needle in data
+    return count
+
+
+# --- fixtures --------------------------------------------------------------------------
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    if not CHROMIUM.is_file():
+        _unavailable(f"{CHROMIUM} not found (Debian: apt-get install chromium)")
+    if not (HTML / "index.html").is_file():
+        _unavailable(f"{HTML} has no index.html: run `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser(base_url: str):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+# --- in-page probes ----------------------------------------------------------------------
+
+# Text outside code and outside rendered math: raw TeX here means MathJax did not run.
+_VISIBLE_TEXT_JS = """() => {
+  const skip = "pre, code, script, style, textarea, mjx-container, .highlight";
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const parts = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (!n.parentElement.closest(skip)) parts.push(n.textContent);
+  }
+  return parts.join(" ");
+}"""
+
+_IMAGES_JS = """async () => {
+  const imgs = Array.from(document.images);
+  imgs.forEach(i => { i.loading = "eager"; });
+  await Promise.all(imgs.map(i => i.decode().catch(() => null)));
+  return imgs.filter(i => !(i.complete && i.naturalWidth > 0))
+             .map(i => (i.currentSrc || i.src || i.id || "<no src>").slice(0, 120));
+}"""
+
+# Each button's icon counts as drawn when Font Awesome turned its <i> into an <svg> (the
+# theme's local copy does) or a CSS icon font gave the <i> a ::before glyph.
+_ANIMATIONS_JS = """() => {
+  const drawn = b => {
+    if (b.querySelector("svg")) return true;
+    const i = b.querySelector("i");
+    return !!i && !["none", "normal", ""].includes(getComputedStyle(i, "::before").content);
+  };
+  return Array.from(document.querySelectorAll("div.animation")).map(a => {
+    const img = a.querySelector("img");
+    const buttons = Array.from(a.querySelectorAll("button"));
+    return {
+      loaded: !!img && img.complete && img.naturalWidth > 0,
+      slider: !!a.querySelector("input[type=range]"),
+      buttons: buttons.length,
+      drawn_icons: buttons.filter(drawn).length,
+    };
+  });
+}"""
+
+# First animation: press "Next frame" and report whether the frame's image changed.
+_STEP_JS = """async () => {
+  const a = document.querySelector("div.animation");
+  const img = a.querySelector("img");
+  const before = img.src;
+  a.querySelector("button[title='Next frame']").click();
+  await new Promise(r => setTimeout(r, 100));
+  return before !== img.src;
+}"""
+
+_MATHJAX_READY_JS = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+    return true;
+  }
+  return false;
+}"""
+
+
+# --- the test ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", PAGES)
+def test_page(browser, base_url: str, doc: str) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[tuple[str, str]] = []  # (message, stack or URL)
+    external: list[str] = []
+
+    def on_console(msg) -> None:
+        if msg.type != "error":
+            return
+        url = msg.location.get("url", "")
+        if FAILED_LOAD.match(msg.text):
+            if url == f"{base_url}/favicon.ico":
+                return  # Chromium asks for it on its own; the book declares no favicon
+            if any(re.search(p, url) for p, _ in ALLOWED_EXTERNAL):
+                return  # blocked on purpose, and checked below
+        errors.append((f"console.error: {msg.text}", url))
+
+    def route(r) -> None:
+        url = r.request.url
+        if urlsplit(url).hostname == "127.0.0.1":
+            r.continue_()
+        else:
+            external.append(url)
+            r.abort()
+
+    def on_response(resp) -> None:
+        if resp.status >= 400:
+            errors.append((f"HTTP {resp.status}", resp.url))
+
+    page.on("pageerror", lambda exc: errors.append((exc.message, exc.stack or "")))
+    page.on("response", on_response)
+    page.on("console", on_console)
+    page.route("**/*", route)
+    try:
+        response = page.goto(f"{base_url}/{doc}.html", wait_until="load")
+        assert response is not None and response.status == 200, f"{doc}.html: HTTP error"
+        page.wait_for_load_state("networkidle")
+        mathjax = page.evaluate(_MATHJAX_READY_JS)
+
+        # Math: rendered by the local MathJax, no raw TeX left in the prose.
+        if _has_math(doc):
+            assert mathjax, f"{doc}: the source has math but MathJax is not on the page"
+            n_mjx = page.locator("mjx-container").count()
+            n_math = page.locator(".math").count()
+            assert n_mjx > 0, f"{doc}: the source has math but nothing was typeset"
+            assert n_mjx >= n_math, f"{doc}: {n_math} math nodes but {n_mjx} typeset"
+        visible = page.evaluate(_VISIBLE_TEXT_JS)
+        raw = [tex for tex in (r"\frac", r"\sqrt", "$$", r"\(", r"\[") if tex in visible]
+        assert not raw, f"{doc}: raw TeX visible in the page text: {raw}"
+
+        # Images, including the frames of animations.
+        broken = page.evaluate(_IMAGES_JS)
+        assert not broken, f"{doc}: images that did not load: {broken}"
+
+        # matplotlib to_jshtml() animations: as many as the notebook stored, all working.
+        expected = _count_outputs(doc, 'class="animation"')
+        animations = page.evaluate(_ANIMATIONS_JS)
+        assert len(animations) == expected, (
+            f"{doc}: {expected} jshtml animations in the notebook, {len(animations)} on the page"
+        )
+        for i, anim in enumerate(animations):
+            assert anim["loaded"] and anim["slider"], f"{doc}: animation {i} did not start: {anim}"
+            assert anim["drawn_icons"] == anim["buttons"], f"{doc}: animation {i} icons: {anim}"
+        if animations:
+            assert page.evaluate(_STEP_JS), f"{doc}: 'Next frame' did not change the frame"
+
+        # ipywidgets: the saved widget state is rendered by the local html-manager.
+        n_widgets = _count_outputs(doc, "application/vnd.jupyter.widget-view+json")
+        if n_widgets:
+            try:
+                page.wait_for_selector(".jupyter-widgets", state="attached", timeout=10_000)
+            except Exception:  # playwright's TimeoutError; say what it means
+                pytest.fail(f"{doc}: {n_widgets} widget outputs stored, none rendered in 10 s")
+
+        # Nothing fetched from elsewhere, no JavaScript errors beyond the allowlist.
+        unexpected_ext = [
+            u for u in external if not any(re.search(p, u) for p, _ in ALLOWED_EXTERNAL)
+        ]
+        assert not unexpected_ext, f"{doc}: requests to other hosts: {unexpected_ext}"
+        unexpected = [
+            f"{message} [{where[:200]}]"
+            for message, where in errors
+            if not any(re.search(m, message) and re.search(w, where) for m, w, _ in ALLOWED_ERRORS)
+        ]
+        assert not unexpected, f"{doc}: JavaScript errors: {unexpected}"
+    finally:
+        context.close()

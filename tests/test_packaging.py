@@ -1,0 +1,180 @@
+"""The ways of installing the book agree with each other and with the chapters.
+
+pyproject.toml is the source of truth for dependencies. environment.yml (Binder, conda) must
+ask for every core and book dependency with a compatible lower bound; the constraints file
+pins every package exactly; each chapter's Colab setup cell installs from the repository
+named in _config.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parent.parent
+# conda-forge package names that differ from the PyPI names in pyproject.toml
+CONDA_NAMES = {"matplotlib-base": "matplotlib"}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def environment() -> dict[str, SpecifierSet]:
+    """Requirements in environment.yml, conda and pip sections together, by PyPI name."""
+    env = yaml.safe_load((ROOT / "environment.yml").read_text(encoding="utf-8"))
+    specs: dict[str, SpecifierSet] = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            for line in dep.get("pip", []):
+                if line.startswith("-"):  # options, and the editable install of the repo
+                    continue
+                req = Requirement(line)
+                specs[_canonical(req.name)] = req.specifier
+        else:
+            # conda syntax: "name=1.2" (fuzzy), "name>=1.2", "name"
+            m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*(.*)", dep)
+            assert m, f"cannot parse environment.yml dependency {dep!r}"
+            name, spec = m[1], m[2].strip()
+            if spec.startswith("=") and not spec.startswith("=="):
+                spec = f"=={spec[1:]}.*"
+            specs[_canonical(CONDA_NAMES.get(name, name))] = SpecifierSet(spec)
+    return specs
+
+
+def _lower_bound(spec: SpecifierSet) -> Version | None:
+    bounds = [Version(s.version.rstrip(".*")) for s in spec if s.operator in (">=", "==", "~=")]
+    return max(bounds) if bounds else None
+
+
+def _upper_bounds(spec: SpecifierSet) -> list[Version]:
+    return [Version(s.version) for s in spec if s.operator in ("<", "<=")]
+
+
+def _core_and_book(pyproject: dict) -> list[Requirement]:
+    project = pyproject["project"]
+    lines = project["dependencies"] + project["optional-dependencies"]["book"]
+    return [Requirement(line) for line in lines]
+
+
+def test_pyproject_deps_have_lower_bounds(pyproject: dict) -> None:
+    unbounded = [str(r) for r in _core_and_book(pyproject) if _lower_bound(r.specifier) is None]
+    assert not unbounded, f"give these a lower bound in pyproject.toml: {unbounded}"
+
+
+def test_environment_has_every_core_and_book_dependency(
+    pyproject: dict, environment: dict[str, SpecifierSet]
+) -> None:
+    problems = []
+    for req in _core_and_book(pyproject):
+        name = _canonical(req.name)
+        if name not in environment:
+            problems.append(f"{req.name}: missing from environment.yml")
+            continue
+        env_spec = environment[name]
+        low = _lower_bound(env_spec)
+        where = f"{req.name} (pyproject: {req.specifier or 'any'}, environment.yml: {env_spec})"
+        if low is None:
+            problems.append(f"{where}: environment.yml gives no lower bound")
+        elif not req.specifier.contains(low, prereleases=True) or low < _lower_bound(req.specifier):
+            problems.append(f"{where}: environment.yml's lower bound is outside pyproject's")
+        for upper in _upper_bounds(req.specifier):
+            if not any(u <= upper for u in _upper_bounds(env_spec)) and "==" not in str(env_spec):
+                problems.append(f"{where}: environment.yml lacks the upper bound <{upper}")
+    assert not problems, "\n".join(problems)
+
+
+def test_environment_python_and_editable_install(pyproject: dict) -> None:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text(encoding="utf-8"))
+    pythons = [d for d in env["dependencies"] if isinstance(d, str) and re.match(r"python\b", d)]
+    assert len(pythons) == 1, f"environment.yml must pin python once, got {pythons}"
+    version = re.fullmatch(r"python\s*=\s*(\d+\.\d+)", pythons[0])
+    assert version, f"write the python pin as python=3.X, got {pythons[0]!r}"
+    requires = SpecifierSet(pyproject["project"]["requires-python"])
+    assert requires.contains(f"{version[1]}.0"), f"python={version[1]} vs requires {requires}"
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert any(re.fullmatch(r"-e \.(\[.*\bbook\b.*\])?", line) for line in pip), (
+        "environment.yml must install the repository itself with `-e .[book]`"
+    )
+    assert "conda-forge" in env["channels"]
+
+
+def test_constraints_pin_everything() -> None:
+    lines = (ROOT / "requirements" / "constraints.txt").read_text(encoding="utf-8").splitlines()
+    pins = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    loose = [ln for ln in pins if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[^=\s;]+", ln)]
+    assert not loose, f"every constraint must be name==version: {loose}"
+    by_name = {_canonical(p.split("==")[0]): p.split("==")[1] for p in pins}
+    assert by_name.get("torch") == "2.13.0", "torch must be pinned as torch==2.13.0 (no +cpu)"
+    assert by_name.get("jupyter-book") == "1.0.4.post1", "Jupyter Book 1 is required"
+    assert "companion" not in by_name, "the package itself must not be in the constraints"
+
+
+def _first_code_cell(nb_path: Path) -> str:
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    return next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_chapters_install_from_the_configured_repository() -> None:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    url = config["repository"]["url"].rstrip("/")
+    notebooks = subprocess.run(
+        [sys.executable, "tools/toc_notebooks.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert notebooks, "_toc.yml lists no chapter notebooks"
+    for nb in notebooks:
+        cell = _first_code_cell(ROOT / nb)
+        assert f'REPO = "{url}"' in cell, f"{nb}: first code cell does not install from {url}"
+        assert '"google.colab" in sys.modules' in cell, f"{nb}: setup cell must be Colab-only"
+    check = subprocess.run(
+        [sys.executable, "tools/sync_repo_url.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_chapters_are_paired_with_py_percent() -> None:
+    """Each chapter's .ipynb and .py hold the same cells (edit either, then `make notebooks`)."""
+    jupytext = pytest.importorskip("jupytext")
+    notebooks = subprocess.run(
+        [sys.executable, "tools/toc_notebooks.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for nb in notebooks:
+        py = (ROOT / nb).with_suffix(".py")
+        assert py.is_file(), f"{nb} has no py:percent twin {py.name}"
+        a, b = jupytext.read(ROOT / nb), jupytext.read(py)
+        cells_a = [(c.cell_type, c.source) for c in a.cells]
+        cells_b = [(c.cell_type, c.source) for c in b.cells]
+        assert cells_a == cells_b, f"{nb} and {py.name} differ: run `make notebooks`"
+        formats = a.metadata.get("jupytext", {}).get("formats", "")
+        assert "py:percent" in formats, f"{nb} is not paired with py:percent ({formats!r})"
