@@ -35,7 +35,9 @@ import sys
 
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
 
 # %%
 import inspect
@@ -111,7 +113,12 @@ q, k, v = x @ W_q, x @ W_k, x @ W_v  # (T, d) each
 scores = q @ k.T / math.sqrt(d)  # (T, T): row i = how well each key matches query i
 weights = torch.softmax(scores, dim=-1)  # each row sums to 1
 out = weights @ v  # (T, d): a weighted average of the values
-print("scores", tuple(scores.shape), "| first row sums", [round(s, 4) for s in weights.sum(-1)[:3].tolist()])
+print(
+    "scores",
+    tuple(scores.shape),
+    "| first row sums",
+    [round(s, 4) for s in weights.sum(-1)[:3].tolist()],
+)
 
 # the package's reference implementation computes exactly this
 ref_out, ref_w = naive_attention(q[None, None], k[None, None], v[None, None])
@@ -163,7 +170,9 @@ for d_k in [4, 16, 64, 256, 1024]:
         )
 print(f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} {'median ‖∂p/∂s‖':>15}")
 for r in rows:
-    print(f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} {r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}")
+    print(
+        f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} {r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}"
+    )
 
 # %%
 unscaled = [r for r in rows if not r["scaled"]]
@@ -183,8 +192,19 @@ dks = [r["d_k"] for r in scaled]
 for data, label, style in ((unscaled, "q·k", "o--"), (scaled, "q·k / √d_k", "o-")):
     axes[0].plot(dks, [r["max_weight"] for r in data], style, label=label)
     axes[1].plot(dks, [r["jacobian_norm"] for r in data], style, label=label)
-axes[0].set(xscale="log", xlabel="head width d_k", ylabel="mean largest weight", title="Softmax saturates without the scale")
-axes[1].set(xscale="log", yscale="log", xlabel="head width d_k", ylabel="median ‖∂softmax/∂scores‖", title="…and its gradient vanishes")
+axes[0].set(
+    xscale="log",
+    xlabel="head width d_k",
+    ylabel="mean largest weight",
+    title="Softmax saturates without the scale",
+)
+axes[1].set(
+    xscale="log",
+    yscale="log",
+    xlabel="head width d_k",
+    ylabel="median ‖∂softmax/∂scores‖",
+    title="…and its gradient vanishes",
+)
 axes[0].legend()
 plt.show()
 
@@ -221,13 +241,25 @@ print("outputs before the changed token unchanged; the last one changed")
 # softmax. Here is the module, with one fused matrix producing $q$, $k$ and $v$:
 
 # %%
-Code(inspect.getsource(MultiHeadAttention.project) + "\n" + inspect.getsource(MultiHeadAttention.forward), language="python")
+Code(
+    inspect.getsource(MultiHeadAttention.project)
+    + "\n"
+    + inspect.getsource(MultiHeadAttention.forward),
+    language="python",
+)
 
 # %%
 mha = MultiHeadAttention(d_model=64, n_heads=4)
 xb = torch.randn(2, 10, 64)  # (B, T, d)
 qh, kh, vh = mha.project(xb)
-print("x", tuple(xb.shape), "-> q, k, v per head", tuple(qh.shape), "-> out", tuple(mha(xb, causal=True).shape))
+print(
+    "x",
+    tuple(xb.shape),
+    "-> q, k, v per head",
+    tuple(qh.shape),
+    "-> out",
+    tuple(mha(xb, causal=True).shape),
+)
 assert qh.shape == (2, 4, 10, 16)
 assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
 
@@ -247,12 +279,20 @@ tokens = torch.tensor(chars.encode(text))
 train_ids, val_ids = split_tokens(tokens, 0.1)
 steps, seq_len, batch = (3000, 256, 64) if FULL else (600, 64, 32)
 cfg = ModelConfig(
-    vocab_size=chars.vocab_size, d_model=128 if FULL else 64, n_layers=2, n_heads=4,
-    max_seq_len=seq_len, position="learned", norm_placement="pre", attn_impl="sdpa",
+    vocab_size=chars.vocab_size,
+    d_model=128 if FULL else 64,
+    n_layers=2,
+    n_heads=4,
+    max_seq_len=seq_len,
+    position="learned",
+    norm_placement="pre",
+    attn_impl="sdpa",
 )
 model = DecoderLM(cfg).to(DEVICE)
 gen = torch.Generator().manual_seed(0)
-val_batches = [sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE) for i in range(4)]
+val_batches = [
+    sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE) for i in range(4)
+]
 line = "To be, or not to be"
 line_chars = list(line)
 probe = torch.tensor([chars.encode(line)], device=DEVICE)
@@ -285,7 +325,14 @@ fig, ax = plt.subplots(figsize=(5.2, 4.4))
 def draw(i: int) -> None:
     ax.clear()
     step = 0 if i == 0 else hist.eval_step[i - 1] + 1
-    heatmap(ax, snapshots[i].numpy(), line_chars, line_chars, title=f"Layer 1, head 4 after {step} steps", vmax=1.0)
+    heatmap(
+        ax,
+        snapshots[i].numpy(),
+        line_chars,
+        line_chars,
+        title=f"Layer 1, head 4 after {step} steps",
+        vmax=1.0,
+    )
 
 
 HTML(animate(fig, draw, len(snapshots), interval_ms=600))
@@ -300,7 +347,11 @@ maps = model.attention_maps(probe)
 fig, axes = plt.subplots(2, 4, figsize=(11, 5.6))
 for layer in range(2):
     for head in range(4):
-        heatmap(axes[layer, head], maps[layer][0, head].cpu().numpy(), title=f"layer {layer + 1} · head {head + 1}")
+        heatmap(
+            axes[layer, head],
+            maps[layer][0, head].cpu().numpy(),
+            title=f"layer {layer + 1} · head {head + 1}",
+        )
         axes[layer, head].set(xticks=[], yticks=[])
 fig.suptitle("Trained heads on «" + line + "»: eight different patterns")
 plt.show()
@@ -341,7 +392,13 @@ import ipywidgets as widgets  # noqa: E402
 
 def show_head(layer: int = 2, head: int = 1) -> None:
     fig, ax = plt.subplots(figsize=(4.6, 3.9))
-    heatmap(ax, maps[layer - 1][0, head - 1].cpu().numpy(), line_chars, line_chars, title=f"layer {layer} · head {head}")
+    heatmap(
+        ax,
+        maps[layer - 1][0, head - 1].cpu().numpy(),
+        line_chars,
+        line_chars,
+        title=f"layer {layer} · head {head}",
+    )
     plt.show()
 
 
@@ -389,7 +446,9 @@ assert time_slope > 1.3  # loose: the n^2 matmuls dominate, but small n carries 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
 axes[0].loglog(lengths, [m / 2**20 for m in mem_naive], "o-")
-axes[0].set(xlabel="sequence length n", ylabel="peak memory (MiB)", title=f"Memory ∝ n^{mem_slope:.1f}")
+axes[0].set(
+    xlabel="sequence length n", ylabel="peak memory (MiB)", title=f"Memory ∝ n^{mem_slope:.1f}"
+)
 axes[1].loglog(lengths, [1e3 * t for t in time_naive], "o-", color=PALETTE[1])
 axes[1].set(xlabel="sequence length n", ylabel="forward time (ms)", title="Time, also quadratic")
 plt.show()
@@ -422,7 +481,9 @@ Code(inspect.getsource(online_softmax_trace), language="python")
 row = torch.randn(16, generator=torch.Generator().manual_seed(3)) * 2
 trace = online_softmax_trace(row, block=4)
 final_m, final_l = trace[-1]
-assert torch.allclose(torch.exp(row.double() - final_m) / final_l, torch.softmax(row.double(), dim=0))
+assert torch.allclose(
+    torch.exp(row.double() - final_m) / final_l, torch.softmax(row.double(), dim=0)
+)
 print("running (max, sum) after each block:", [(round(m, 2), round(s, 2)) for m, s in trace])
 
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
@@ -434,9 +495,20 @@ def draw_block(i: int) -> None:
     m, l_sum = trace[i]
     seen = 4 * (i + 1)
     ax.bar(range(16), true_p, color="none", edgecolor="grey", label="true softmax")
-    ax.bar(range(seen), (torch.exp(row[:seen] - m) / l_sum).numpy(), color=PALETTE[0], alpha=0.8, label="computed so far")
+    ax.bar(
+        range(seen),
+        (torch.exp(row[:seen] - m) / l_sum).numpy(),
+        color=PALETTE[0],
+        alpha=0.8,
+        label="computed so far",
+    )
     ax.axvspan(seen - 4 - 0.5, seen - 0.5, color=PALETTE[4], alpha=0.2)
-    ax.set(ylim=(0, 1.05 * true_p.max()), xlabel="key position", ylabel="weight", title=f"After block {i + 1} of 4: running max {m:.2f}")
+    ax.set(
+        ylim=(0, 1.05 * true_p.max()),
+        xlabel="key position",
+        ylabel="weight",
+        title=f"After block {i + 1} of 4: running max {m:.2f}",
+    )
     ax.legend(loc="upper right")
 
 
@@ -470,8 +542,13 @@ for name, fn in forms.items():
     results[name] = (o.detach(), torch.autograd.grad(o.square().sum(), (qq, kk, vv)))
 for name in ("sdpa", "tiled"):
     err_o = (results[name][0] - results["reference"][0]).abs().max().item()
-    err_g = max((a - b).abs().max().item() for a, b in zip(results[name][1], results["reference"][1], strict=True))
-    print(f"{name:>6} vs reference: max |Δ output| < 1e-5: {err_o < 1e-5}, max |Δ grad| < 1e-4: {err_g < 1e-4}")
+    err_g = max(
+        (a - b).abs().max().item()
+        for a, b in zip(results[name][1], results["reference"][1], strict=True)
+    )
+    print(
+        f"{name:>6} vs reference: max |Δ output| < 1e-5: {err_o < 1e-5}, max |Δ grad| < 1e-4: {err_g < 1e-4}"
+    )
     assert err_o < 1e-5 and err_g < 1e-4
 
 # %% [markdown]
@@ -497,8 +574,17 @@ assert mem_naive[-1] > 20 * mem_tiled[-1]
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 3.4))
 ax.loglog(lengths, [m / 2**20 for m in mem_naive], "o-", label=f"reference (∝ n^{mem_slope:.1f})")
-ax.loglog(lengths, [m / 2**20 for m in mem_tiled], "o-", label=f"tiled online softmax (∝ n^{tiled_slope:.1f})")
-ax.set(xlabel="sequence length n", ylabel="peak memory (MiB)", title="Same output, at most linear memory")
+ax.loglog(
+    lengths,
+    [m / 2**20 for m in mem_tiled],
+    "o-",
+    label=f"tiled online softmax (∝ n^{tiled_slope:.1f})",
+)
+ax.set(
+    xlabel="sequence length n",
+    ylabel="peak memory (MiB)",
+    title="Same output, at most linear memory",
+)
 ax.legend()
 plt.show()
 

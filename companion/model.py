@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .block import DecoderBlock
+from .block import TransformerBlock
 from .config import ModelConfig
 from .masks import padding_mask
 from .norms import build_norm
@@ -34,7 +34,7 @@ class DecoderLM(nn.Module):
         elif cfg.position == "sinusoidal":
             self.pos_emb = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(DecoderBlock(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(TransformerBlock(cfg, causal=True) for _ in range(cfg.n_layers))
         # Post-LN blocks end in a norm already; Pre-LN leaves the stream un-normed.
         self.final_norm = (
             build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
@@ -106,7 +106,7 @@ class DecoderLM(nn.Module):
         maps = []
         x = self.embed(input_ids)
         for block in self.blocks:
-            maps.append(block.attn.attention_weights(block.attention_input(x), causal=True))
+            maps.append(block.attn.attention_weights(block.attention_input(x), causal=block.causal))
             x = block(x)
         return maps
 

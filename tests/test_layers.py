@@ -114,3 +114,24 @@ def test_mha_errors_name_the_problem():
         MultiHeadAttention(8, 2, impl="cuda")
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, 8\)"):
         MultiHeadAttention(8, 2)(torch.randn(2, 3, 6))
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placement):
+    from companion.block import TransformerBlock
+    from companion.config import ModelConfig
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=10, d_model=16, n_heads=2, norm_placement=placement)
+    enc = TransformerBlock(cfg, causal=False).eval()
+    x = torch.randn(1, 6, 16)
+    x2 = x.clone()
+    x2[:, -1] = torch.randn(16)
+    assert not torch.allclose(enc(x)[:, 0], enc(x2)[:, 0])  # the first token sees the last
+    dec = TransformerBlock(cfg, causal=True, cross_attention=True).eval()
+    ctx = torch.randn(1, 4, 16)
+    out = dec(x, context=ctx)
+    assert out.shape == (1, 6, 16)
+    assert not torch.allclose(out, dec(x, context=ctx + 1.0))
+    with pytest.raises(ValueError, match="pass context"):
+        dec(x)
