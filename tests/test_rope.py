@@ -1,0 +1,117 @@
+"""RoPE: the complex-number reference equals the fast form; frequencies match transformers."""
+
+import math
+
+import pytest
+import torch
+
+from companion.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
+
+SCALINGS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    "yarn-mscale": {
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("partial", [1.0, 0.5], ids=["full", "partial"])
+def test_fast_rotation_equals_complex_reference(layout, partial):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 16, requires_grad=True)
+    inv, scale = rope_frequencies(16, 500.0, partial_rotary_factor=partial)
+    cos, sin = rope_cos_sin(torch.arange(11), inv, scale)
+    a, b = apply_rope(x, cos, sin, layout), apply_rope_reference(x, cos, sin, layout)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    g = torch.randn_like(a)
+    ga = torch.autograd.grad((a * g).sum(), x, retain_graph=True)[0]
+    gb = torch.autograd.grad((b * g).sum(), x, retain_graph=True)[0]
+    torch.testing.assert_close(ga, gb, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.norm(dim=-1), x.norm(dim=-1))  # rotations keep lengths
+
+
+def test_layouts_are_the_same_rotation_on_permuted_channels():
+    torch.manual_seed(0)
+    x = torch.randn(5, 8)
+    cos, sin = rope_cos_sin(torch.arange(5), *rope_frequencies(8))
+    perm = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])  # half layout -> interleaved layout
+    torch.testing.assert_close(
+        apply_rope(x, cos, sin, "half")[:, perm], apply_rope(x[:, perm], cos, sin, "interleaved")
+    )
+
+
+def test_logit_depends_only_on_the_offset():
+    torch.manual_seed(0)
+    q, k = torch.randn(16), torch.randn(16)
+    inv, _ = rope_frequencies(16)
+
+    def logit(m: int, n: int) -> float:
+        cq, sq = rope_cos_sin(torch.tensor([m]), inv)
+        ck, sk = rope_cos_sin(torch.tensor([n]), inv)
+        return (apply_rope(q[None], cq, sq) @ apply_rope(k[None], ck, sk).T).item()
+
+    assert logit(7, 3) == pytest.approx(logit(104, 100), abs=1e-4)
+    assert logit(7, 3) != pytest.approx(logit(8, 3), abs=1e-3)
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+@pytest.mark.parametrize("partial", [1.0, 0.5], ids=["full", "partial"])
+def test_frequencies_match_transformers(name, partial):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "default", "rope_theta": 10000.0, **(SCALINGS[name] or {})}
+    params["partial_rotary_factor"] = partial
+    cfg = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        rope_parameters=params,
+    )
+    kind = params["rope_type"]
+    ours = rope_frequencies(32, 10000.0, SCALINGS[name], partial, 256, seq_len=600)
+    if kind == "default":
+        theirs = (
+            1.0 / 10000.0 ** (torch.arange(0, int(32 * partial), 2).float() / int(32 * partial)),
+            1.0,
+        )
+    elif kind == "dynamic":
+        theirs = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len=600)
+    else:
+        theirs = ROPE_INIT_FUNCTIONS[kind](cfg, None)
+    torch.testing.assert_close(ours[0], theirs[0].float(), atol=0, rtol=1e-6)
+    assert ours[1] == pytest.approx(theirs[1])
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="rope_type must be one of"):
+        rope_frequencies(16, scaling={"rope_type": "ntk-by-parts"})
+    with pytest.raises(ValueError, match="needs a positive 'factor'"):
+        rope_frequencies(16, scaling={"rope_type": "linear"})
+    with pytest.raises(ValueError, match="must be even"):
+        rope_frequencies(6, partial_rotary_factor=0.5)
+    with pytest.raises(ValueError, match=r"needs \['low_freq_factor'"):
+        rope_frequencies(16, scaling={"rope_type": "llama3", "factor": 8.0})
+    cos, sin = rope_cos_sin(torch.arange(3), rope_frequencies(16)[0])
+    with pytest.raises(ValueError, match="layout must be one of"):
+        apply_rope(torch.randn(3, 16), cos, sin, "pairs")
+    with pytest.raises(ValueError, match="cover 16 channels but x has only 8"):
+        apply_rope(torch.randn(3, 8), cos, sin)
+    assert math.isclose(rope_frequencies(16)[1], 1.0)
