@@ -1,6 +1,8 @@
-"""The position-wise feed-forward network of 2017 (chapters 02, 03, 07).
+"""Position-wise feed-forward networks: the 2017 MLP and the gated GLU family (chapters 02, 07).
 
 Shape legend: ``(..., d) -> (..., d_ff) -> (..., d)``. Applied to each token on its own.
+The MLP has two matrices, ``down(act(up(x)))``; a GLU has three,
+``down(act(gate(x)) * up(x))`` (SwiGLU with SiLU, GeGLU with GELU).
 """
 
 from __future__ import annotations
@@ -8,9 +10,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FeedForward"]
+__all__ = ["ACTIVATIONS", "FeedForward", "GatedFeedForward", "glu_hidden_size"]
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
 
 
 class FeedForward(nn.Module):
@@ -29,3 +36,37 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.dropout(self.act(self.up(x))))  # (..., d)
+
+
+class GatedFeedForward(nn.Module):
+    """A GLU: ``down(act(gate(x)) * up(x))`` with three matrices and ``d_ff`` hidden units."""
+
+    def __init__(
+        self, d: int, d_ff: int, activation: str = "silu", bias: bool = False, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        self.gate = nn.Linear(d, d_ff, bias=bias)
+        self.up = nn.Linear(d, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d, bias=bias)
+        self.act = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))  # (..., d)
+
+
+def glu_hidden_size(d: int, multiple_of: int = 256, multiplier: float | None = None) -> int:
+    """The GLU width that keeps an MLP's parameters: ⌈(multiplier ·) 8d/3⌉ to ``multiple_of``.
+
+    Llama 2 7B: d = 4096 gives 11,008; Llama 3 8B (multiplier 1.3, multiple 1024) 14,336.
+    """
+    if d < 1 or multiple_of < 1:
+        raise ValueError(
+            f"d and multiple_of must be positive, got d={d}, multiple_of={multiple_of}"
+        )
+    hidden = int(2 * 4 * d / 3)
+    if multiplier is not None:
+        hidden = int(multiplier * hidden)
+    return multiple_of * -(-hidden // multiple_of)

@@ -1,8 +1,9 @@
-"""Normalization layers (chapters 02, 06).
+"""Normalization layers: LayerNorm and RMSNorm (chapters 02, 06).
 
 Shape legend: ``(..., d)`` in, same shape out; statistics over the last dimension.
-:func:`layer_norm_reference` is the formula written out; :class:`LayerNorm` runs the fused
-``F.layer_norm`` with the same parameters (tests check they agree, forward and backward).
+:func:`layer_norm_reference` and :func:`rms_norm_reference` are the formulas written out;
+:class:`LayerNorm` and :class:`RMSNorm` run the fused kernels with the same parameters
+(tests check they agree, forward and backward).
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LayerNorm", "build_norm", "layer_norm_reference"]
+__all__ = [
+    "NORMS",
+    "LayerNorm",
+    "RMSNorm",
+    "build_norm",
+    "layer_norm_reference",
+    "rms_norm_reference",
+]
+
+NORMS = ("layernorm", "rmsnorm")
 
 
 def layer_norm_reference(
@@ -42,8 +52,34 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
-def build_norm(kind: str, d: int, eps: float, bias: bool = True) -> nn.Module:
-    """Build the norm a config names (``"layernorm"``; later chapters add more)."""
+def rms_norm_reference(
+    x: Tensor, weight: Tensor | None, eps: float = 1e-6, offset: float = 0.0
+) -> Tensor:
+    """x / √(mean(x²) + eps) · (offset + weight), in fp32: no mean is removed, no bias."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * (offset + weight.float())
+    return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich, 2019); ``offset=1`` stores the gain as 1 + w (Gemma)."""
+
+    def __init__(self, d: int, eps: float = 1e-6, offset: float = 0.0) -> None:
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.full((d,), 1.0 - offset))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        return (y * (self.offset + self.weight.float())).to(x.dtype)
+
+
+def build_norm(kind: str, d: int, eps: float, bias: bool = True, offset: float = 0.0) -> nn.Module:
+    """Build the norm a config names: ``"layernorm"`` or ``"rmsnorm"``."""
     if kind == "layernorm":
         return LayerNorm(d, eps=eps, bias=bias)
-    raise ValueError(f"norm must be one of ('layernorm',), got {kind!r}")
+    if kind == "rmsnorm":
+        return RMSNorm(d, eps=eps, offset=offset)
+    raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")

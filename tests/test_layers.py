@@ -135,3 +135,36 @@ def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placem
     assert not torch.allclose(out, dec(x, context=ctx + 1.0))
     with pytest.raises(ValueError, match="pass context"):
         dec(x)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
+def test_rmsnorm_matches_reference_forward_and_backward(offset):
+    from companion.norms import RMSNorm, rms_norm_reference
+
+    torch.manual_seed(0)
+    norm = RMSNorm(12, eps=1e-6, offset=offset)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 5, 12, requires_grad=True)
+    y, y_ref = norm(x), rms_norm_reference(x, norm.weight, 1e-6, offset)
+    torch.testing.assert_close(y, y_ref, atol=1e-6, rtol=1e-5)
+    g = torch.randn_like(y)
+    ga = torch.autograd.grad((y * g).sum(), (x, norm.weight), retain_graph=True)
+    gb = torch.autograd.grad((y_ref * g).sum(), (x, norm.weight))
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert torch.equal(RMSNorm(4, offset=offset).weight, torch.full((4,), 1.0 - offset))
+
+
+def test_glu_hidden_sizes_of_released_models():
+    from companion.ffn import GatedFeedForward, glu_hidden_size
+
+    assert glu_hidden_size(4096) == 11008  # Llama 2 7B
+    assert glu_hidden_size(4096, multiple_of=1024, multiplier=1.3) == 14336  # Llama 3 8B
+    glu = GatedFeedForward(8, 24, "silu")
+    x = torch.randn(2, 8)
+    ref = glu.down(torch.nn.functional.silu(glu.gate(x)) * glu.up(x))
+    torch.testing.assert_close(glu(x), ref)
+    assert sum(p.numel() for p in glu.parameters()) == 3 * 8 * 24
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GatedFeedForward(8, 24, "swish")
