@@ -19,20 +19,31 @@ class ConfigError(ValueError):
 
 # field name -> allowed values, for every field whose value is a choice
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "norm": ("layernorm",),
-    "norm_placement": ("pre", "post"),
-    "activation": ("relu", "gelu"),
-    "position": ("sinusoidal", "learned", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_placement": ("pre", "post", "sandwich", "post_branch"),
+    "activation": ("relu", "gelu", "gelu_tanh", "silu"),
+    "ffn": ("mlp", "glu"),
+    "position": ("sinusoidal", "learned", "rope", "none"),
+    "rope_layout": ("half", "interleaved"),
+    "qk_norm": ("none", "head", "full"),
     "attn_impl": ("reference", "sdpa", "tiled"),
 }
+LAYER_TYPES = ("full", "sliding")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a decoder-only Transformer (the 2017 block by default).
+    """Hyper-parameters of a Transformer: the 2017 block by default, a 2026 one by choice.
 
     Shapes are named in the chapters as: V ``vocab_size``, d ``d_model``, L ``n_layers``,
-    H ``n_heads``, D = d / H ``head_dim``, d_ff ``d_ff``, S_max ``max_seq_len``.
+    H ``n_heads``, H_kv ``n_kv_heads``, D ``head_dim``, d_ff ``d_ff``, S_max ``max_seq_len``.
+
+    Placements (chapter 06): ``pre`` x + f(norm(x)); ``post`` norm(x + f(x)) (2017);
+    ``sandwich`` x + norm(f(norm(x))) (Gemma); ``post_branch`` x + norm(f(x)) (Olmo 2/3).
+    ``qk_norm``: ``head`` normalises each head's q and k (Qwen3, Gemma 3), ``full`` the whole
+    q and k projections (Olmo). ``layer_types`` gives each layer ``"full"`` or ``"sliding"``
+    attention; sliding layers see the last ``sliding_window`` keys (the query's own included)
+    and use ``rope_local_theta`` when set (Gemma 3). ``nope_layers`` skip RoPE.
     """
 
     vocab_size: int
@@ -54,14 +65,47 @@ class ModelConfig:
     tie_embeddings: bool = True
     scale_embeddings: bool = False  # multiply token embeddings by √d, as in 2017
     init_std: float = 0.02
+    # --- the modern dense block (chapters 05-09) ---
+    n_kv_heads: int | None = None  # None: n_heads (MHA); 1: MQA; in between: GQA
+    head_size: int | None = None  # None: d_model // n_heads
+    ffn: str = "mlp"
+    qkv_bias: bool | None = None  # None: same as `bias`
+    norm_offset: float = 0.0  # 1.0: RMSNorm gain stored as 1 + w (Gemma)
+    qk_norm: str = "none"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3", ...}
+    rope_local_theta: float | None = None
+    partial_rotary_factor: float = 1.0
+    rope_layout: str = "half"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # None: all "full" ("sliding" if a window is set)
+    nope_layers: tuple[int, ...] = ()
+    attn_scale: float | None = None  # None: 1 / √head_dim
 
     def __post_init__(self) -> None:
         _validate(self)
 
     @property
     def head_dim(self) -> int:
-        """D, the width of one head."""
-        return self.d_model // self.n_heads
+        """D, the width of one head: ``head_size`` if given, else d / H."""
+        return self.head_size if self.head_size is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """H_kv, the number of key/value heads."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def attn_bias(self) -> bool:
+        """Whether the q, k and v projections carry biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """Each layer's attention, ``"full"`` or ``"sliding"``."""
+        if self.layer_types is not None:
+            return tuple(self.layer_types)
+        return ("sliding" if self.sliding_window else "full",) * self.n_layers
 
     @property
     def ffn_dim(self) -> int:
@@ -112,15 +156,51 @@ def _validate(cfg: ModelConfig) -> None:
         value = getattr(cfg, name)
         if value not in allowed:
             raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+    if cfg.qkv_bias is not None and not isinstance(cfg.qkv_bias, bool):
+        raise ConfigError(f"qkv_bias must be None, True or False, got {cfg.qkv_bias!r}")
     for name in ("fused_qkv", "bias", "tie_embeddings", "scale_embeddings"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
-    if cfg.d_model % cfg.n_heads != 0:
+    if cfg.head_size is not None:
+        _positive_int(cfg, "head_size")
+    elif cfg.d_model % cfg.n_heads != 0:
         divisors = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0][:12]
         raise ConfigError(
             f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads}); "
             f"n_heads values that divide it: {divisors}"
         )
+    if cfg.n_kv_heads is not None:
+        _positive_int(cfg, "n_kv_heads")
+        if cfg.n_heads % cfg.n_kv_heads != 0:
+            raise ConfigError(
+                f"n_heads ({cfg.n_heads}) must be a multiple of n_kv_heads ({cfg.n_kv_heads})"
+            )
+    if cfg.sliding_window is not None:
+        _positive_int(cfg, "sliding_window")
+    if cfg.layer_types is not None:
+        if len(cfg.layer_types) != cfg.n_layers:
+            raise ConfigError(
+                f"layer_types has {len(cfg.layer_types)} entries but n_layers is {cfg.n_layers}"
+            )
+        bad = sorted(set(cfg.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}, got {bad}")
+        if "sliding" in cfg.layer_types and cfg.sliding_window is None:
+            raise ConfigError("layer_types has 'sliding' layers but sliding_window is None")
+    bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
+    if bad_layers:
+        raise ConfigError(
+            f"nope_layers must be layer indices in [0, {cfg.n_layers}), got {bad_layers}"
+        )
+    if cfg.position == "rope":
+        from .rope import rope_frequencies
+
+        try:
+            rope_frequencies(
+                cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+            )
+        except ValueError as err:
+            raise ConfigError(f"rope settings: {err}") from None
     if not (isinstance(cfg.norm_eps, (int, float)) and cfg.norm_eps > 0):
         raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
     if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):

@@ -22,20 +22,22 @@ BAD = [
     ),
     pytest.param(
         {"norm": "rmsnorm2"},
-        r"norm must be one of \('layernorm',\), got 'rmsnorm2'",
+        r"norm must be one of \('layernorm', 'rmsnorm'\), got 'rmsnorm2'",
         id="norm-unknown",
     ),
     pytest.param(
         {"norm_placement": "middle"},
-        r"norm_placement must be one of \('pre', 'post'\)",
+        r"norm_placement must be one of \('pre', 'post', 'sandwich', 'post_branch'\)",
         id="placement",
     ),
     pytest.param(
-        {"activation": "swish"}, r"activation must be one of \('relu', 'gelu'\)", id="activation"
+        {"activation": "swish"},
+        r"activation must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\)",
+        id="activation",
     ),
     pytest.param(
-        {"position": "rope"},
-        r"position must be one of \('sinusoidal', 'learned', 'none'\)",
+        {"position": "alibi"},
+        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none'\)",
         id="position",
     ),
     pytest.param(
@@ -46,6 +48,51 @@ BAD = [
     pytest.param({"fused_qkv": 1}, "fused_qkv must be True or False", id="fused-int"),
     pytest.param({"norm_eps": 0}, "norm_eps must be a positive number", id="eps-zero"),
     pytest.param({"init_std": -1.0}, "init_std must be a positive number", id="init-std"),
+    pytest.param({"ffn": "moe"}, r"ffn must be one of \('mlp', 'glu'\)", id="ffn"),
+    pytest.param(
+        {"qk_norm": "layer"}, r"qk_norm must be one of \('none', 'head', 'full'\)", id="qk-norm"
+    ),
+    pytest.param(
+        {"n_heads": 4, "n_kv_heads": 3},
+        r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)",
+        id="gqa-groups",
+    ),
+    pytest.param({"n_kv_heads": 0}, "n_kv_heads must be a positive integer", id="kv-heads-zero"),
+    pytest.param(
+        {"n_layers": 2, "layer_types": ("full",)},
+        "layer_types has 1 entries but n_layers is 2",
+        id="layer-types-len",
+    ),
+    pytest.param(
+        {"n_layers": 2, "layer_types": ("full", "local"), "sliding_window": 4},
+        r"layer_types entries must be one of \('full', 'sliding'\)",
+        id="layer-types-value",
+    ),
+    pytest.param(
+        {"n_layers": 2, "layer_types": ("full", "sliding")},
+        "sliding_window is None",
+        id="sliding-no-window",
+    ),
+    pytest.param(
+        {"sliding_window": 0}, "sliding_window must be a positive integer", id="window-zero"
+    ),
+    pytest.param(
+        {"n_layers": 2, "nope_layers": (2,)},
+        r"nope_layers must be layer indices in \[0, 2\)",
+        id="nope-index",
+    ),
+    pytest.param(
+        {"position": "rope", "rope_scaling": {"rope_type": "ntk"}},
+        "rope settings: rope_type must be one of",
+        id="rope-type",
+    ),
+    pytest.param(
+        {"position": "rope", "d_model": 12, "n_heads": 2, "partial_rotary_factor": 0.5},
+        "rope settings: .* must be even",
+        id="rope-odd",
+    ),
+    pytest.param({"qkv_bias": 1}, "qkv_bias must be None, True or False", id="qkv-bias"),
+    pytest.param({"head_size": 0}, "head_size must be a positive integer", id="head-size"),
 ]
 
 
@@ -53,6 +100,15 @@ BAD = [
 def test_bad_values_are_rejected_with_the_field_named(changes, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(**{"vocab_size": 10, **changes})
+
+
+def test_modern_derived_values():
+    cfg = ModelConfig(
+        vocab_size=10, d_model=64, n_heads=8, n_kv_heads=2, head_size=32, bias=False, qkv_bias=True
+    )
+    assert (cfg.head_dim, cfg.kv_heads, cfg.attn_bias) == (32, 2, True)
+    assert ModelConfig(vocab_size=10, n_layers=3, sliding_window=8).layer_kinds == ("sliding",) * 3
+    assert ModelConfig(vocab_size=10, n_layers=2).layer_kinds == ("full", "full")
 
 
 def test_defaults_and_derived_values():
