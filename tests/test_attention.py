@@ -202,3 +202,24 @@ def test_online_softmax_trace_ends_at_the_softmax(block):
     assert [t[0] for t in trace] == sorted(t[0] for t in trace)  # the running max never drops
     with pytest.raises(ValueError, match="block >= 1"):
         online_softmax_trace(x, 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
+def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
+    from companion.attention import expand_kv
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 6, 9, 8, requires_grad=True)
+    k = torch.randn(2, kv_heads, 13, 8, requires_grad=True)
+    v = torch.randn(2, kv_heads, 13, 8, requires_grad=True)
+    out = attention(q, k, v, impl=impl, causal=True)
+    want = naive_attention(q, expand_kv(k, 6), expand_kv(v, 6), causal=True)[0]
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v))
+    ref = torch.autograd.grad((want * g).sum(), (q, k, v))
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        attention(q, torch.randn(2, 4, 13, 8), torch.randn(2, 4, 13, 8), impl=impl)
