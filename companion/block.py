@@ -1,13 +1,15 @@
-"""The Transformer block with a Pre-LN / Post-LN switch (chapters 02, 03, 04, 06).
+"""The Transformer block: four norm placements, MLP or GLU, full or sliding attention
+(chapters 02, 03, 04, 06, 09).
 
 Shape legend: ``x (B, T, d)`` in and out; ``context (B, S, d)`` for cross-attention.
-Post-LN (2017): ``x = norm(x + sublayer(x))``. Pre-LN (GPT-2 onward):
-``x = x + sublayer(norm(x))``, which leaves the residual stream untouched between blocks
-and needs a final norm after the last block.
+Around each sublayer f the residual stream is updated as ``cfg.norm_placement`` says:
+``pre`` x + f(norm(x)) (GPT-2 onward); ``post`` norm(x + f(x)) (2017); ``sandwich``
+x + norm'(f(norm(x))) (Gemma 2/3); ``post_branch`` x + norm'(f(x)) (Olmo 2/3).
 
 One class serves every stack: a decoder-only LM (causal self-attention, FFN), an encoder
 (bidirectional self-attention, FFN) and the 2017 decoder (causal self-attention,
-cross-attention to the encoder, FFN).
+cross-attention to the encoder, FFN). Layer ``layer`` of the config decides whether its
+attention is full or sliding and whether it uses RoPE.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .ffn import FeedForward
+from .ffn import FeedForward, GatedFeedForward
+from .kv_cache import KVCache, SlidingWindowCache
 from .mha import MultiHeadAttention
 from .norms import build_norm
 
@@ -25,40 +28,71 @@ __all__ = ["TransformerBlock"]
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention (causal or not), optional cross-attention, then an FFN.
+    """Self-attention (causal or not), optional cross-attention, then an FFN."""
 
-    Each sublayer is wrapped in a residual connection, dropout and a norm placed as
-    ``cfg.norm_placement`` says.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, causal: bool = True, cross_attention: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        causal: bool = True,
+        cross_attention: bool = False,
+        layer: int = 0,
+    ) -> None:
         super().__init__()
         self.placement, self.causal = cfg.norm_placement, causal
-        self.attn_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+        self.window = cfg.sliding_window if cfg.layer_kinds[layer] == "sliding" else None
+        self.uses_rope = cfg.position == "rope" and layer not in cfg.nope_layers
+        self.attn_norm, self.attn_out_norm = self._norms(cfg)
         self.attn = self._attention(cfg)
-        self.cross_norm = self.cross_attn = None
+        self.cross_norm = self.cross_out_norm = self.cross_attn = None
         if cross_attention:
-            self.cross_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+            self.cross_norm, self.cross_out_norm = self._norms(cfg)
             self.cross_attn = self._attention(cfg)
-        self.ffn_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
+        self.ffn_norm, self.ffn_out_norm = self._norms(cfg)
+        ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
+        self.ffn = ffn_cls(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
+
+    def _norms(self, cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+        """(norm before or around the sublayer, norm of its output) for this placement."""
+
+        def make() -> nn.Module:
+            return build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
+
+        into = make() if self.placement in ("pre", "post", "sandwich") else None
+        out = make() if self.placement in ("sandwich", "post_branch") else None
+        return into, out
 
     @staticmethod
     def _attention(cfg: ModelConfig) -> MultiHeadAttention:
         return MultiHeadAttention(
             cfg.d_model,
             cfg.n_heads,
+            n_kv_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim,
             bias=cfg.bias,
+            qkv_bias=cfg.attn_bias,
             fused_qkv=cfg.fused_qkv,
             impl=cfg.attn_impl,
             dropout=cfg.attn_dropout,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
+            norm_offset=cfg.norm_offset,
+            rope_layout=cfg.rope_layout,
+            scale=cfg.attn_scale,
         )
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.placement == "pre":
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+    def _residual(
+        self,
+        x: Tensor,
+        norm: nn.Module | None,
+        out_norm: nn.Module | None,
+        sublayer: Callable[[Tensor], Tensor],
+    ) -> Tensor:
+        if self.placement == "post":
+            return norm(x + self.dropout(sublayer(x)))
+        h = sublayer(norm(x) if norm is not None else x)
+        return x + self.dropout(out_norm(h) if out_norm is not None else h)
 
     def forward(
         self,
@@ -66,17 +100,40 @@ class TransformerBlock(nn.Module):
         mask: Tensor | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
+        *,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | SlidingWindowCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """``mask`` limits self-attention, ``context_mask`` cross-attention (True = attend)."""
-        x = self._residual(x, self.attn_norm, lambda h: self.attn(h, mask=mask, causal=self.causal))
+        """``mask`` limits self-attention, ``context_mask`` cross-attention (True = attend).
+
+        ``rope`` is the (cos, sin) of the queries' positions; with a ``cache`` the new keys
+        are stored and the mask comes from ``positions`` (and this layer's window).
+        """
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.attn(
+                h,
+                mask=mask,
+                causal=self.causal,
+                rope=rope if self.uses_rope else None,
+                cache=cache,
+                positions=positions,
+                window=self.window,
+            )
+
+        x = self._residual(x, self.attn_norm, self.attn_out_norm, self_attention)
         if self.cross_attn is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context (B, S, d)")
             x = self._residual(
-                x, self.cross_norm, lambda h: self.cross_attn(h, context=context, mask=context_mask)
+                x,
+                self.cross_norm,
+                self.cross_out_norm,
+                lambda h: self.cross_attn(h, context=context, mask=context_mask),
             )
-        return self._residual(x, self.ffn_norm, self.ffn)
+        return self._residual(x, self.ffn_norm, self.ffn_out_norm, self.ffn)
 
     def attention_input(self, x: Tensor) -> Tensor:
-        """What the self-attention sublayer sees: the normed stream (Pre-LN) or the stream."""
-        return self.attn_norm(x) if self.placement == "pre" else x
+        """What the self-attention sublayer sees: the normed stream, or the stream itself."""
+        return self.attn_norm(x) if self.placement in ("pre", "sandwich") else x

@@ -1,8 +1,9 @@
-"""Multi-head attention with separate or fused projections (chapters 02, 03).
+"""Multi-head attention: MHA, GQA, MQA, with RoPE, QK-norm and a KV cache (chapters 02-08).
 
-Shape legend: B batch, T query tokens, S key tokens, d model width, H heads, D = d / H.
-``x (B, T, d)`` gives the queries; ``context (B, S, d)`` gives keys and values (``None``:
-self-attention, S = T). The heads run through :func:`companion.attention.attention`, so
+Shape legend: B batch, T query tokens, S key tokens, d model width, H query heads, H_kv
+key/value heads (H_kv = H: MHA; 1: MQA; between: GQA), D head width, F = D/2 RoPE
+frequencies. ``x (B, T, d)`` gives the queries; ``context (B, S, d)`` gives keys and values
+(``None``: self-attention). The heads run through :func:`companion.attention.attention`, so
 ``impl`` picks the reference, SDPA or tiled kernel without changing the weights.
 """
 
@@ -12,65 +13,121 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import IMPLS, attention, naive_attention
+from .kv_cache import KVCache, SlidingWindowCache, position_mask
+from .masks import combine_masks
+from .norms import RMSNorm
+from .rope import LAYOUTS, apply_rope
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["QK_NORMS", "MultiHeadAttention"]
+
+QK_NORMS = ("none", "head", "full")
+Cache = KVCache | SlidingWindowCache
 
 
 class MultiHeadAttention(nn.Module):
-    """H heads of width D = d / H, then an output projection back to d."""
+    """H query heads sharing H_kv key/value heads, then an output projection back to d."""
 
     def __init__(
         self,
         d_model: int,
         n_heads: int,
         *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         bias: bool = True,
+        qkv_bias: bool | None = None,
         fused_qkv: bool = True,
         impl: str = "sdpa",
         dropout: float = 0.0,
+        qk_norm: str = "none",
+        norm_eps: float = 1e-6,
+        norm_offset: float = 0.0,
+        rope_layout: str = "half",
+        scale: float | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-        self.n_heads, self.head_dim, self.impl, self.dropout = (
-            n_heads,
-            d_model // n_heads,
-            impl,
-            dropout,
-        )
-        self.fused_qkv = fused_qkv
+        n_kv_heads = n_kv_heads or n_heads
+        if head_dim is None:
+            if d_model % n_heads != 0:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            head_dim = d_model // n_heads
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        for name, value, allowed in (
+            ("impl", impl, IMPLS),
+            ("qk_norm", qk_norm, QK_NORMS),
+            ("rope_layout", rope_layout, LAYOUTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.d_model, self.impl, self.dropout, self.scale = d_model, impl, dropout, scale
+        self.fused_qkv, self.rope_layout, self.qk_norm = fused_qkv, rope_layout, qk_norm
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        q_out, kv_out = n_heads * head_dim, n_kv_heads * head_dim
         if fused_qkv:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # one matmul for q, k and v
+            self.qkv = nn.Linear(d_model, q_out + 2 * kv_out, bias=qkv_bias)  # one matmul
         else:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, q_out, bias=qkv_bias)
+            self.k_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
+            self.v_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(q_out, d_model, bias=bias)
+        if qk_norm != "none":
+            q_width, k_width = (head_dim, head_dim) if qk_norm == "head" else (q_out, kv_out)
+            self.q_norm = RMSNorm(q_width, eps=norm_eps, offset=norm_offset)
+            self.k_norm = RMSNorm(k_width, eps=norm_eps, offset=norm_offset)
 
     def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v split into heads: each ``(B, H, T or S, D)``."""
-        if x.ndim != 3 or x.shape[-1] != self.n_heads * self.head_dim:
-            raise ValueError(
-                f"x must have shape (B, T, {self.n_heads * self.head_dim}), got {tuple(x.shape)}"
-            )
+        """q ``(B, H, T, D)`` and k, v ``(B, H_kv, S, D)``, QK-normed, before RoPE."""
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}")
         src = x if context is None else context
+        q_out, kv_out = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         if self.fused_qkv:
-            d = x.shape[-1]
             w, b = self.qkv.weight, self.qkv.bias
             if context is None:
-                q, k, v = self.qkv(x).split(d, dim=-1)  # (B, T, d) each
+                q, k, v = self.qkv(x).split([q_out, kv_out, kv_out], dim=-1)
             else:  # cross-attention: q from x, k and v from the context
-                q = F.linear(x, w[:d], None if b is None else b[:d])
-                k, v = F.linear(src, w[d:], None if b is None else b[d:]).split(d, dim=-1)
+                q = F.linear(x, w[:q_out], None if b is None else b[:q_out])
+                kv = F.linear(src, w[q_out:], None if b is None else b[q_out:])
+                k, v = kv.split([kv_out, kv_out], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(src), self.v_proj(src)
-        return self._heads(q), self._heads(k), self._heads(v)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (
+            self._heads(q, self.n_heads),
+            self._heads(k, self.n_kv_heads),
+            self._heads(v, self.n_kv_heads),
+        )
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
 
-    def _heads(self, t: Tensor) -> Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
+    def _heads(self, t: Tensor, n: int) -> Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, n, self.head_dim).transpose(1, 2)  # (B, n, S, D)
+
+    def _qkv_for_attention(
+        self,
+        x: Tensor,
+        context: Tensor | None,
+        mask: Tensor | None,
+        rope: tuple[Tensor, Tensor] | None,
+        cache: Cache | None,
+        positions: Tensor | None,
+        window: int | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        q, k, v = self.project(x, context)
+        if rope is not None:
+            q = apply_rope(q, *rope, layout=self.rope_layout)
+            k = apply_rope(k, *rope, layout=self.rope_layout)
+        if cache is not None:
+            if positions is None:
+                raise ValueError("decoding with a cache needs the query positions (T,)")
+            k, v, k_pos = cache.update(k, v)
+            mask = combine_masks(mask, position_mask(positions, k_pos, window))
+        return q, k, v, mask
 
     def forward(
         self,
@@ -79,10 +136,19 @@ class MultiHeadAttention(nn.Module):
         context: Tensor | None = None,
         mask: Tensor | None = None,
         causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: Cache | None = None,
+        positions: Tensor | None = None,
+        window: int | None = None,
     ) -> Tensor:
-        q, k, v = self.project(x, context)
+        """``(B, T, d)``. With a ``cache``, the new keys are stored and the mask is built from
+        ``positions`` (and ``window``); ``causal`` is then implied and ignored."""
+        q, k, v, mask = self._qkv_for_attention(x, context, mask, rope, cache, positions, window)
         p = self.dropout if self.training else 0.0
-        o = attention(q, k, v, impl=self.impl, mask=mask, causal=causal, dropout_p=p)
+        causal = causal and cache is None
+        o = attention(
+            q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+        )
         b, _, t, _ = o.shape
         return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
 
@@ -93,7 +159,8 @@ class MultiHeadAttention(nn.Module):
         context: Tensor | None = None,
         mask: Tensor | None = None,
         causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights, from the reference implementation."""
-        q, k, v = self.project(x, context)
-        return naive_attention(q, k, v, mask=mask, causal=causal)[1]
+        q, k, v, mask = self._qkv_for_attention(x, context, mask, rope, None, None, None)
+        return naive_attention(q, k, v, mask=mask, causal=causal, scale=self.scale)[1]
