@@ -1,8 +1,10 @@
-"""A decoder-only language model built from ``companion`` parts (chapters 02, 04).
+"""A decoder-only language model built from ``companion`` parts (chapters 02, 04, 05-09).
 
-Shape legend: B batch, T tokens, V vocabulary, d model width, L blocks.
+Shape legend: B batch, T tokens, V vocabulary, d model width, L blocks, F RoPE frequencies.
 ``forward(input_ids (B, T)) -> logits (B, T, V)``. Every model family in later chapters
-keeps this interface and :meth:`DecoderLM.generate`'s.
+keeps this interface and :meth:`DecoderLM.generate`'s. Decoding uses a
+:class:`DecodeCache` (one KV cache per layer, a ring buffer for sliding layers): the prompt
+is read in one batched forward (prefill), then each new token costs one small step.
 """
 
 from __future__ import annotations
@@ -14,11 +16,25 @@ from torch import Tensor, nn
 
 from .block import TransformerBlock
 from .config import ModelConfig
-from .masks import padding_mask
+from .kv_cache import KVCache, SlidingWindowCache, position_mask
+from .masks import combine_masks, padding_mask
 from .norms import build_norm
 from .positions import LearnedPositions, SinusoidalPositions
+from .rope import rope_cos_sin, rope_frequencies
 
-__all__ = ["DecoderLM"]
+__all__ = ["DecodeCache", "DecoderLM", "sample_next"]
+
+
+class DecodeCache(nn.Module):
+    """The per-layer KV caches of one generation, and how many positions they hold."""
+
+    def __init__(self, layers: list[KVCache | SlidingWindowCache]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if len(self.layers) else 0
 
 
 class DecoderLM(nn.Module):
@@ -34,12 +50,14 @@ class DecoderLM(nn.Module):
         elif cfg.position == "sinusoidal":
             self.pos_emb = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(cfg, causal=True) for _ in range(cfg.n_layers))
-        # Post-LN blocks end in a norm already; Pre-LN leaves the stream un-normed.
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg, causal=True, layer=i) for i in range(cfg.n_layers)
+        )
+        # Post-LN blocks end in a norm already; every other placement leaves the stream raw.
         self.final_norm = (
-            build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-            if cfg.norm_placement == "pre"
-            else nn.Identity()
+            nn.Identity()
+            if cfg.norm_placement == "post"
+            else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
         )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -64,16 +82,16 @@ class DecoderLM(nn.Module):
                 n -= self.pos_emb.table.weight.numel()
         return n
 
-    def check_input_ids(self, input_ids: Tensor) -> None:
+    def check_input_ids(self, input_ids: Tensor, start: int = 0) -> None:
         """Raise a ValueError that names what is wrong with ``input_ids``."""
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must have shape (B, T), got {tuple(input_ids.shape)}")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}")
-        t = input_ids.shape[1]
+        t = start + input_ids.shape[1]
         if t > self.cfg.max_seq_len:
             raise ValueError(
-                f"input_ids has {t} tokens but the model's context is "
+                f"input_ids reach {t} tokens but the model's context is "
                 f"max_seq_len={self.cfg.max_seq_len}; shorten the prompt"
             )
         if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
@@ -82,22 +100,86 @@ class DecoderLM(nn.Module):
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]"
             )
 
-    def embed(self, input_ids: Tensor) -> Tensor:
+    def embed(self, input_ids: Tensor, start: int = 0) -> Tensor:
         """Token embeddings (scaled by √d if configured) plus absolute positions: (B, T, d)."""
-        self.check_input_ids(input_ids)
+        self.check_input_ids(input_ids, start)
         x = self.tok_emb(input_ids)
         if self.cfg.scale_embeddings:
-            x = x * math.sqrt(self.cfg.d_model)
+            x = x * torch.tensor(math.sqrt(self.cfg.d_model), dtype=x.dtype)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(input_ids.shape[1], device=input_ids.device))
+            t = input_ids.shape[1]
+            x = x + self.pos_emb(torch.arange(start, start + t, device=input_ids.device))
         return self.dropout(x)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Logits ``(B, T, V)``; ``attention_mask (B, T)`` marks real tokens with 1."""
-        mask = None if attention_mask is None else padding_mask(attention_mask)
-        x = self.embed(input_ids)  # (B, T, d)
+    def rope_tables(self, positions: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+        """cos/sin ``(T, F)`` for the positions: ``"global"`` and, if set, ``"local"`` base."""
+        cfg = self.cfg
+        if cfg.position != "rope":
+            return {}
+        seq_len = int(positions[-1]) + 1 if positions.numel() else 0
+        inv, scale = rope_frequencies(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            cfg.partial_rotary_factor,
+            cfg.max_seq_len,
+            seq_len=seq_len,
+        )
+        tables = {"global": rope_cos_sin(positions, inv, scale)}
+        if cfg.rope_local_theta is not None:
+            inv, _ = rope_frequencies(
+                cfg.head_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor
+            )
+            tables["local"] = rope_cos_sin(positions, inv)
+        return tables
+
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> DecodeCache:
+        """Empty caches for ``batch`` sequences of up to ``max_len`` positions."""
+        ref = self.tok_emb.weight
+        dtype = dtype or ref.dtype
+        layers = []
         for block in self.blocks:
-            x = block(x, mask=mask)
+            attn = block.attn
+            args = (batch, attn.n_kv_heads)
+            kw = {"dtype": dtype, "device": ref.device}
+            if block.window is not None and block.window < max_len:
+                layers.append(SlidingWindowCache(*args, block.window, attn.head_dim, **kw))
+            else:
+                layers.append(KVCache(*args, max_len, attn.head_dim, **kw))
+        return DecodeCache(layers)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: DecodeCache | None = None,
+    ) -> Tensor:
+        """Logits ``(B, T, V)``; ``attention_mask (B, T)`` marks real tokens with 1.
+
+        With a ``cache`` the tokens continue the cached positions and their keys are stored.
+        """
+        start = cache.length if cache is not None else 0
+        if cache is not None and attention_mask is not None:
+            raise ValueError(
+                "attention_mask with a cache is not supported: decode unpadded batches"
+            )
+        x = self.embed(input_ids, start)  # (B, T, d)
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        tables = self.rope_tables(positions)
+        pad = None if attention_mask is None else padding_mask(attention_mask)
+        masks: dict[int | None, Tensor | None] = {}
+        for i, block in enumerate(self.blocks):
+            rope = tables.get("local" if block.window and "local" in tables else "global")
+            if cache is not None:
+                x = block(x, rope=rope, cache=cache.layers[i], positions=positions)
+                continue
+            if block.window not in masks:  # built once per forward, shared by the layers
+                masks[block.window] = (
+                    combine_masks(pad, position_mask(positions, positions, block.window))
+                    if block.window is not None
+                    else pad
+                )
+            x = block(x, mask=masks[block.window], rope=rope)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
     @torch.no_grad()
@@ -105,9 +187,17 @@ class DecoderLM(nn.Module):
         """Each block's causal attention weights, a list of L tensors ``(B, H, T, T)``."""
         maps = []
         x = self.embed(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        tables = self.rope_tables(positions)
         for block in self.blocks:
-            maps.append(block.attn.attention_weights(block.attention_input(x), causal=block.causal))
-            x = block(x)
+            rope = tables.get("local" if block.window and "local" in tables else "global")
+            rope = rope if block.uses_rope else None
+            mask = (
+                None if block.window is None else position_mask(positions, positions, block.window)
+            )
+            h = block.attention_input(x)
+            maps.append(block.attn.attention_weights(h, mask=mask, causal=block.causal, rope=rope))
+            x = block(x, mask=mask, rope=rope)
         return maps
 
     @torch.no_grad()
@@ -118,11 +208,13 @@ class DecoderLM(nn.Module):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_cache: bool = True,
     ) -> Tensor:
         """Prompt plus ``max_new_tokens`` sampled ids, ``(B, T + new)``; temperature 0 is greedy.
 
-        Without a KV cache (chapter 08 adds one) each step re-reads the last ``max_seq_len``
-        tokens.
+        With the cache: one prefill forward over the prompt, then one step per token. A model
+        with absolute positions asked to go past ``max_seq_len`` instead re-reads the last
+        ``max_seq_len`` tokens at each step (no cache).
         """
         self.check_input_ids(input_ids)
         if max_new_tokens < 0:
@@ -131,17 +223,36 @@ class DecoderLM(nn.Module):
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.cfg.vocab_size:
             raise ValueError(f"top_k must be in [1, vocab_size={self.cfg.vocab_size}], got {top_k}")
-        ids = input_ids
+        total = input_ids.shape[1] + max_new_tokens
+        sliding_context = self.cfg.position in ("learned", "sinusoidal")
+        if total > self.cfg.max_seq_len and not sliding_context:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceed "
+                f"max_seq_len={self.cfg.max_seq_len}"
+            )
+        cache = None
+        if use_cache and total <= self.cfg.max_seq_len:
+            cache = self.new_cache(input_ids.shape[0], total)
+        ids, step_in = input_ids, input_ids
         for _ in range(max_new_tokens):
-            logits = self(ids[:, -self.cfg.max_seq_len :])[:, -1, :].float()  # (B, V)
-            if temperature == 0.0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
+            if cache is not None:
+                logits = self(step_in, cache=cache)[:, -1, :]
             else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = torch.softmax(logits, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
+                logits = self(ids[:, -self.cfg.max_seq_len :])[:, -1, :]
+            nxt = sample_next(logits.float(), temperature, top_k, generator)
             ids = torch.cat([ids, nxt.to(ids.dtype)], dim=1)
+            step_in = nxt.to(ids.dtype)
         return ids
+
+
+def sample_next(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> Tensor:
+    """Next ids ``(B, 1)`` from logits ``(B, V)``: argmax at temperature 0, else sampled."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)

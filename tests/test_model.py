@@ -131,3 +131,68 @@ def test_attention_maps_are_causal_distributions():
     assert len(maps) == 2 and maps[0].shape == (1, 4, 9, 9)
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(1, 4, 9))
     assert maps[0].triu(1).abs().max() == 0
+
+
+MODERN = {
+    "llama-gqa": dict(n_kv_heads=2, position="rope", norm="rmsnorm", ffn="glu", activation="silu"),
+    "mqa-yarn-interleaved": dict(
+        n_kv_heads=1,
+        position="rope",
+        rope_layout="interleaved",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    ),
+    "qwen3-qknorm-headsize": dict(
+        n_kv_heads=2, head_size=12, qk_norm="head", position="rope", norm="rmsnorm", bias=False
+    ),
+    "mistral-window": dict(n_kv_heads=2, position="rope", sliding_window=5, ffn="glu"),
+    "gemma3-sandwich": dict(
+        norm_placement="sandwich",
+        norm="rmsnorm",
+        norm_offset=1.0,
+        qk_norm="head",
+        sliding_window=4,
+        layer_types=("sliding", "full", "sliding"),
+        n_layers=3,
+        position="rope",
+        rope_local_theta=100.0,
+        rope_theta=10000.0,
+        scale_embeddings=True,
+        activation="gelu_tanh",
+        ffn="glu",
+    ),
+    "olmo-post-branch-nope": dict(
+        norm_placement="post_branch",
+        norm="rmsnorm",
+        qk_norm="full",
+        position="rope",
+        nope_layers=(1,),
+        partial_rotary_factor=0.5,
+    ),
+}
+
+
+@pytest.mark.parametrize("kw", MODERN.values(), ids=MODERN.keys())
+def test_cached_decoding_equals_the_full_forward(kw):
+    torch.manual_seed(0)
+    model = DecoderLM(small(**kw)).eval()
+    x = torch.randint(0, 37, (2, 17))
+    full = model(x)
+    cache = model.new_cache(2, 17)
+    parts = [model(x[:, :6], cache=cache)]  # a prefill longer than the window, then steps
+    for t in range(6, 17):
+        parts.append(model(x[:, t : t + 1], cache=cache))
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
+    for impl in ("reference", "tiled"):
+        other = DecoderLM(small(**kw, attn_impl=impl)).eval()
+        other.load_state_dict(model.state_dict())
+        torch.testing.assert_close(other(x), full, atol=1e-5, rtol=1e-4)
+    greedy = model.generate(x[:, :4], 8)
+    assert torch.equal(greedy, model.generate(x[:, :4], 8, use_cache=False))
+
+
+def test_rope_model_refuses_to_run_past_its_context():
+    model = DecoderLM(small(position="rope", max_seq_len=8)).eval()
+    with pytest.raises(ValueError, match="exceed max_seq_len=8"):
+        model.generate(torch.zeros(1, 6, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="attention_mask with a cache"):
+        model(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), cache=model.new_cache(1, 4))
