@@ -1,0 +1,228 @@
+"""Convert Hugging Face transformers models into ``companion`` models (chapters 05-09, 13).
+
+``from_hf(hf_model)`` reads the config and the weights of a transformers causal LM and
+returns the equivalent :class:`companion.model.DecoderLM`, with the same logits. Supported
+families: Llama (incl. Llama 3 RoPE scaling), Mistral (sliding window), Qwen3 (QK-norm),
+Gemma 3 text (sandwich norms, (1+w) gains, local/global layers with two RoPE bases) and
+Olmo 3 (post-branch norms, full-width QK-norm, sliding layers). Options ``companion``
+cannot express are rejected with an error that names them, never silently dropped.
+
+This is the only module that touches transformers objects, and it imports nothing from
+transformers itself: it reads ``hf_model.config`` and ``hf_model.state_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .model import DecoderLM
+
+__all__ = ["SUPPORTED", "config_from_hf", "convert_state_dict", "from_hf", "load_state_dict_strict"]
+
+# architecture -> norm placement of its blocks
+SUPPORTED = {
+    "LlamaForCausalLM": "pre",
+    "MistralForCausalLM": "pre",
+    "Qwen3ForCausalLM": "pre",
+    "Gemma3ForCausalLM": "sandwich",
+    "Olmo3ForCausalLM": "post_branch",
+}
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+# HF block norm name -> ours, per placement
+_NORM_NAMES = {
+    "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"},
+    "sandwich": {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "attn_out_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "ffn_out_norm",
+    },
+    "post_branch": {
+        "post_attention_layernorm": "attn_out_norm",
+        "post_feedforward_layernorm": "ffn_out_norm",
+    },
+}
+
+
+def _arch(hf_config: object) -> str:
+    archs = getattr(hf_config, "architectures", None) or []
+    model_type = getattr(hf_config, "model_type", "")
+    by_type = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "gemma3_text": "Gemma3ForCausalLM",
+        "olmo3": "Olmo3ForCausalLM",
+    }
+    for a in archs:
+        if a in SUPPORTED:
+            return a
+    if model_type in by_type:
+        return by_type[model_type]
+    raise ValueError(
+        f"unsupported model (architectures={archs}, model_type={model_type!r}); "
+        f"supported: {sorted(SUPPORTED)}"
+    )
+
+
+def _rope(params: Mapping) -> tuple[float, dict | None]:
+    params = dict(params)
+    theta = float(params.pop("rope_theta"))
+    kind = params.get("rope_type", "default")
+    return theta, (None if kind == "default" else params)
+
+
+def config_from_hf(hf_config: object) -> ModelConfig:
+    """The :class:`ModelConfig` of a transformers config; unsupported options raise."""
+    arch = _arch(hf_config)
+    c = hf_config
+    problems = []
+    for name, ok in (
+        ("attention_bias", lambda v: not v),
+        ("mlp_bias", lambda v: not v),
+        ("pretraining_tp", lambda v: v == 1),
+        ("final_logit_softcapping", lambda v: v is None),
+        ("attn_logit_softcapping", lambda v: v is None),
+        ("use_bidirectional_attention", lambda v: not v),
+    ):
+        if hasattr(c, name) and not ok(getattr(c, name)):
+            problems.append(f"{name}={getattr(c, name)!r}")
+    act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", None)
+    if act not in _ACTIVATIONS:
+        problems.append(f"activation {act!r} (supported: {sorted(_ACTIVATIONS)})")
+    rope = dict(c.rope_parameters)
+    local_theta = None
+    if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3, Olmo 3)
+        local = dict(rope.get("sliding_attention", rope["full_attention"]))
+        rope = dict(rope["full_attention"])
+        local_theta, local_scaling = _rope(local)
+        if local_scaling is not None:
+            problems.append(f"RoPE scaling on sliding layers ({local_scaling['rope_type']!r})")
+    theta, scaling = _rope(rope)
+    if problems:
+        raise ValueError(f"{arch}: companion does not support {', '.join(problems)}")
+
+    layer_types = getattr(c, "layer_types", None)
+    window = getattr(c, "sliding_window", None)
+    if arch == "MistralForCausalLM":
+        layer_types = ["sliding_attention" if window else "full_attention"] * c.num_hidden_layers
+    kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in layer_types or [])
+    if layer_types is None:
+        kinds = ("full",) * c.num_hidden_layers
+    placement = SUPPORTED[arch]
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return ModelConfig(
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_size=head_dim,
+        d_ff=c.intermediate_size,
+        max_seq_len=c.max_position_embeddings,
+        norm="rmsnorm",
+        norm_eps=c.rms_norm_eps,
+        norm_offset=1.0 if arch == "Gemma3ForCausalLM" else 0.0,
+        norm_placement=placement,
+        activation=_ACTIVATIONS[act],
+        ffn="glu",
+        position="rope",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_theta=local_theta if local_theta not in (None, theta) else None,
+        qk_norm={
+            "Qwen3ForCausalLM": "head",
+            "Gemma3ForCausalLM": "head",
+            "Olmo3ForCausalLM": "full",
+        }.get(arch, "none"),
+        sliding_window=window if "sliding" in kinds else None,
+        layer_types=kinds,
+        attn_scale=(c.query_pre_attn_scalar**-0.5 if arch == "Gemma3ForCausalLM" else None),
+        scale_embeddings=arch == "Gemma3ForCausalLM",
+        bias=False,
+        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        attn_impl="sdpa",
+    )
+
+
+def convert_state_dict(hf_sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s names.
+
+    Keys that no rule maps are kept under their own name, so that
+    :func:`load_state_dict_strict` reports them as unexpected.
+    """
+    norm_names = _NORM_NAMES[cfg.norm_placement]
+    out: dict[str, Tensor] = {}
+    qkv: dict[int, dict[str, Tensor]] = {}
+    for key, t in hf_sd.items():
+        parts = key.split(".")
+        if key == "model.embed_tokens.weight":
+            out["tok_emb.weight"] = t
+        elif key == "model.norm.weight":
+            out["final_norm.weight"] = t
+        elif key == "lm_head.weight":
+            if not cfg.tie_embeddings:
+                out["lm_head.weight"] = t
+        elif parts[:2] == ["model", "layers"] and len(parts) >= 5:
+            i, rest = int(parts[2]), ".".join(parts[3:])
+            pre = f"blocks.{i}"
+            mod = rest.rsplit(".", 1)[0]  # e.g. "self_attn.q_proj"
+            if mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                qkv.setdefault(i, {})[mod[-6]] = t  # "q", "k" or "v"
+            elif mod == "self_attn.o_proj":
+                out[f"{pre}.attn.out_proj.weight"] = t
+            elif mod in ("self_attn.q_norm", "self_attn.k_norm"):
+                out[f"{pre}.attn.{mod.split('.')[1]}.weight"] = t
+            elif mod.startswith("mlp."):
+                ours = {"mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+                out[f"{pre}.ffn.{ours.get(mod, mod)}.weight"] = t
+            elif mod in norm_names:
+                out[f"{pre}.{norm_names[mod]}.weight"] = t
+            else:
+                out[key] = t
+        else:
+            out[key] = t
+    for i, parts in qkv.items():
+        missing = [f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv" if p not in parts]
+        if missing:
+            raise ValueError(f"cannot load weights; missing tensors: {missing}")
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    if cfg.tie_embeddings and "tok_emb.weight" in out:
+        out["lm_head.weight"] = out["tok_emb.weight"]  # one tensor under both names
+    return out
+
+
+def load_state_dict_strict(model: nn.Module, sd: Mapping[str, Tensor]) -> None:
+    """Copy ``sd`` into ``model``; raise one error naming every missing, unexpected or
+    mis-shaped tensor."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    wrong = [
+        f"{k}: expected {tuple(own[k].shape)}, got {tuple(sd[k].shape)}"
+        for k in sorted(set(own) & set(sd))
+        if own[k].shape != sd[k].shape
+    ]
+    if missing or unexpected or wrong:
+        lines = []
+        if missing:
+            lines.append(f"missing tensors: {missing}")
+        if unexpected:
+            lines.append(f"unexpected tensors: {unexpected}")
+        if wrong:
+            lines.append(f"wrong shapes: {wrong}")
+        raise ValueError("cannot load weights; " + "; ".join(lines))
+    model.load_state_dict(sd, strict=True)
+
+
+def from_hf(hf_model: nn.Module) -> DecoderLM:
+    """The ``companion`` model equivalent to a transformers causal LM (fp32, eval mode)."""
+    cfg = config_from_hf(hf_model.config)
+    model = DecoderLM(cfg)
+    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+    load_state_dict_strict(model, convert_state_dict(sd, cfg))
+    return model.eval()
