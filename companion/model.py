@@ -209,8 +209,11 @@ class DecoderLM(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        eos_token_id: int | None = None,
     ) -> Tensor:
-        """Prompt plus ``max_new_tokens`` sampled ids, ``(B, T + new)``; temperature 0 is greedy.
+        """Prompt plus up to ``max_new_tokens`` sampled ids, ``(B, T + new)``; temperature 0
+        is greedy. Generation stops early once every sequence has produced ``eos_token_id``
+        (sequences that finished first are padded with it).
 
         With the cache: one prefill forward over the prompt, then one step per token. A model
         with absolute positions asked to go past ``max_seq_len`` instead re-reads the last
@@ -234,14 +237,20 @@ class DecoderLM(nn.Module):
         if use_cache and total <= self.cfg.max_seq_len:
             cache = self.new_cache(input_ids.shape[0], total)
         ids, step_in = input_ids, input_ids
+        done = torch.zeros(input_ids.shape[0], 1, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
             if cache is not None:
                 logits = self(step_in, cache=cache)[:, -1, :]
             else:
                 logits = self(ids[:, -self.cfg.max_seq_len :])[:, -1, :]
-            nxt = sample_next(logits.float(), temperature, top_k, generator)
-            ids = torch.cat([ids, nxt.to(ids.dtype)], dim=1)
-            step_in = nxt.to(ids.dtype)
+            nxt = sample_next(logits.float(), temperature, top_k, generator).to(ids.dtype)
+            if eos_token_id is not None:
+                nxt = nxt.masked_fill(done, eos_token_id)
+                done |= nxt == eos_token_id
+            ids = torch.cat([ids, nxt], dim=1)
+            step_in = nxt
+            if eos_token_id is not None and bool(done.all()):
+                break
         return ids
 
 

@@ -196,3 +196,18 @@ def test_rope_model_refuses_to_run_past_its_context():
         model.generate(torch.zeros(1, 6, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="attention_mask with a cache"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), cache=model.new_cache(1, 4))
+
+
+def test_generation_stops_at_eos_and_pads_finished_rows():
+    torch.manual_seed(0)
+    model = DecoderLM(small()).eval()
+    prompt = torch.randint(0, 37, (2, 4))
+    free = model.generate(prompt, 10)
+    eos = int(free[0, 6])  # the token row 0 produces third
+    out = model.generate(prompt, 10, eos_token_id=eos)
+    assert out[0, 6] == eos and out.shape[1] <= free.shape[1]
+    row1 = free[1, 4:].tolist()
+    stop = row1.index(eos) if eos in row1 else None
+    if stop is None:
+        assert out.shape[1] == free.shape[1]
+    assert (out[0, 7:] == eos).all()
