@@ -113,11 +113,13 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         context: Tensor | None,
         mask: Tensor | None,
+        causal: bool,
         rope: tuple[Tensor, Tensor] | None,
         cache: Cache | None,
         positions: Tensor | None,
         window: int | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
+        """q, k, v (RoPE applied, cache read) and the mask and causal flag attention needs."""
         q, k, v = self.project(x, context)
         if rope is not None:
             q = apply_rope(q, *rope, layout=self.rope_layout)
@@ -126,8 +128,12 @@ class MultiHeadAttention(nn.Module):
             if positions is None:
                 raise ValueError("decoding with a cache needs the query positions (T,)")
             k, v, k_pos = cache.update(k, v)
-            mask = combine_masks(mask, position_mask(positions, k_pos, window))
-        return q, k, v, mask
+            if isinstance(cache, KVCache) and window is None and mask is None:
+                # keys 0..S-1 in order: the end-aligned triangle; one new token sees them all
+                causal = q.shape[2] > 1
+            else:
+                mask, causal = combine_masks(mask, position_mask(positions, k_pos, window)), False
+        return q, k, v, mask, causal
 
     def forward(
         self,
@@ -142,14 +148,23 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
     ) -> Tensor:
         """``(B, T, d)``. With a ``cache``, the new keys are stored and the mask is built from
-        ``positions`` (and ``window``); ``causal`` is then implied and ignored."""
-        q, k, v, mask = self._qkv_for_attention(x, context, mask, rope, cache, positions, window)
-        p = self.dropout if self.training else 0.0
-        causal = causal and cache is None
-        o = attention(
-            q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+        ``positions`` (and ``window``)."""
+        q, k, v, mask, causal = self._qkv_for_attention(
+            x, context, mask, causal, rope, cache, positions, window
         )
-        b, _, t, _ = o.shape
+        p = self.dropout if self.training else 0.0
+        b, h, t, d = q.shape
+        if t == 1 and mask is None and not causal and self.n_kv_heads < h:
+            # one query token: the G query heads of a group read the same keys, so fold them
+            # into the query axis and run plain attention per K/V head (no repeated K/V)
+            g = h // self.n_kv_heads
+            q = q.view(b, self.n_kv_heads, g, d)
+            o = attention(q, k, v, impl=self.impl, scale=self.scale, dropout_p=p)
+            o = o.reshape(b, h, 1, -1)
+        else:
+            o = attention(
+                q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+            )
         return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
 
     def attention_weights(
@@ -162,5 +177,7 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights, from the reference implementation."""
-        q, k, v, mask = self._qkv_for_attention(x, context, mask, rope, None, None, None)
+        q, k, v, mask, causal = self._qkv_for_attention(
+            x, context, mask, causal, rope, None, None, None
+        )
         return naive_attention(q, k, v, mask=mask, causal=causal, scale=self.scale)[1]

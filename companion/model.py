@@ -153,10 +153,12 @@ class DecoderLM(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         cache: DecodeCache | None = None,
+        last_only: bool = False,
     ) -> Tensor:
         """Logits ``(B, T, V)``; ``attention_mask (B, T)`` marks real tokens with 1.
 
         With a ``cache`` the tokens continue the cached positions and their keys are stored.
+        ``last_only`` computes the logits of the last position only, ``(B, 1, V)``.
         """
         start = cache.length if cache is not None else 0
         if cache is not None and attention_mask is not None:
@@ -180,6 +182,8 @@ class DecoderLM(nn.Module):
                     else pad
                 )
             x = block(x, mask=masks[block.window], rope=rope)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
     @torch.no_grad()
@@ -240,9 +244,9 @@ class DecoderLM(nn.Module):
         done = torch.zeros(input_ids.shape[0], 1, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
             if cache is not None:
-                logits = self(step_in, cache=cache)[:, -1, :]
+                logits = self(step_in, cache=cache, last_only=True)[:, -1, :]
             else:
-                logits = self(ids[:, -self.cfg.max_seq_len :])[:, -1, :]
+                logits = self(ids[:, -self.cfg.max_seq_len :], last_only=True)[:, -1, :]
             nxt = sample_next(logits.float(), temperature, top_k, generator).to(ids.dtype)
             if eos_token_id is not None:
                 nxt = nxt.masked_fill(done, eos_token_id)
