@@ -1,14 +1,22 @@
-"""Side-by-side micro-benchmarks for the book's chapters (chapter 02).
+"""Side-by-side micro-benchmarks for the book's chapters (chapters 02 and 08).
 
 Run ``python -m companion.bench attention [--device cpu] [--lengths 256 512 1024 2048]
-[--repeats N]``. Every row is measured in one process, on one machine, one after another, so
-read the *ratios* (naive/SDPA time, tiled/SDPA time, naive/tiled memory), not the absolute
-numbers: those depend on the hardware, the PyTorch build and what else is running.
+[--repeats N]`` or ``python -m companion.bench decode [--new-tokens 128] [--repeats 3]``.
+Every row is measured in one process, on one machine, one after another, so read the
+*ratios* (naive/SDPA time, tiled/SDPA time, naive/tiled memory), not the absolute numbers:
+those depend on the hardware, the PyTorch build and what else is running.
 
 ``attention`` times the forward pass (median of ``--repeats`` after one warm-up) of the naive
 reference, the plain-PyTorch tiled (FlashAttention-style) loop and PyTorch's fused SDPA, with
 B=1, H=8, D=64, causal; fp32 on CPU, bf16 on accelerators that support it. Peak memory is
 taken by :class:`companion.memory.PeakMemory` over one more forward pass.
+
+``decode`` generates greedily with the real SmolLM2-135M-Instruct weights (batch 1, fp32,
+CPU) through ``companion`` and through transformers' ``generate`` on the same weights,
+alternating the two, and reports tokens/s, their ratio, and the fraction of the
+memory-bandwidth bound: decoding one token reads every weight once, so it cannot beat
+``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the bytes per second
+of a large ``Tensor.copy_`` measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +34,14 @@ from .device import default_device, default_dtype
 from .flash import tiled_attention
 from .memory import PeakMemory
 
-__all__ = ["bench_attention", "format_attention", "main"]
+__all__ = [
+    "bench_attention",
+    "bench_decode",
+    "copy_bandwidth",
+    "format_attention",
+    "format_decode",
+    "main",
+]
 
 ATTENTION_IMPLS: dict[str, Callable[..., torch.Tensor]] = {
     "naive": lambda q, k, v: naive_attention(q, k, v, causal=True)[0],
@@ -104,6 +119,89 @@ def _attention_command(args: argparse.Namespace) -> None:
     print(format_attention(bench_attention(args.lengths, device, args.repeats)))
 
 
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of one large tensor copy on the CPU (median of ``repeats``)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return nbytes / _median_seconds(lambda: dst.copy_(src), torch.device("cpu"), repeats)
+
+
+def bench_decode(
+    model: torch.nn.Module,
+    reference: torch.nn.Module,
+    input_ids: torch.Tensor,
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, float]:
+    """Greedy decoding speed of ``model.generate`` and ``reference.generate`` (transformers),
+    alternated ``repeats`` times; medians, plus whether both produced the same tokens."""
+    ours, theirs = [], []
+    out_ours = out_theirs = None
+    for _ in range(repeats + 1):  # the first round warms both up and is not counted
+        start = time.perf_counter()
+        out_ours = model.generate(input_ids, new_tokens)
+        ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out_theirs = reference.generate(
+                input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+            )
+        theirs.append(time.perf_counter() - start)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth()
+    ours_tps = new_tokens / statistics.median(ours[1:])
+    theirs_tps = new_tokens / statistics.median(theirs[1:])
+    bound = bandwidth / weight_bytes
+    return {
+        "companion_tps": ours_tps,
+        "transformers_tps": theirs_tps,
+        "ratio": ours_tps / theirs_tps,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "weight_mb": weight_bytes / 1e6,
+        "bound_tps": bound,
+        "companion_of_bound": ours_tps / bound,
+        "transformers_of_bound": theirs_tps / bound,
+        "same_tokens": float(torch.equal(out_ours, out_theirs)),
+    }
+
+
+def format_decode(r: dict[str, float]) -> str:
+    """The decode results as a small table."""
+    return "\n".join(
+        [
+            f"{'':<14}{'tokens/s':>10}{'of bound':>10}",
+            f"{'companion':<14}{r['companion_tps']:>10.1f}{r['companion_of_bound']:>10.0%}",
+            f"{'transformers':<14}{r['transformers_tps']:>10.1f}{r['transformers_of_bound']:>10.0%}",
+            f"ratio companion/transformers: {r['ratio']:.2f}x",
+            f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
+            f"weights = {r['bound_tps']:.1f} tokens/s",
+            f"same greedy tokens: {bool(r['same_tokens'])}",
+        ]
+    )
+
+
+def _decode_command(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from .weights import load_smollm2, smollm2_path
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_smollm2()
+    path = smollm2_path()
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Tell me a long story."}])
+    ids = torch.tensor([tok.encode(prompt)])
+    print(
+        f"decode: SmolLM2-135M-Instruct, batch 1, fp32, cpu, {ids.shape[1]}-token prompt, "
+        f"{args.new_tokens} new tokens, median of {args.repeats} (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    print(format_decode(bench_decode(model, reference, ids, args.new_tokens, args.repeats)))
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -125,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     att.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per cell")
     att.set_defaults(run=_attention_command)
+    dec = sub.add_parser("decode", help="SmolLM2 greedy decoding: companion vs transformers")
+    dec.add_argument("--new-tokens", type=_positive_int, default=128)
+    dec.add_argument("--repeats", type=_positive_int, default=3, help="timed rounds per side")
+    dec.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+    dec.set_defaults(run=_decode_command)
     args = parser.parse_args(argv)
     args.run(args)
 

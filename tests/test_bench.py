@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from companion.bench import main
 
@@ -45,3 +46,27 @@ def test_bad_length_is_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["attention", "--lengths", "0"])
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_decode_bench_on_a_tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    from companion.bench import bench_decode, format_decode
+    from companion.hf import from_hf
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(2, 64, (1, 5))
+    r = bench_decode(from_hf(hf), hf, ids, new_tokens=6, repeats=1)
+    assert r["same_tokens"] == 1.0 and r["companion_tps"] > 0 and r["bound_tps"] > 0
+    table = format_decode(r)
+    assert "ratio companion/transformers" in table and "same greedy tokens: True" in table
