@@ -87,22 +87,22 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """D, the width of one head: ``head_size`` if given, else d / H."""
+        """The width D of one head (``head_size`` if given, else d / H)."""
         return self.head_size if self.head_size is not None else self.d_model // self.n_heads
 
     @property
     def kv_heads(self) -> int:
-        """H_kv, the number of key/value heads."""
+        """The number H_kv of key/value heads."""
         return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
     @property
     def attn_bias(self) -> bool:
-        """Whether the q, k and v projections carry biases."""
+        """True if the q, k and v projections carry biases."""
         return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        """Each layer's attention, ``"full"`` or ``"sliding"``."""
+        """The attention kind of each layer, ``"full"`` or ``"sliding"``."""
         if self.layer_types is not None:
             return tuple(self.layer_types)
         return ("sliding" if self.sliding_window else "full",) * self.n_layers

@@ -77,7 +77,7 @@ def _rope(params: Mapping) -> tuple[float, dict | None]:
 
 
 def config_from_hf(hf_config: object) -> ModelConfig:
-    """The :class:`ModelConfig` of a transformers config; unsupported options raise."""
+    """The :class:`~companion.config.ModelConfig` of a transformers config (or an error)."""
     arch = _arch(hf_config)
     c = hf_config
     problems = []
