@@ -24,7 +24,7 @@ from .masks import causal_mask, combine_masks, guard_empty_rows
 
 __all__ = ["IMPLS", "attention", "check_qkv", "expand_kv", "naive_attention", "sdpa_attention"]
 
-IMPLS = ("reference", "sdpa", "tiled")
+IMPLS = ("reference", "sdpa", "tiled", "flex")
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
@@ -135,7 +135,7 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Dispatch to one implementation by name: ``"reference"``, ``"sdpa"`` or ``"tiled"``."""
+    """Dispatch by name: ``"reference"``, ``"sdpa"``, ``"tiled"`` or ``"flex"``."""
     if impl == "reference":
         return naive_attention(q, k, v, mask=mask, causal=causal, scale=scale, dropout_p=dropout_p)[
             0
@@ -151,4 +151,10 @@ def attention(
         return tiled_attention(
             q, expand_kv(k, h), expand_kv(v, h), mask=mask, causal=causal, scale=scale
         )
+    if impl == "flex":
+        if dropout_p > 0.0:
+            raise ValueError("impl='flex' does not implement attention dropout; use dropout_p=0")
+        from .flex import flex_attention_forward
+
+        return flex_attention_forward(q, k, v, mask=mask, causal=causal, scale=scale)
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

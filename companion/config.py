@@ -26,7 +26,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "position": ("sinusoidal", "learned", "rope", "none"),
     "rope_layout": ("half", "interleaved"),
     "qk_norm": ("none", "head", "full"),
-    "attn_impl": ("reference", "sdpa", "tiled"),
+    "attn_impl": ("reference", "sdpa", "tiled", "flex"),
 }
 LAYER_TYPES = ("full", "sliding")
 

@@ -153,17 +153,20 @@ class MultiHeadAttention(nn.Module):
             x, context, mask, causal, rope, cache, positions, window
         )
         p = self.dropout if self.training else 0.0
+        # FlexAttention wants a BlockMask per shape; a decode step's shape changes every
+        # token, so cached decoding runs on SDPA.
+        impl = "sdpa" if self.impl == "flex" and cache is not None else self.impl
         b, h, t, d = q.shape
         if t == 1 and mask is None and not causal and self.n_kv_heads < h:
             # one query token: the G query heads of a group read the same keys, so fold them
             # into the query axis and run plain attention per K/V head (no repeated K/V)
             g = h // self.n_kv_heads
             q = q.view(b, self.n_kv_heads, g, d)
-            o = attention(q, k, v, impl=self.impl, scale=self.scale, dropout_p=p)
+            o = attention(q, k, v, impl=impl, scale=self.scale, dropout_p=p)
             o = o.reshape(b, h, 1, -1)
         else:
             o = attention(
-                q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+                q, k, v, impl=impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
             )
         return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .block import TransformerBlock
 from .config import ModelConfig
+from .flex import BlockMask, causal_window_block_mask
 from .kv_cache import KVCache, SlidingWindowCache, position_mask
 from .masks import combine_masks, padding_mask
 from .norms import build_norm
@@ -60,6 +61,7 @@ class DecoderLM(nn.Module):
             else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
         )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._block_masks: dict[tuple, BlockMask] = {}  # FlexAttention masks, by shape
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -133,6 +135,22 @@ class DecoderLM(nn.Module):
             tables["local"] = rope_cos_sin(positions, inv)
         return tables
 
+    def _self_attention_mask(
+        self, positions: Tensor, window: int | None, pad: Tensor | None
+    ) -> Tensor | BlockMask | None:
+        """The mask of one layer kind: None (plain causal), a bool tensor, or for
+        ``attn_impl="flex"`` a BlockMask, built once per length and window and reused."""
+        if self.cfg.attn_impl == "flex" and pad is None:
+            key = (len(positions), window, positions.device)
+            if key not in self._block_masks:
+                self._block_masks[key] = causal_window_block_mask(
+                    len(positions), None, window, positions.device
+                )
+            return self._block_masks[key]
+        if window is None:
+            return pad
+        return combine_masks(pad, position_mask(positions, positions, window))
+
     def new_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> DecodeCache:
         """Empty caches for ``batch`` sequences of up to ``max_len`` positions."""
         ref = self.tok_emb.weight
@@ -176,11 +194,7 @@ class DecoderLM(nn.Module):
                 x = block(x, rope=rope, cache=cache.layers[i], positions=positions)
                 continue
             if block.window not in masks:  # built once per forward, shared by the layers
-                masks[block.window] = (
-                    combine_masks(pad, position_mask(positions, positions, block.window))
-                    if block.window is not None
-                    else pad
-                )
+                masks[block.window] = self._self_attention_mask(positions, block.window, pad)
             x = block(x, mask=masks[block.window], rope=rope)
         if last_only:
             x = x[:, -1:]

@@ -140,7 +140,9 @@ def test_attention_dispatches_by_name(impl):
     case = CASES[4]
     (q, k, v), _, _ = make_inputs(case)
     want = naive_attention(q, k, v, causal=False)[0]
-    torch.testing.assert_close(attention(q, k, v, impl=impl), want, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # flex has no CPU backward; the others are tested with gradients
+        got = attention(q, k, v, impl=impl)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def _bad(**changes):
@@ -204,7 +206,7 @@ def test_online_softmax_trace_ends_at_the_softmax(block):
         online_softmax_trace(x, 0)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "tiled"])  # flex: tests/test_flex.py
 @pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
 def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
     from companion.attention import expand_kv

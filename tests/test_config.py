@@ -42,7 +42,7 @@ BAD = [
     ),
     pytest.param(
         {"attn_impl": "flash"},
-        r"attn_impl must be one of \('reference', 'sdpa', 'tiled'\)",
+        r"attn_impl must be one of \('reference', 'sdpa', 'tiled', 'flex'\)",
         id="impl",
     ),
     pytest.param({"fused_qkv": 1}, "fused_qkv must be True or False", id="fused-int"),
