@@ -1,0 +1,706 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 1 · The sequential cage
+#
+# Until 2017, a neural network that read language read it the way we do: one word after
+# another, carrying what it had understood so far in a single vector, its *hidden state*.
+# The long short-term memory (LSTM) network {cite}`hochreiter1997long` and its lighter
+# cousin the GRU {cite}`cho2014learning` were the workhorses of translation, speech and
+# language modelling {cite}`sutskever2014sequence`. They worked. Yet the Transformer
+# {cite}`vaswani2017attention` threw recurrence out completely. This chapter measures why,
+# on models small enough to train here in seconds:
+#
+# 1. **The chain.** Step $t$ needs the state from step $t-1$, so $T$ tokens cost $T$ steps
+#    one after another, however many processors are idle.
+# 2. **The fading signal.** What the loss says about a token $d$ steps back has to travel
+#    back through those $d$ steps, and it shrinks on the way.
+# 3. **The consequence.** On a task that needs one token from far back, an LSTM and a
+#    Transformer of the same size, trained the same way, end up far apart.
+#
+# The chapter closes with the idea that broke the cage from inside: *attention*, first added
+# to a recurrent translator {cite}`bahdanau2015neural`. As everywhere in this book, each
+# claim is pinned by an `assert`.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from IPython.display import HTML, Code
+
+from companion.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
+from companion.block import TransformerBlock
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
+from companion.rnn import GRU, LSTM, RNN, RecurrentLM, autograd_depth, distant_recall, lstm_cell
+from companion.training import cosine_lr, make_adamw, seed_everything, train
+
+FULL = False  # True: longer sequences, more samples and a bigger model pair (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+torch.set_num_threads(2)
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## The LSTM, one step written out
+#
+# A recurrent layer applies the same cell at every position. The LSTM's cell keeps two
+# vectors: the hidden state $h_t$, which the rest of the network reads, and the *cell
+# state* $c_t$, its long-term memory. From the input $x_t$ and the previous $h_{t-1}$ it
+# computes four vectors of width $H$ in one matrix product: an input gate $i_t$, a forget
+# gate $f_t$, a candidate $g_t$ and an output gate $o_t$,
+#
+# $$
+# \begin{pmatrix} i_t \\ f_t \\ g_t \\ o_t \end{pmatrix} =
+# \begin{pmatrix} \sigma \\ \sigma \\ \tanh \\ \sigma \end{pmatrix}
+# \bigl(W_{ih}\, x_t + b_{ih} + W_{hh}\, h_{t-1} + b_{hh}\bigr), \qquad
+# c_t = f_t \odot c_{t-1} + i_t \odot g_t, \qquad h_t = o_t \odot \tanh(c_t).
+# $$
+#
+# The gates are numbers between 0 and 1: $f_t$ decides how much of the old memory to keep,
+# $i_t$ how much of the candidate to write. Here is `companion`'s cell, and the loop that
+# applies it along a sequence:
+
+# %%
+Code(inspect.getsource(lstm_cell) + "\n" + inspect.getsource(LSTM.forward), language="python")
+
+# %% [markdown]
+# `companion.rnn.LSTM` holds a `torch.nn.LSTM` and reads its weights, so the written-out loop
+# (`impl="reference"`) and PyTorch's fused kernel (`impl="torch"`) share every parameter.
+# They must agree on the outputs, the final state and the gradients. The same holds for the
+# GRU, whose two gates (reset $r$, update $z$) blend the old state and a candidate directly,
+# without a separate cell state.
+
+# %%
+seed_everything(0)
+x = torch.randn(4, 30, 16)  # (B, T, E)
+for layer in (LSTM(16, 24), GRU(16, 24)):
+    outs, grads = {}, {}
+    for impl in ("reference", "torch"):
+        out, _ = layer(x, impl=impl)  # (B, T, H)
+        outs[impl] = out.detach()
+        grads[impl] = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
+    err_out = (outs["reference"] - outs["torch"]).abs().max().item()
+    err_grad = max(
+        (a - b).abs().max().item() for a, b in zip(grads["reference"], grads["torch"], strict=True)
+    )
+    print(
+        f"{type(layer).__name__}: max |Δ output| < 1e-5: {err_out < 1e-5}, |Δ grad| < 1e-4: {err_grad < 1e-4}"
+    )
+    assert err_out < 1e-5 and err_grad < 1e-4
+
+# %% [markdown]
+# ### Two models of the same size
+#
+# For the experiments below we pit a one-layer LSTM language model (embedding → LSTM →
+# linear head) against a one-layer causal Transformer (`companion.model.DecoderLM`: token
+# and position embeddings, one block of four-head attention and a feed-forward network).
+# We size the LSTM so that both have about the same number of parameters. An LSTM with
+# input width $E$ and hidden width $H$ has $4H(E + H) + 8H$ parameters in its cell: the four
+# gates, each with two weight matrices and two biases.
+
+# %%
+N_SIGNALS, N_DISTRACTORS = 16, 32
+VOCAB = 1 + N_SIGNALS + N_DISTRACTORS  # query token, signals, distractors
+SEQ_LEN = 257 if FULL else 129  # the signal can sit up to SEQ_LEN - 1 steps back
+D_MODEL, N_LAYERS, D_EMBED = (128, 2, 64) if FULL else (64, 1, 32)
+
+tf_cfg = ModelConfig(
+    vocab_size=VOCAB, d_model=D_MODEL, n_layers=N_LAYERS, n_heads=4, max_seq_len=SEQ_LEN
+)
+
+
+def lstm_lm_params(hidden: int) -> int:
+    """Embedding + LSTM cell + head, counted by hand."""
+    cell = 4 * hidden * (D_EMBED + hidden) + 8 * hidden
+    return VOCAB * D_EMBED + cell + hidden * VOCAB + VOCAB
+
+
+n_transformer = DecoderLM(tf_cfg).num_params()
+HIDDEN = min(range(8, 1024), key=lambda h: abs(lstm_lm_params(h) - n_transformer))
+n_lstm = RecurrentLM(VOCAB, D_EMBED, HIDDEN, kind="lstm").num_params()
+print(f"Transformer ({N_LAYERS} layer, d={D_MODEL}): {n_transformer:,} parameters")
+print(f"LSTM (E={D_EMBED}, H={HIDDEN}): {n_lstm:,} parameters")
+assert n_lstm == lstm_lm_params(HIDDEN)  # the formula above is the real count
+assert abs(n_lstm / n_transformer - 1) < 0.1
+
+# %% [markdown]
+# ## The chain
+#
+# Look again at the loop: `h, c = lstm_cell(x[:, t], h, c, ...)`. The cell at step $t$
+# cannot start before step $t-1$ has produced `h` and `c`. The work inside a step is
+# parallel (a matrix product over the batch and the $4H$ gate units), but the steps
+# themselves form a chain of length $T$. Attention has no such chain: every position's
+# output is computed from all the inputs at once, by a few matrix products whose size grows
+# with $T$ but whose *number* does not.
+#
+# We can count the chain without a clock. PyTorch's autograd records every operation and
+# what it consumed; the longest path through that record from the output back to the inputs
+# is the number of operations that *must* run one after another.
+# `companion.rnn.autograd_depth` measures it. We compare the LSTM's reference loop with one
+# Transformer block whose attention is also written out in small operations
+# (`attn_impl="reference"`).
+
+# %%
+seed_everything(0)
+lengths = [16, 32, 64, 128, 256]
+lstm_layer = LSTM(32, 32)
+block = TransformerBlock(
+    ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=4, attn_impl="reference"), causal=True
+)
+depth_lstm, depth_attn = [], []
+for t in lengths:
+    xt = torch.randn(1, t, 32)
+    depth_lstm.append(autograd_depth(lstm_layer(xt)[0]))
+    depth_attn.append(autograd_depth(block(xt)))
+per_step, offset = np.polyfit(lengths, depth_lstm, 1).round().astype(int)
+print("T:              ", lengths)
+print("LSTM chain:     ", depth_lstm, f"= {per_step}·T + {offset}")
+print("attention chain:", depth_attn)
+assert all(d == per_step * t + offset for d, t in zip(depth_lstm, lengths, strict=True))
+assert per_step > 0 and len(set(depth_attn)) == 1  # linear in T vs. independent of T
+
+# %% [markdown]
+# Every step adds the same handful of operations to the LSTM's chain: the gate matrix
+# products, the sigmoids, the two multiply-adds of the cell. The attention block's chain is
+# the same length whatever $T$: longer sequences make its matrices bigger, not its chain
+# longer.
+#
+# What does the chain cost in time? We time a forward pass of each against $T$ (8
+# sequences at once, the fastest of several runs), on **one** CPU thread: a single step is
+# too small to spread over more, and one thread keeps the clock honest when other programs
+# share this machine. Besides the reference loop we time PyTorch's fused LSTM, which runs
+# the same loop in C++.
+
+
+# %%
+def fastest(fn, x, reps: int = 5) -> float:
+    """The fastest of ``reps`` timed calls (after one warm-up), in seconds."""
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    fn(x)
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn(x)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+seed_everything(0)
+time_lengths = [64, 128, 256, 512, 1024] + ([2048, 4096] if FULL else [])
+lstm_t = LSTM(64, 64).to(DEVICE)
+block_t = TransformerBlock(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4), causal=True)
+block_t = block_t.to(DEVICE)
+forms = {
+    "LSTM, reference loop": lambda x: lstm_t(x),
+    "LSTM, fused (nn.LSTM)": lambda x: lstm_t(x, impl="torch"),
+    "attention block": lambda x: block_t(x),
+}
+timings = {name: [] for name in forms}
+torch.set_num_threads(1)
+try:
+    with torch.no_grad():
+        for t in time_lengths:
+            xt = torch.randn(8, t, 64, device=DEVICE)
+            for name, fn in forms.items():
+                timings[name].append(fastest(fn, xt))
+        loop = forms["LSTM, reference loop"]
+        batch_ratio = fastest(loop, torch.randn(64, 256, 64, device=DEVICE)) / fastest(
+            loop, torch.randn(1, 256, 64, device=DEVICE)
+        )
+finally:
+    torch.set_num_threads(2)
+slopes = {name: loglog_fit(time_lengths, ts)[0] for name, ts in timings.items()}
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings differ from run to run and from machine to machine)
+print(f"{'T':>6}" + "".join(f"{name:>24}" for name in forms))
+for i, t in enumerate(time_lengths):
+    print(f"{t:>6}" + "".join(f"{1e3 * timings[name][i]:>21.2f} ms" for name in forms))
+for name, s in slopes.items():
+    print(f"{name}: time ∝ T^{s:.2f}")
+print(f"64 sequences through the loop cost {batch_ratio:.1f}× one sequence")
+assert 0.7 < slopes["LSTM, reference loop"] < 1.3  # one step after another: linear in T
+assert batch_ratio < 16  # 64× the arithmetic, far less than 64× the time
+
+# %%
+COLORS = {"LSTM": PALETTE[0], "fused": PALETTE[5], "attention": PALETTE[2], "RNN": PALETTE[1]}
+fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+axes[0].loglog(lengths, depth_lstm, "o-", color=COLORS["LSTM"], label="LSTM (reference loop)")
+axes[0].loglog(lengths, depth_attn, "s-", color=COLORS["attention"], label="attention block")
+axes[0].set_xticks(lengths, [str(t) for t in lengths])
+axes[0].set(
+    xlabel="sequence length T (tokens)",
+    ylabel="operations on the longest chain",
+    title="The recurrent chain grows with T",
+)
+axes[0].legend()
+for (name, ts), style, color in zip(
+    timings.items(),
+    ("o-", "o--", "s-"),
+    (COLORS["LSTM"], COLORS["fused"], COLORS["attention"]),
+    strict=True,
+):
+    axes[1].loglog(
+        time_lengths,
+        [1e3 * s for s in ts],
+        style,
+        color=color,
+        label=f"{name} (∝ T^{slopes[name]:.1f})",
+    )
+axes[1].set(
+    xlabel="sequence length T (tokens)",
+    ylabel="forward time (ms, " + ("one thread)" if DEVICE.type == "cpu" else "GPU)"),
+    title="…and so does the time of the loop",
+)
+axes[1].set_xticks(time_lengths, [str(t) for t in time_lengths])
+axes[1].legend()
+for ax in axes:
+    ax.minorticks_off()
+plt.show()
+
+# %% [markdown]
+# The reference loop's time is a straight line of slope one: each step costs the same,
+# mostly the fixed price of launching a dozen small operations. Running 64 sequences
+# instead of one costs only a few times more, because the extra sequences fill the *width*
+# of each step; nothing can fill its *length*. The fused kernel makes each step cheaper
+# but cannot remove one of them. The attention block does more arithmetic — its score
+# matrix has $T^2$ entries (chapter 2), so its curve bends upward on a CPU with little
+# parallel hardware — but that arithmetic comes as a few large matrix products. A GPU runs
+# tens of thousands of multiply-adds at once, so until the chip is full a product over all
+# $T$ positions takes little longer than one over a single position, while the recurrent
+# loop still waits $T$ times (set `FULL = True` on a GPU to measure it). That is how the
+# 2017 Transformer trained in a fraction of the time of the best recurrent translators
+# {cite}`vaswani2017attention`.
+#
+# ## Gradients that fade with distance
+#
+# Training asks: how should the weights change so that the output at the end of a sequence
+# improves? For a token $d$ steps back, the answer passes through every step in between.
+# By the chain rule, for a vanilla (Elman) network {cite}`elman1990finding` with
+# $h_t = \tanh(W_{ih} x_t + W_{hh} h_{t-1} + b)$,
+#
+# $$
+# \frac{\partial h_T}{\partial h_{T-d}} = \prod_{k=T-d+1}^{T}
+# \operatorname{diag}\bigl(1 - h_k^2\bigr)\, W_{hh} .
+# $$
+#
+# A product of $d$ matrices shrinks geometrically when their norms are below one, and can
+# grow geometrically when they stretch some direction by more than one: the vanishing and exploding gradient problem
+# {cite}`bengio1994learning,pascanu2013difficulty`. The LSTM's answer is its cell state.
+# Along $c_t = f_t \odot c_{t-1} + \dots$ the step Jacobian is just $\operatorname{diag}(f_t)$:
+# with the forget gate near one, the signal passes untouched — Hochreiter and Schmidhuber's
+# "constant error carousel" {cite}`hochreiter1997long`. Near one is not where PyTorch
+# starts, though: with small random weights, $f_t \approx \sigma(0) = 1/2$.
+#
+# Attention needs no product at all. The output at the end reads every earlier position
+# directly, so the path from any token to the loss is one step long.
+#
+# We measure $\lVert \partial \mathcal{L} / \partial x_{T-d} \rVert$, the size of the gradient
+# reaching the input $d$ steps before the end, for a loss on the last output only
+# ($T = 128$, width 64, averaged over 16 random sequences, in float64 so that tiny values do
+# not round to zero). Four layers at initialisation: a vanilla RNN, an LSTM, an LSTM whose
+# forget gate we open by adding 3 to its bias ($f \approx 0.95$), and one causal Transformer
+# block.
+
+
+# %%
+def gradient_reach(layer, n_steps: int = 128, width: int = 64) -> np.ndarray:
+    """Mean ‖∂loss/∂x_t‖ against the distance d = T - 1 - t from the scored last position."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, n_steps, width, generator=gen, dtype=torch.float64).requires_grad_()
+    out = layer(x)  # (B, T, H)
+    w = torch.randn(out.shape[-1], generator=gen, dtype=torch.float64)
+    (out[:, -1] @ w).sum().backward()
+    return x.grad.norm(dim=-1).mean(0).flip(0).numpy()  # index d = distance back
+
+
+seed_everything(0)
+rnn64, lstm64, lstm_open = RNN(64, 64).double(), LSTM(64, 64).double(), LSTM(64, 64).double()
+with torch.no_grad():
+    for bias in (lstm_open.core.bias_ih_l0, lstm_open.core.bias_hh_l0):
+        bias[64:128] += 1.5  # the forget gate's slice: +3 in total
+attn_block = TransformerBlock(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4), causal=True)
+reach = {
+    "vanilla RNN": gradient_reach(lambda x: rnn64(x)[0]),
+    "LSTM": gradient_reach(lambda x: lstm64(x)[0]),
+    "LSTM, forget gate open": gradient_reach(lambda x: lstm_open(x)[0]),
+    "attention block": gradient_reach(attn_block.double()),
+}
+print(f"{'distance d':>24}" + "".join(f"{d:>9}" for d in (1, 4, 16, 64, 127)))
+for name, g in reach.items():
+    print(f"{name:>24}" + "".join(f"{g[d]:>9.0e}" for d in (1, 4, 16, 64, 127)))
+factor = {
+    name: np.exp(np.polyfit(range(1, 65), np.log(g[1:65]), 1)[0]) for name, g in reach.items()
+}
+print("average factor per step over d = 1..64:", {k: round(float(v), 2) for k, v in factor.items()})
+
+# %%
+span = {name: g[1] / g[127] for name, g in reach.items()}  # decay from d = 1 to d = 127
+assert reach["vanilla RNN"][1] / reach["vanilla RNN"][64] > 1e20  # 20 orders in 64 steps
+assert span["LSTM"] > 1e10  # a half-open forget gate halves the signal at every step
+assert span["LSTM, forget gate open"] < 1e2  # the carousel: an open gate lets it through
+g_attn = reach["attention block"][1:]
+assert g_attn.max() / g_attn.min() < 3  # attention: no decay with distance at all
+
+# %%
+fig, ax = plt.subplots(figsize=(6.6, 3.8))
+colors = (COLORS["RNN"], COLORS["LSTM"], COLORS["fused"], COLORS["attention"])
+for (name, g), color, style in zip(reach.items(), colors, ("-", "-", "--", "-"), strict=True):
+    ax.semilogy(range(len(g)), g, style, label=name, color=color)
+ax.set(
+    xlabel="distance d back from the scored position (tokens)",
+    ylabel="‖∂loss / ∂x‖ at that position",
+    title="How much of the training signal reaches d tokens back",
+    ylim=(1e-45, 1e2),
+)
+ax.legend(loc="lower left")
+plt.show()
+
+# %% [markdown]
+# At the distances that matter for language — a pronoun and the name it refers to, dozens
+# of tokens apart — the vanilla RNN receives a signal twenty orders of magnitude smaller
+# than at the neighbouring token (64 tokens back): in practice nothing. The LSTM at its default start is hardly better;
+# it *can* learn to open its forget gates, and then gradients survive much longer (the
+# third curve), but it has to discover this from a signal that starts out vanishingly
+# small. Attention's curve is flat. Its level is lower than the recurrent networks' first
+# few steps because, untrained, the last position spreads its attention evenly over all 128
+# inputs, so each gets about 1/128 of it — but that share does not depend on how far away
+# the input is.
+#
+# ## A long-range task
+#
+# Does the fading signal matter after training? A clean test: a sequence of random
+# *distractor* tokens hides one *signal* token (one of 16) somewhere; the last token is a
+# query, and the model must name the signal. The distance $d$ from signal to query varies,
+# drawn so that every scale (1-2, 2-4, …, 64-128 steps) gets the same share of the
+# training examples. Guessing gives $1/16$. Here is one example (signals are capital
+# letters, `?` is the query):
+
+# %%
+SYMBOLS = "?" + "ABCDEFGHIJKLMNOP" + "abcdefghijklmnopqrstuvwxyz012345"
+assert len(SYMBOLS) == VOCAB
+ex_x, ex_y, ex_d = distant_recall(1, 40, N_SIGNALS, N_DISTRACTORS, distance=17)
+print("".join(SYMBOLS[i] for i in ex_x[0]))
+print(f"answer: {SYMBOLS[ex_y[0, -1]]}, {ex_d.item()} steps before the query")
+assert ex_x[0, 40 - 1 - 17] == ex_y[0, -1]
+
+# %% [markdown]
+# Both models get the same budget: the same number of steps, the same batch of random
+# sequences, the same AdamW settings and learning-rate schedule (linear warm-up, cosine
+# decay). Ten times during training we measure the accuracy at a set of fixed distances on held-out
+# sequences.
+
+# %%
+STEPS, BATCH, LR = (600, 64, 3e-3) if FULL else (300, 32, 3e-3)
+EVAL_N = 512 if FULL else 128
+eval_distances = [d for d in (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256) if d < SEQ_LEN]
+eval_gen = torch.Generator().manual_seed(1234)
+eval_sets = [
+    [
+        t.to(DEVICE)
+        for t in distant_recall(EVAL_N, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, d, eval_gen)[:2]
+    ]
+    for d in eval_distances
+]
+
+
+@torch.no_grad()
+def accuracy_by_distance(model: torch.nn.Module) -> list[float]:
+    model.eval()
+    return [(model(x)[:, -1].argmax(-1) == y[:, -1]).float().mean().item() for x, y in eval_sets]
+
+
+def train_on_recall(model: torch.nn.Module, seed: int = 0) -> tuple[list[list[float]], list[float]]:
+    """Train with the shared budget; return accuracy snapshots (10 + the start) and losses."""
+    gen = torch.Generator().manual_seed(seed)
+    snaps = [accuracy_by_distance(model)]
+
+    def snapshot() -> float:
+        snaps.append(accuracy_by_distance(model))
+        return 1.0 - float(np.mean(snaps[-1]))  # train() records this error rate
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y, _ = distant_recall(BATCH, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, generator=gen)
+        return x.to(DEVICE), y.to(DEVICE)
+
+    hist = train(
+        model,
+        batch,
+        STEPS,
+        make_adamw(model, lr=LR, weight_decay=0.0),
+        lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        eval_fn=snapshot,
+        eval_every=STEPS // 10,
+    )
+    return snaps, hist.loss
+
+
+seed_everything(0)
+transformer = DecoderLM(tf_cfg).to(DEVICE)
+seed_everything(0)
+lstm_lm = RecurrentLM(VOCAB, D_EMBED, HIDDEN, kind="lstm", impl="torch").to(DEVICE)
+snaps_tf, loss_tf = train_on_recall(transformer)
+snaps_lstm, loss_lstm = train_on_recall(lstm_lm)
+acc_tf, acc_lstm = np.array(snaps_tf[-1]), np.array(snaps_lstm[-1])
+print(f"{'distance':>10}" + "".join(f"{d:>6}" for d in eval_distances))
+print(f"{'Transformer':>10}" + "".join(f"{a:>6.2f}" for a in acc_tf))
+print(f"{'LSTM':>10}" + "".join(f"{a:>6.2f}" for a in acc_lstm))
+mastered = [i for i, snap in enumerate(snaps_tf) if min(snap) > 0.9]
+print(f"the Transformer was above 0.9 at every distance after {STEPS // 10 * mastered[0]} steps")
+
+# %%
+chance = 1 / N_SIGNALS
+far = np.array(eval_distances) >= 64
+assert (acc_tf > 0.9).all()  # the Transformer recalls at every distance...
+assert mastered[0] <= 5  # ...and needed at most half the budget to get there
+assert acc_lstm[far].mean() < chance + 0.1  # ...the LSTM guesses at 64 steps and beyond
+assert acc_lstm[0] > 3 * chance  # although it did learn the short distances
+assert (acc_lstm[:3].mean() - acc_lstm[far].mean()) > 0.2  # its accuracy falls with distance
+print(
+    f"chance {chance:.3f}; LSTM at d ≥ 64: {acc_lstm[far].mean():.2f}; Transformer: {acc_tf[far].min():.2f}"
+)
+
+# %% [markdown]
+# Watch the two learn (press play). The Transformer's curve rises *as a whole*: finding the
+# signal is the same operation — attend to the one token that looks like a signal — at
+# every distance. The LSTM's curve rises from the left, at the short distances first,
+# because that is where its gradient is strong; within this budget its reach never gets to
+# the far end.
+
+# %%
+fig, ax = plt.subplots(figsize=(6.6, 3.8))
+snap_steps = [STEPS // 10 * i for i in range(len(snaps_tf))]
+
+
+def draw_recall(i: int) -> None:
+    ax.clear()
+    ax.semilogx(eval_distances, snaps_tf[i], "s-", color=COLORS["attention"], label="Transformer")
+    ax.semilogx(eval_distances, snaps_lstm[i], "o-", color=COLORS["LSTM"], label="LSTM")
+    ax.axhline(chance, color="grey", ls=":", label="chance (1/16)")
+    ax.set_xticks(eval_distances, [str(d) for d in eval_distances])
+    ax.minorticks_off()
+    ax.set(
+        ylim=(0, 1.22),
+        xlabel="distance d from signal to query (tokens)",
+        ylabel="recall accuracy",
+        title=f"Who can reach back d tokens? After {snap_steps[i]} steps",
+    )
+    ax.legend(loc="upper center", ncol=3)
+
+
+HTML(animate(fig, draw_recall, len(snaps_tf), interval_ms=600))
+
+# %% [markdown]
+# This is a budget result, not an impossibility result. An LSTM *can* bridge long gaps —
+# Hochreiter and Schmidhuber designed it for exactly such tasks {cite}`hochreiter1997long` —
+# given enough training, careful initialisation (the forget-gate bias above) or a larger
+# learning rate (try the exercises). The point is the cost: the recurrent network has to
+# grow its memory outward from its recent past, step by step, through a gradient that
+# shrinks with every step; the attention layer starts with a direct line to every token.
+#
+# ## The bridge: attention on top of recurrence
+#
+# In 2014 the best translators were *encoder-decoder* pairs of recurrent networks
+# {cite}`sutskever2014sequence,cho2014learning`: one network read the source sentence into
+# its final state, a single vector, and a second network wrote the translation from that
+# vector alone. Long sentences did not fit through this bottleneck. Bahdanau, Cho and
+# Bengio let the decoder look back {cite}`bahdanau2015neural`. The encoder (a GRU reading
+# the sentence in both directions) keeps one *annotation* $h_j$ per source word; before
+# writing output word $i$, the decoder scores every annotation against its own state
+# $s_{i-1}$ with a small network,
+#
+# $$
+# e_{ij} = v^\top \tanh\bigl(W_s\, s_{i-1} + W_h\, h_j\bigr), \qquad
+# \alpha_{ij} = \frac{\exp e_{ij}}{\sum_k \exp e_{ik}}, \qquad
+# c_i = \sum_j \alpha_{ij}\, h_j ,
+# $$
+#
+# and reads the weighted average $c_i$, the *context*. Chapter 2's dot-product attention
+# replaces the little network $v^\top \tanh(\cdot)$ by a scaled dot product, which is
+# cheaper and runs as one matrix product.
+
+# %%
+Code(inspect.getsource(AdditiveAttention.forward), language="python")
+
+# %% [markdown]
+# A task whose correct alignment we know: reverse a sequence of 10 random symbols. Output
+# word $i$ must come from source position $9 - i$, so a decoder that has learned to look in
+# the right place shows an *anti-diagonal* map. We train a small encoder-decoder
+# (`companion.additive_attention.AttentionSeq2Seq`, GRUs of width 64) for 200 steps.
+
+# %%
+REV_LEN, REV_VOCAB, REV_STEPS = 10, 12, 200
+seed_everything(0)
+seq2seq = AttentionSeq2Seq(REV_VOCAB, d_embed=32, hidden=64)
+rev_gen = torch.Generator().manual_seed(0)
+
+
+def seq2seq_loss(model, batch, _unused) -> torch.Tensor:
+    src, tgt_in, tgt_out = batch
+    logits, _ = model(src, tgt_in)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, REV_VOCAB), tgt_out.reshape(-1))
+
+
+rev_hist = train(
+    seq2seq,
+    lambda step: (reversal_task(64, REV_LEN, REV_VOCAB, rev_gen), None),
+    REV_STEPS,
+    make_adamw(seq2seq, lr=3e-3, weight_decay=0.0),
+    lr_at=lambda s: cosine_lr(s, 3e-3, warmup=20, total=REV_STEPS, min_lr=3e-4),
+    loss_fn=seq2seq_loss,
+)
+src, tgt_in, tgt_out = reversal_task(256, REV_LEN, REV_VOCAB, torch.Generator().manual_seed(99))
+with torch.no_grad():
+    logits, align = seq2seq(src, tgt_in)  # align: (B, T, S)
+mirror = torch.arange(REV_LEN - 1, -1, -1)  # output i should read source 9 - i
+word_acc = (logits.argmax(-1) == tgt_out).float().mean().item()
+hits = (align.argmax(-1) == mirror).float().mean().item()
+mass = align[:, torch.arange(REV_LEN), mirror].mean().item()
+print(f"reversal accuracy {word_acc:.2f}; largest weight on the mirrored position: {hits:.2f}")
+print(f"average weight on it: {mass:.2f} (uniform would be {1 / REV_LEN:.2f})")
+assert word_acc > 0.95 and hits > 0.9 and mass > 3 / REV_LEN
+
+# %%
+letters = "·ABCDEFGHIJK"
+fig, ax = plt.subplots(figsize=(4.8, 4.2))
+heatmap(
+    ax,
+    align[0].numpy(),
+    [letters[i] for i in src[0]],
+    [letters[i] for i in tgt_out[0]],
+    title="Additive attention learns to align in reverse",
+    vmax=1.0,
+)
+fig.colorbar(ax.images[0], ax=ax, label="attention weight α")
+ax.set(xlabel="source position (annotation read)", ylabel="output position (symbol written)")
+plt.show()
+
+# %% [markdown]
+# Nobody told the decoder where to look; the alignment is learned from the loss alone. This
+# was the crack in the cage: the decoder's access to the source no longer ran through a
+# chain, only through one attention step. But the encoder and decoder were still recurrent,
+# so the chain remained inside each. In 2017 Vaswani et al. asked what happens if attention
+# is not an add-on to recurrence but its replacement: let every position attend to every
+# other, in the encoder, in the decoder and between them, and drop the recurrent networks
+# altogether {cite}`vaswani2017attention`. The rest of this book is about that machine.
+#
+# ## Summary
+#
+# - A recurrent layer applies one cell along the sequence; the LSTM's cell adds gates and
+#   a separate memory $c_t$. `companion`'s written-out cells match PyTorch's fused kernels
+#   in outputs and gradients.
+# - The recurrence is a chain: the longest sequence of dependent operations grows as
+#   $9T + 3$ for our LSTM and stays constant for an attention block; the loop's time grows
+#   linearly in $T$, and extra hardware only widens each step.
+# - Gradients through the chain shrink geometrically with distance: twenty orders of
+#   magnitude over 64 steps for a vanilla RNN at initialisation. An LSTM with open forget
+#   gates keeps them alive; attention's gradient does not depend on distance at all.
+# - With the same parameter count and training budget, a one-layer Transformer recalls a
+#   token 128 steps back reliably (within half the budget) while an LSTM is at chance
+#   beyond 64 steps.
+# - Bahdanau's additive attention let a recurrent decoder read every encoder state
+#   directly and learn its own alignment. The Transformer kept the attention and dropped the
+#   recurrence.
+#
+# ## Exercises
+#
+# 1. Run the long-range experiment with a GRU instead of the LSTM
+#    (`RecurrentLM(..., kind="gru")`; size it to the same parameter count first). Does it
+#    reach further?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# A GRU cell has $3H(E + H) + 6H$ parameters, so it can be wider for the same count. Its
+# update gate $z$ plays the forget gate's role: $h_t = (1 - z) \odot n + z \odot h_{t-1}$
+# passes the state through when $z \approx 1$, and starts near $1/2$ as well.
+# ```
+#
+# 2. Open the forget gate of `lstm_lm` before training (add a constant to the slice
+#    `[H:2H]` of both LSTM biases, as in the gradient experiment) and train it again. How
+#    do the gradient curve and the accuracy at $d = 128$ change? Try a learning rate of
+#    $10^{-2}$ too.
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The bias of the forget gate is `lstm_lm.rnn.core.bias_ih_l0[H:2 * H]` (and likewise
+# `bias_hh_l0`). With $f \approx 0.95$ at the start, the gradient curve above falls only a
+# few-fold over 100 steps instead of by ten orders of magnitude, so the long distances send
+# a usable signal from the first step. Expect the reach to grow, by an amount that depends
+# on the seed.
+# ```
+#
+# 3. Make the vanilla RNN's gradient *explode*: multiply `rnn64.core.weight_hh_l0` by 4
+#    before measuring. What does the curve look like, and what does gradient clipping
+#    (`clip` in `companion.training.train`) do about it {cite}`pascanu2013difficulty`?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The curve now *rises* with distance: about $10^{9}$ times larger 127 steps back than one
+# step back (with the chapter's seed). Each step Jacobian $\operatorname{diag}(1-h^2)\,W_{hh}$
+# now stretches more than the saturating $\tanh$ squeezes. Updates driven by such
+# gradients throw the weights far away. Clipping rescales the whole gradient when its norm
+# exceeds a threshold: it caps the step size but keeps the direction, which is dominated by
+# the far past. It does nothing for vanishing gradients.
+# ```
+#
+# 4. Where do the $9$ operations per step of the LSTM's chain come from? Count them in
+#    `lstm_cell` and predict the chain of `GRU` per step; check with `autograd_depth`.
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The longest path from $h_{t-1}$ to $h_t$: the product with $W_{hh}$, adding $b_{hh}$,
+# adding the input part, splitting into gates, a gate's non-linearity, $i \odot g$, the sum
+# that makes $c_t$, $\tanh(c_t)$ and the product with $o$: nine. Operations side by side
+# (the four gates) count once. A GRU step's longest path runs through the reset gate,
+# $r \odot (W_{hn} h + b_{hn})$, then $\tanh$, the blend with $z$ and the final sum.
+# ```
+#
+# 5. Bahdanau's scores cost a small network per (output, source) pair. For $T$ outputs,
+#    $S$ sources and attention width $A$, count the multiply-adds of additive scores and of
+#    dot-product scores $q_i \cdot k_j$ of width $A$. Why does the dot product map better
+#    onto a GPU?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# Additive: $W_h h_j$ once per source ($S A D_k$ multiply-adds) and $W_s s_i$ once per
+# output, then for each of the $TS$ pairs an addition, a $\tanh$ and a dot product with $v$
+# over $A$ numbers: about $TSA$ multiply-adds plus $2TSA$ element-wise operations, through a
+# $T \times S \times A$ intermediate. Dot product: $TSA$ multiply-adds in *one* matrix
+# product, with nothing larger than $T \times S$ in between. Large matrix products are
+# exactly what GPU tensor cores are built for; the element-wise $\tanh$ on a big
+# intermediate is memory traffic.
+# ```
