@@ -201,7 +201,7 @@ class RecurrentLM(nn.Module):
     """Embedding -> one recurrent layer -> linear head: ``input_ids (B, T) -> logits (B, T, V)``.
 
     ``kind`` is ``"rnn"``, ``"lstm"`` or ``"gru"``; ``impl`` picks the form used by
-    :meth:`forward` (it can be changed on the instance at any time).
+    ``forward`` (it can be changed on the instance at any time).
     """
 
     def __init__(
