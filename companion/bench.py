@@ -15,8 +15,8 @@ taken by :class:`companion.memory.PeakMemory` over one more forward pass.
 CPU) through ``companion`` and through transformers' ``generate`` on the same weights,
 alternating the two, and reports tokens/s, their ratio, and the fraction of the
 memory-bandwidth bound: decoding one token reads every weight once, so it cannot beat
-``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the bytes per second
-of a large ``Tensor.copy_`` measured in the same run.
+``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the memory traffic
+(bytes read plus bytes written) per second of a large ``Tensor.copy_`` in the same run.
 """
 
 from __future__ import annotations
@@ -120,10 +120,13 @@ def _attention_command(args: argparse.Namespace) -> None:
 
 
 def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second of one large tensor copy on the CPU (median of ``repeats``)."""
+    """Memory traffic per second of one large tensor copy on the CPU (median of ``repeats``).
+
+    A copy reads ``nbytes`` and writes ``nbytes``: both count, as in STREAM's "copy".
+    """
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return nbytes / _median_seconds(lambda: dst.copy_(src), torch.device("cpu"), repeats)
+    return 2 * nbytes / _median_seconds(lambda: dst.copy_(src), torch.device("cpu"), repeats)
 
 
 def bench_decode(
