@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["ConfigError", "ModelConfig"]
+import torch
+
+__all__ = ["ConfigError", "ModelConfig", "check_token_ids"]
 
 
 class ConfigError(ValueError):
@@ -205,3 +207,25 @@ def _validate(cfg: ModelConfig) -> None:
         raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
     if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):
         raise ConfigError(f"init_std must be a positive number, got {cfg.init_std!r}")
+
+
+def check_token_ids(
+    ids: torch.Tensor, name: str, vocab_size: int, max_len: int, start: int = 0
+) -> None:
+    """Raise a ValueError naming ``name`` if ``ids`` is not a (B, T) integer tensor of ids in
+    [0, vocab_size) whose last position (``start`` + T) fits in ``max_len``."""
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be int64 or int32 token ids, got {ids.dtype}")
+    t = start + ids.shape[1]
+    if t > max_len:
+        raise ValueError(
+            f"{name} reaches {t} tokens but the model's context is max_seq_len={max_len}; "
+            "shorten the prompt"
+        )
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{name} ids must lie in [0, vocab_size={vocab_size}), got ids in "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .config import ModelConfig
+from .config import ModelConfig, check_token_ids
 from .ffn import ACTIVATIONS
 from .masks import padding_mask
 from .norms import build_norm
@@ -113,20 +113,7 @@ class Encoder(nn.Module):
     def _check_inputs(
         self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None
     ) -> None:
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (B, T), got {tuple(input_ids.shape)}")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}")
-        if input_ids.shape[1] > self.cfg.max_seq_len:
-            raise ValueError(
-                f"input_ids has {input_ids.shape[1]} tokens but max_seq_len="
-                f"{self.cfg.max_seq_len}; truncate the input"
-            )
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
-            raise ValueError(
-                f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}), got ids in "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
+        check_token_ids(input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len)
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if t is not None and t.shape != input_ids.shape:
                 raise ValueError(

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .config import ModelConfig
+from .config import ModelConfig, check_token_ids
 from .flex import BlockMask, causal_window_block_mask
 from .kv_cache import KVCache, SlidingWindowCache, position_mask
 from .masks import combine_masks, padding_mask
@@ -86,21 +86,7 @@ class DecoderLM(nn.Module):
 
     def check_input_ids(self, input_ids: Tensor, start: int = 0) -> None:
         """Raise a ValueError that names what is wrong with ``input_ids``."""
-        if input_ids.ndim != 2:
-            raise ValueError(f"input_ids must have shape (B, T), got {tuple(input_ids.shape)}")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}")
-        t = start + input_ids.shape[1]
-        if t > self.cfg.max_seq_len:
-            raise ValueError(
-                f"input_ids reach {t} tokens but the model's context is "
-                f"max_seq_len={self.cfg.max_seq_len}; shorten the prompt"
-            )
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
-            raise ValueError(
-                f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}), got ids in "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
+        check_token_ids(input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len, start)
 
     def embed(self, input_ids: Tensor, start: int = 0) -> Tensor:
         """Token embeddings (scaled by √d if configured) plus absolute positions: (B, T, d)."""

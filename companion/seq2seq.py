@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .config import ModelConfig
+from .config import ModelConfig, check_token_ids
 from .masks import padding_mask
 from .norms import build_norm
 from .positions import LearnedPositions, SinusoidalPositions
@@ -128,20 +128,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def check_ids(self, ids: Tensor, name: str) -> None:
         """Raise a ValueError that names what is wrong with ``ids`` (``src`` or ``tgt_in``)."""
-        if ids.ndim != 2:
-            raise ValueError(f"{name} must have shape (B, length), got {tuple(ids.shape)}")
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"{name} must be int64 or int32 token ids, got {ids.dtype}")
-        if ids.shape[1] > self.cfg.max_seq_len:
-            raise ValueError(
-                f"{name} has {ids.shape[1]} tokens but the model takes at most "
-                f"max_seq_len={self.cfg.max_seq_len}"
-            )
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
-            raise ValueError(
-                f"{name} ids must lie in [0, vocab_size={self.cfg.vocab_size}), got ids in "
-                f"[{int(ids.min())}, {int(ids.max())}]"
-            )
+        check_token_ids(ids, name, self.cfg.vocab_size, self.cfg.max_seq_len)
 
     @staticmethod
     def _key_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
