@@ -1,0 +1,5 @@
+"""``python -m companion.bench <benchmark>``: see :mod:`companion.bench`."""
+
+from . import main
+
+main()

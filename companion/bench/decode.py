@@ -1,0 +1,123 @@
+"""Greedy decoding with real weights (chapter 08): ``python -m companion.bench decode``.
+
+Generates greedily with the real SmolLM2-135M-Instruct weights (batch 1, fp32, CPU) through
+``companion`` and through transformers' ``generate`` on the same weights, alternating the
+two, and reports tokens/s, their ratio, and the fraction of the memory-bandwidth bound:
+decoding one token reads every weight once, so it cannot beat ``copy bandwidth / weight
+bytes`` tokens/s, where the copy bandwidth is the memory traffic (bytes read plus bytes
+written) per second of a large ``Tensor.copy_`` in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from .common import median_seconds, positive_int
+
+__all__ = ["add_parser", "bench_decode", "copy_bandwidth", "format_decode"]
+
+
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Memory traffic per second of one large tensor copy on the CPU (median of ``repeats``).
+
+    A copy reads ``nbytes`` and writes ``nbytes``: both count, as in STREAM's "copy".
+    """
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / median_seconds(lambda: dst.copy_(src), torch.device("cpu"), repeats)
+
+
+def bench_decode(
+    model: torch.nn.Module,
+    reference: torch.nn.Module,
+    input_ids: torch.Tensor,
+    new_tokens: int,
+    repeats: int,
+) -> dict[str, float]:
+    """Greedy decoding speed of ``model.generate`` and ``reference.generate`` (transformers),
+    alternated ``repeats`` times; medians, plus how many leading tokens both agree on."""
+    ours, theirs = [], []
+    out_ours = out_theirs = None
+    reference.generation_config.eos_token_id = None  # both run the full length, no early stop
+    for _ in range(repeats + 1):  # the first round warms both up and is not counted
+        start = time.perf_counter()
+        out_ours = model.generate(input_ids, new_tokens)
+        ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out_theirs = reference.generate(input_ids, max_new_tokens=new_tokens, do_sample=False)
+        theirs.append(time.perf_counter() - start)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth()
+    ours_tps = new_tokens / statistics.median(ours[1:])
+    theirs_tps = new_tokens / statistics.median(theirs[1:])
+    bound = bandwidth / weight_bytes
+    return {
+        "companion_tps": ours_tps,
+        "transformers_tps": theirs_tps,
+        "ratio": ours_tps / theirs_tps,
+        "bandwidth_gbs": bandwidth / 1e9,
+        "weight_mb": weight_bytes / 1e6,
+        "bound_tps": bound,
+        "companion_of_bound": ours_tps / bound,
+        "transformers_of_bound": theirs_tps / bound,
+        "agreeing_tokens": float(_agreeing(out_ours, out_theirs, input_ids.shape[1])),
+        "new_tokens": float(new_tokens),
+    }
+
+
+def _agreeing(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
+    """How many generated tokens agree before the first difference."""
+    same = (a[0, start:] == b[0, start:]).tolist()
+    return same.index(False) if False in same else len(same)
+
+
+def format_decode(r: dict[str, float]) -> str:
+    """The decode results as a small table."""
+    return "\n".join(
+        [
+            f"{'':<14}{'tokens/s':>10}{'of bound':>10}",
+            f"{'companion':<14}{r['companion_tps']:>10.1f}{r['companion_of_bound']:>10.0%}",
+            f"{'transformers':<14}{r['transformers_tps']:>10.1f}{r['transformers_of_bound']:>10.0%}",
+            f"ratio companion/transformers: {r['ratio']:.2f}x",
+            f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
+            f"weights = {r['bound_tps']:.1f} tokens/s",
+            f"greedy tokens identical for the first {int(r['agreeing_tokens'])} of "
+            f"{int(r['new_tokens'])} (after that, near-ties in fp32 may break differently)",
+        ]
+    )
+
+
+def _decode_command(args: argparse.Namespace) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from ..weights import load_smollm2, smollm2_path
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_smollm2()
+    path = smollm2_path()
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Tell me a long story."}])
+    ids = torch.tensor([tok.encode(prompt)])
+    print(
+        f"decode: SmolLM2-135M-Instruct, batch 1, fp32, cpu, {ids.shape[1]}-token prompt, "
+        f"{args.new_tokens} new tokens, median of {args.repeats} (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    print(format_decode(bench_decode(model, reference, ids, args.new_tokens, args.repeats)))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``decode`` on the ``python -m companion.bench`` command line."""
+    p = sub.add_parser("decode", help="SmolLM2 greedy decoding: companion vs transformers")
+    p.add_argument("--new-tokens", type=positive_int, default=128)
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed rounds per side")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    p.set_defaults(run=_decode_command)
