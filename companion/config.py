@@ -29,8 +29,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "rope_layout": ("half", "interleaved"),
     "qk_norm": ("none", "head", "full"),
     "attn_impl": ("reference", "sdpa", "tiled", "flex"),
+    "router": ("softmax", "sigmoid"),
+    "expert_kind": ("glu", "gpt_oss"),
 }
-LAYER_TYPES = ("full", "sliding")
+LAYER_TYPES = ("full", "sliding", "linear")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,33 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None  # None: all "full" ("sliding" if a window is set)
     nope_layers: tuple[int, ...] = ()
     attn_scale: float | None = None  # None: 1 / √head_dim
+    # --- experts, latent attention, sinks, gates, linear attention (chapters 10-13) ---
+    n_experts: int = 0  # routed experts per MoE layer; 0: every FFN is dense
+    experts_per_token: int = 0  # k of the top-k routing
+    expert_d_ff: int | None = None  # hidden width of one routed expert (None: d_ff)
+    expert_kind: str = "glu"  # "gpt_oss": biased experts with the clamped SwiGLU
+    dense_layers: int = 0  # the first N layers keep a dense FFN of width d_ff (DeepSeek-V3)
+    shared_d_ff: int = 0  # hidden width of the always-on shared expert; 0: none
+    shared_expert_gate: bool = False  # a sigmoid gate on the shared expert (Qwen3-Next)
+    router: str = "softmax"  # how expert scores are made from the router logits
+    router_norm_topk: bool = True  # renormalise the k chosen weights to sum to 1
+    router_groups: int = 1  # DeepSeek-V3's group-limited routing: experts in G groups...
+    router_topk_groups: int = 1  # ...of which the best few are searched for the top-k
+    router_scale: float = 1.0  # routed_scaling_factor: multiplies the routed weights
+    router_bias: bool = False  # a learned bias on the router logits (gpt-oss)
+    router_selection_bias: bool = False  # DeepSeek-V3's balancing bias: a buffer, selection only
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention with this latent width
+    q_lora_rank: int = 0  # > 0 (with MLA): queries through a low-rank latent too
+    qk_nope_head_dim: int = 0  # MLA: per-head query/key width without RoPE
+    qk_rope_head_dim: int = 0  # MLA: width of the decoupled RoPE query/key
+    v_head_dim: int = 0  # MLA: per-head value width
+    attn_sinks: bool = False  # a learned per-head logit in the softmax denominator (gpt-oss)
+    attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
+    linear_key_heads: int = 0  # Gated DeltaNet ("linear" layers): query/key heads
+    linear_value_heads: int = 0  # ... value heads (a multiple of the key heads)
+    linear_key_dim: int = 0  # ... width of one query/key head
+    linear_value_dim: int = 0  # ... width of one value head
+    linear_conv_kernel: int = 4  # ... the short causal convolution's width
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -91,6 +120,25 @@ class ModelConfig:
     def head_dim(self) -> int:
         """The width D of one head (``head_size`` if given, else d / H)."""
         return self.head_size if self.head_size is not None else self.d_model // self.n_heads
+
+    @property
+    def is_mla(self) -> bool:
+        """True if attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The width of one head's query and key: D, or nope + rope under MLA."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def moe_d_ff(self) -> int:
+        """The hidden width of one routed expert."""
+        return self.expert_d_ff if self.expert_d_ff is not None else self.ffn_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True if layer ``layer`` routes its FFN through experts."""
+        return self.n_experts > 0 and layer >= self.dense_layers
 
     @property
     def kv_heads(self) -> int:
@@ -104,7 +152,7 @@ class ModelConfig:
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        """The attention kind of each layer, ``"full"`` or ``"sliding"``."""
+        """The token mixer of each layer: ``"full"``, ``"sliding"`` or ``"linear"``."""
         if self.layer_types is not None:
             return tuple(self.layer_types)
         return ("sliding" if self.sliding_window else "full",) * self.n_layers
@@ -189,6 +237,10 @@ def _validate(cfg: ModelConfig) -> None:
             raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}, got {bad}")
         if "sliding" in cfg.layer_types and cfg.sliding_window is None:
             raise ConfigError("layer_types has 'sliding' layers but sliding_window is None")
+        if "linear" in cfg.layer_types:
+            _validate_linear(cfg)
+    _validate_moe(cfg)
+    _validate_mla(cfg)
     bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
     if bad_layers:
         raise ConfigError(
@@ -207,6 +259,89 @@ def _validate(cfg: ModelConfig) -> None:
         raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
     if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):
         raise ConfigError(f"init_std must be a positive number, got {cfg.init_std!r}")
+
+
+def _non_negative_int(cfg: ModelConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _validate_moe(cfg: ModelConfig) -> None:
+    for name in ("n_experts", "experts_per_token", "dense_layers", "shared_d_ff"):
+        _non_negative_int(cfg, name)
+    for name in (
+        "shared_expert_gate",
+        "router_norm_topk",
+        "router_bias",
+        "router_selection_bias",
+        "attn_sinks",
+        "attn_output_gate",
+    ):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+    if cfg.n_experts == 0:
+        return
+    if not 1 <= cfg.experts_per_token <= cfg.n_experts:
+        raise ConfigError(
+            f"experts_per_token must be in [1, n_experts={cfg.n_experts}], "
+            f"got {cfg.experts_per_token}"
+        )
+    if cfg.expert_d_ff is not None:
+        _positive_int(cfg, "expert_d_ff")
+    for name in ("router_groups", "router_topk_groups"):
+        _positive_int(cfg, name)
+    if cfg.n_experts % cfg.router_groups != 0:
+        raise ConfigError(
+            f"n_experts ({cfg.n_experts}) must be a multiple of router_groups ({cfg.router_groups})"
+        )
+    if cfg.router_topk_groups > cfg.router_groups:
+        raise ConfigError(
+            f"router_topk_groups ({cfg.router_topk_groups}) must be <= router_groups "
+            f"({cfg.router_groups})"
+        )
+    if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
+        raise ConfigError("shared_expert_gate needs a shared expert: set shared_d_ff > 0")
+
+
+def _validate_mla(cfg: ModelConfig) -> None:
+    for name in (
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+    ):
+        _non_negative_int(cfg, name)
+    if not cfg.is_mla:
+        if cfg.q_lora_rank:
+            raise ConfigError("q_lora_rank needs multi-head latent attention: set kv_lora_rank")
+        return
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        _positive_int(cfg, name)
+    if cfg.position != "rope":
+        raise ConfigError(
+            f"multi-head latent attention needs position='rope', got {cfg.position!r}"
+        )
+
+
+def _validate_linear(cfg: ModelConfig) -> None:
+    for name in (
+        "linear_key_heads",
+        "linear_value_heads",
+        "linear_key_dim",
+        "linear_value_dim",
+        "linear_conv_kernel",
+    ):
+        try:
+            _positive_int(cfg, name)
+        except ConfigError as err:
+            raise ConfigError(f"layer_types has 'linear' layers: {err}") from None
+    if cfg.linear_value_heads % cfg.linear_key_heads != 0:
+        raise ConfigError(
+            f"linear_value_heads ({cfg.linear_value_heads}) must be a multiple of "
+            f"linear_key_heads ({cfg.linear_key_heads})"
+        )
 
 
 def check_token_ids(

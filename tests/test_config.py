@@ -65,7 +65,7 @@ BAD = [
     ),
     pytest.param(
         {"n_layers": 2, "layer_types": ("full", "local"), "sliding_window": 4},
-        r"layer_types entries must be one of \('full', 'sliding'\)",
+        r"layer_types entries must be one of \('full', 'sliding', 'linear'\)",
         id="layer-types-value",
     ),
     pytest.param(
