@@ -251,7 +251,7 @@ Code(
 # %%
 mha = MultiHeadAttention(d_model=64, n_heads=4)
 xb = torch.randn(2, 10, 64)  # (B, T, d)
-qh, kh, vh = mha.project(xb)
+qh, kh, vh, _ = mha.project(xb)  # the 4th output is the output gate (chapter 12)
 print(
     "x",
     tuple(xb.shape),

@@ -10,6 +10,12 @@ All three forms share one signature: :func:`naive_attention` (the reference; it 
 returns the weights), :func:`sdpa_attention` (PyTorch's fused kernels) and
 :func:`companion.flash.tiled_attention` (online softmax over tiles). :func:`attention`
 dispatches on ``impl``.
+
+Attention sinks (gpt-oss, chapter 12): ``sinks (H,)`` adds one learned logit per head to the
+softmax denominator, so a head may put weight on "nothing" and output less than a convex
+mix of the values. The reference appends the sink as an extra score column and drops it
+after the softmax; the SDPA path gives the same result with a key every query sees, whose
+value is zero (:func:`sink_as_key`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from torch import Tensor
 
 from .masks import causal_mask, combine_masks, guard_empty_rows
 
-__all__ = ["IMPLS", "attention", "check_qkv", "expand_kv", "naive_attention", "sdpa_attention"]
+__all__ = [
+    "IMPLS",
+    "attention",
+    "check_qkv",
+    "expand_kv",
+    "naive_attention",
+    "sdpa_attention",
+    "sink_as_key",
+]
 
 IMPLS = ("reference", "sdpa", "tiled", "flex")
 
@@ -53,6 +67,14 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
             ) from None
 
 
+def _check_sinks(q: Tensor, sinks: Tensor | None) -> None:
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(
+            f"sinks must have shape (H,) = ({q.shape[1]},), one logit per query head; "
+            f"got {tuple(sinks.shape)}"
+        )
+
+
 def expand_kv(k: Tensor, n_heads: int) -> Tensor:
     """Repeat each of the H_kv heads H / H_kv times: ``(B, H_kv, S, D) -> (B, H, S, D)``."""
     groups = n_heads // k.shape[1]
@@ -73,12 +95,16 @@ def naive_attention(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """softmax(q kᵀ · scale) v, written out; returns ``(out (B,H,T,Dv), weights (B,H,T,S))``.
 
-    ``scale`` defaults to 1/√D. Query rows with no visible key output zeros.
+    ``scale`` defaults to 1/√D. Query rows with no visible key output zeros. With ``sinks``
+    each head's softmax also counts exp(sink) in its denominator (the weights then sum to
+    less than 1).
     """
     check_qkv(q, k, v, mask)
+    _check_sinks(q, sinks)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # GQA: share each K/V head
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, S)
@@ -88,7 +114,13 @@ def naive_attention(
         full, has_key = guard_empty_rows(full)
         scores = scores.masked_fill(~full, float("-inf"))
     acc = torch.promote_types(scores.dtype, torch.float32)  # fp32 for bf16, fp64 stays
-    weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)  # (B, H, T, S)
+    if sinks is None:
+        weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)  # (B, H, T, S)
+    else:  # one more column per head, the sink's logit, dropped after the softmax
+        b, h, t, _ = scores.shape
+        sink = sinks.to(acc).view(1, h, 1, 1).expand(b, h, t, 1)
+        weights = torch.softmax(torch.cat([scores.to(acc), sink], dim=-1), dim=-1)
+        weights = weights[..., :-1].to(q.dtype)
     if has_key is not None:
         weights = weights * has_key
     if dropout_p > 0.0:
@@ -105,12 +137,18 @@ def sdpa_attention(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """The same function through ``F.scaled_dot_product_attention`` (fused kernels).
 
     Grouped K/V heads are passed as they are (``enable_gqa``): never repeated in memory.
+    Sinks become one extra key (:func:`sink_as_key`).
     """
     check_qkv(q, k, v, mask)
+    _check_sinks(q, sinks)
+    if sinks is not None:
+        q, k, v, mask, scale = sink_as_key(q, k, v, sinks, _full_mask(q, k, mask, causal), scale)
+        causal = False
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if mask is None and (not causal or q.shape[2] == k.shape[2]):
         # SDPA's own is_causal is top-left aligned, which equals ours when T == S.
@@ -124,6 +162,33 @@ def sdpa_attention(
     return out * has_key
 
 
+def sink_as_key(
+    q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Tensor | None, scale: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
+    """Rewrite attention with sinks as plain attention over one extra key.
+
+    Every key gains a channel holding 0 and the new last key is ``[0, ..., 0, 1]`` with a
+    zero value; each query gains a channel holding ``sink_h / scale``. The new key's score is
+    then exactly ``sink_h`` for head h, and its zero value adds nothing to the output: only
+    its share of the denominator remains. Returns ``(q', k', v', mask', scale)``, the mask
+    with the new key visible to every query (the scale is made explicit, since D grew by 1).
+    """
+    b, h, t, d = q.shape
+    h_kv, s = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q_extra = (sinks.to(q.dtype) / scale).view(1, h, 1, 1).expand(b, h, t, 1)
+    q2 = torch.cat([q, q_extra], dim=-1)  # (B, H, T, D+1)
+    k2 = torch.cat([k, k.new_zeros(b, h_kv, s, 1)], dim=-1)
+    sink_key = k.new_zeros(b, h_kv, 1, d + 1)
+    sink_key[..., -1] = 1.0
+    k2 = torch.cat([k2, sink_key], dim=2)  # (B, H_kv, S+1, D+1)
+    v2 = torch.cat([v, v.new_zeros(b, h_kv, 1, v.shape[-1])], dim=2)
+    visible = torch.ones(b, h, t, s + 1, dtype=torch.bool, device=q.device)
+    if mask is not None:
+        visible[..., :s] = mask
+    return q2, k2, v2, visible, scale
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -134,14 +199,16 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Dispatch by name: ``"reference"``, ``"sdpa"``, ``"tiled"`` or ``"flex"``."""
+    kw = {"mask": mask, "causal": causal, "scale": scale, "dropout_p": dropout_p, "sinks": sinks}
     if impl == "reference":
-        return naive_attention(q, k, v, mask=mask, causal=causal, scale=scale, dropout_p=dropout_p)[
-            0
-        ]
+        return naive_attention(q, k, v, **kw)[0]
     if impl == "sdpa":
-        return sdpa_attention(q, k, v, mask=mask, causal=causal, scale=scale, dropout_p=dropout_p)
+        return sdpa_attention(q, k, v, **kw)
+    if sinks is not None:
+        raise ValueError(f"impl={impl!r} has no attention sinks; use 'reference' or 'sdpa'")
     if impl == "tiled":
         if dropout_p > 0.0:
             raise ValueError("impl='tiled' does not implement attention dropout; use dropout_p=0")
