@@ -22,6 +22,7 @@ from .config import ModelConfig
 from .ffn import FeedForward, GatedFeedForward
 from .kv_cache import KVCache, SlidingWindowCache
 from .mha import MultiHeadAttention
+from .mla import MultiHeadLatentAttention, softmax_scale
 from .norms import build_norm
 
 __all__ = ["TransformerBlock"]
@@ -43,7 +44,7 @@ class TransformerBlock(nn.Module):
         self.window = cfg.sliding_window if cfg.layer_kinds[layer] == "sliding" else None
         self.uses_rope = cfg.position == "rope" and layer not in cfg.nope_layers
         self.attn_norm, self.attn_out_norm = self._norms(cfg)
-        self.attn = self._attention(cfg)
+        self.attn = self._latent_attention(cfg) if cfg.is_mla else self._attention(cfg)
         self.cross_norm = self.cross_out_norm = self.cross_attn = None
         if cross_attention:
             self.cross_norm, self.cross_out_norm = self._norms(cfg)
@@ -80,6 +81,29 @@ class TransformerBlock(nn.Module):
             norm_offset=cfg.norm_offset,
             rope_layout=cfg.rope_layout,
             scale=cfg.attn_scale,
+            sinks=cfg.attn_sinks,
+            output_gate=cfg.attn_output_gate,
+        )
+
+    @staticmethod
+    def _latent_attention(cfg: ModelConfig) -> MultiHeadLatentAttention:
+        scale = cfg.attn_scale
+        if scale is None:
+            scale = softmax_scale(cfg.qk_head_dim, cfg.rope_scaling)
+        return MultiHeadLatentAttention(
+            cfg.d_model,
+            cfg.n_heads,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_nope_head_dim=cfg.qk_nope_head_dim,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            v_head_dim=cfg.v_head_dim,
+            q_lora_rank=cfg.q_lora_rank,
+            norm_eps=cfg.norm_eps,
+            rope_layout=cfg.rope_layout,
+            scale=scale,
+            form=cfg.mla_form,
+            impl=cfg.attn_impl,
+            dropout=cfg.attn_dropout,
         )
 
     def _residual(

@@ -31,6 +31,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "attn_impl": ("reference", "sdpa", "tiled", "flex"),
     "router": ("softmax", "sigmoid"),
     "expert_kind": ("glu", "gpt_oss"),
+    "mla_form": ("naive", "absorbed"),
 }
 LAYER_TYPES = ("full", "sliding", "linear")
 
@@ -105,6 +106,7 @@ class ModelConfig:
     qk_nope_head_dim: int = 0  # MLA: per-head query/key width without RoPE
     qk_rope_head_dim: int = 0  # MLA: width of the decoupled RoPE query/key
     v_head_dim: int = 0  # MLA: per-head value width
+    mla_form: str = "naive"  # "absorbed": W_UK folded into q, W_UV into the output
     attn_sinks: bool = False  # a learned per-head logit in the softmax denominator (gpt-oss)
     attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
     linear_key_heads: int = 0  # Gated DeltaNet ("linear" layers): query/key heads
@@ -130,6 +132,11 @@ class ModelConfig:
     def qk_head_dim(self) -> int:
         """The width of one head's query and key: D, or nope + rope under MLA."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """The channels per head that RoPE's tables are built for (MLA: the RoPE part)."""
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     @property
     def moe_d_ff(self) -> int:
@@ -239,19 +246,19 @@ def _validate(cfg: ModelConfig) -> None:
             raise ConfigError("layer_types has 'sliding' layers but sliding_window is None")
         if "linear" in cfg.layer_types:
             _validate_linear(cfg)
-    _validate_moe(cfg)
-    _validate_mla(cfg)
     bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
     if bad_layers:
         raise ConfigError(
             f"nope_layers must be layer indices in [0, {cfg.n_layers}), got {bad_layers}"
         )
+    _validate_moe(cfg)
+    _validate_mla(cfg)
     if cfg.position == "rope":
         from .rope import rope_frequencies
 
         try:
             rope_frequencies(
-                cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+                cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
             )
         except ValueError as err:
             raise ConfigError(f"rope settings: {err}") from None

@@ -19,6 +19,7 @@ from .config import ModelConfig, check_token_ids
 from .flex import BlockMask, causal_window_block_mask
 from .kv_cache import KVCache, SlidingWindowCache, position_mask
 from .masks import combine_masks, padding_mask
+from .mla import LatentCache, MultiHeadLatentAttention
 from .norms import build_norm
 from .positions import LearnedPositions, SinusoidalPositions
 from .rope import rope_cos_sin, rope_frequencies
@@ -29,7 +30,7 @@ __all__ = ["DecodeCache", "DecoderLM", "sample_next"]
 class DecodeCache(nn.Module):
     """The per-layer KV caches of one generation, and how many positions they hold."""
 
-    def __init__(self, layers: list[KVCache | SlidingWindowCache]) -> None:
+    def __init__(self, layers: list[KVCache | SlidingWindowCache | LatentCache]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
@@ -106,7 +107,7 @@ class DecoderLM(nn.Module):
             return {}
         seq_len = int(positions[-1]) + 1 if positions.numel() else 0
         inv, scale = rope_frequencies(
-            cfg.head_dim,
+            cfg.rope_dim,
             cfg.rope_theta,
             cfg.rope_scaling,
             cfg.partial_rotary_factor,
@@ -116,7 +117,7 @@ class DecoderLM(nn.Module):
         tables = {"global": rope_cos_sin(positions, inv, scale)}
         if cfg.rope_local_theta is not None:
             inv, _ = rope_frequencies(
-                cfg.head_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor
+                cfg.rope_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor
             )
             tables["local"] = rope_cos_sin(positions, inv)
         return tables
@@ -144,6 +145,9 @@ class DecoderLM(nn.Module):
         layers = []
         for block in self.blocks:
             attn = block.attn
+            if isinstance(attn, MultiHeadLatentAttention):
+                layers.append(attn.new_cache(batch, max_len, dtype, ref.device))
+                continue
             args = (batch, attn.n_kv_heads)
             kw = {"dtype": dtype, "device": ref.device}
             if block.window is not None and block.window < max_len:

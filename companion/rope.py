@@ -33,6 +33,7 @@ __all__ = [
     "apply_rope_reference",
     "rope_cos_sin",
     "rope_frequencies",
+    "yarn_mscale",
 ]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -45,7 +46,8 @@ def _base_inv_freq(rotary_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta**exps)
 
 
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's logit sharpening for a context stretched ``factor`` times: 0.1·m·ln(s) + 1."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
@@ -58,9 +60,9 @@ def _yarn(
     attn = p.get("attention_factor")
     if attn is None:
         if p.get("mscale") and p.get("mscale_all_dim"):
-            attn = _yarn_mscale(factor, p["mscale"]) / _yarn_mscale(factor, p["mscale_all_dim"])
+            attn = yarn_mscale(factor, p["mscale"]) / yarn_mscale(factor, p["mscale_all_dim"])
         else:
-            attn = _yarn_mscale(factor)
+            attn = yarn_mscale(factor)
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def pair_index(n_rotations: float) -> float:  # the pair that turns n times over `orig`

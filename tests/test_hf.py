@@ -122,6 +122,22 @@ FAMILIES = {
             layer_types=["sliding_attention", "full_attention"],
         ),
     ),
+    "olmo3-yarn": (  # YaRN on the full layers only: the sliding ones keep plain RoPE
+        transformers.Olmo3Config,
+        dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+    ),
 }
 MODELS = {
     transformers.LlamaConfig: transformers.LlamaForCausalLM,
