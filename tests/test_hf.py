@@ -131,10 +131,13 @@ FAMILIES = {
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 10000.0,
-                "factor": 4.0,
-                "original_max_position_embeddings": 16,
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
         ),
     ),
