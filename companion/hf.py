@@ -114,9 +114,7 @@ def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, objec
                 "shared_expert_gate": True,
                 "attn_output_gate": True,
                 "norm_offset": 1.0,
-                "partial_rotary_factor": float(
-                    c.rope_parameters.get("partial_rotary_factor", 1.0)
-                ),
+                "partial_rotary_factor": float(c.rope_parameters.get("partial_rotary_factor", 1.0)),
                 "linear_key_heads": c.linear_num_key_heads,
                 "linear_value_heads": c.linear_num_value_heads,
                 "linear_key_dim": c.linear_key_head_dim,
@@ -244,15 +242,46 @@ def config_from_hf(hf_config: object) -> ModelConfig:
     return ModelConfig(**(fields | family))
 
 
+_MLA_NAMES = {
+    "self_attn.q_proj": "attn.q_proj",
+    "self_attn.q_a_proj": "attn.q_a_proj",
+    "self_attn.q_a_layernorm": "attn.q_a_norm",
+    "self_attn.q_b_proj": "attn.q_b_proj",
+    "self_attn.kv_a_proj_with_mqa": "attn.kv_a_proj",
+    "self_attn.kv_a_layernorm": "attn.kv_a_norm",
+    "self_attn.kv_b_proj": "attn.kv_b_proj",
+}
+_DENSE_FFN = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+
+
+def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
+    """Our name (inside ``blocks.i``) of one HF layer tensor, or None if no rule maps it.
+    Separate q, k and v projections are fused later, in :func:`convert_state_dict`."""
+    mod, leaf = rest.rsplit(".", 1)  # e.g. "self_attn.o_proj", "weight"
+    if cfg.is_mla and mod in _MLA_NAMES:
+        return f"{_MLA_NAMES[mod]}.{leaf}"
+    if mod == "self_attn.o_proj":
+        return f"attn.out_proj.{leaf}"
+    if mod in ("self_attn.q_norm", "self_attn.k_norm"):
+        return f"attn.{mod.split('.')[1]}.{leaf}"
+    if rest == "self_attn.sinks":
+        return "attn.sinks"
+    if mod.startswith("mlp.") and mod.count(".") == 1 and mod[4:] in _DENSE_FFN:
+        return f"ffn.{_DENSE_FFN[mod[4:]]}.{leaf}"
+    norm_names = _NORM_NAMES[cfg.norm_placement]
+    if mod in norm_names:
+        return f"{norm_names[mod]}.{leaf}"
+    return None
+
+
 def convert_state_dict(hf_sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s names.
 
     Keys that no rule maps are kept under their own name, so that
     :func:`load_state_dict_strict` reports them as unexpected.
     """
-    norm_names = _NORM_NAMES[cfg.norm_placement]
     out: dict[str, Tensor] = {}
-    qkv: dict[int, dict[str, Tensor]] = {}
+    qkv: dict[tuple[int, str], dict[str, Tensor]] = {}  # (layer, "weight"|"bias") -> q, k, v
     for key, t in hf_sd.items():
         parts = key.split(".")
         if key == "model.embed_tokens.weight":
@@ -264,28 +293,19 @@ def convert_state_dict(hf_sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[st
                 out["lm_head.weight"] = t
         elif parts[:2] == ["model", "layers"] and len(parts) >= 5:
             i, rest = int(parts[2]), ".".join(parts[3:])
-            pre = f"blocks.{i}"
-            mod = rest.rsplit(".", 1)[0]  # e.g. "self_attn.q_proj"
-            if mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-                qkv.setdefault(i, {})[mod[-6]] = t  # "q", "k" or "v"
-            elif mod == "self_attn.o_proj":
-                out[f"{pre}.attn.out_proj.weight"] = t
-            elif mod in ("self_attn.q_norm", "self_attn.k_norm"):
-                out[f"{pre}.attn.{mod.split('.')[1]}.weight"] = t
-            elif mod.startswith("mlp."):
-                ours = {"mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
-                out[f"{pre}.ffn.{ours.get(mod, mod)}.weight"] = t
-            elif mod in norm_names:
-                out[f"{pre}.{norm_names[mod]}.weight"] = t
+            mod, leaf = rest.rsplit(".", 1)
+            ours = _layer_key(rest, cfg)
+            if ours is None and mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                qkv.setdefault((i, leaf), {})[mod[-6]] = t  # "q", "k" or "v"
             else:
-                out[key] = t
+                out[f"blocks.{i}.{ours}" if ours else key] = t
         else:
             out[key] = t
-    for i, parts in qkv.items():
-        missing = [f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv" if p not in parts]
+    for (i, leaf), parts in qkv.items():
+        missing = [f"model.layers.{i}.self_attn.{p}_proj.{leaf}" for p in "qkv" if p not in parts]
         if missing:
             raise ValueError(f"cannot load weights; missing tensors: {missing}")
-        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
     if cfg.tie_embeddings and "tok_emb.weight" in out:
         out["lm_head.weight"] = out["tok_emb.weight"]  # one tensor under both names
     return out
