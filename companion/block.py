@@ -23,6 +23,7 @@ from .ffn import FeedForward, GatedFeedForward
 from .kv_cache import KVCache, SlidingWindowCache
 from .mha import MultiHeadAttention
 from .mla import MultiHeadLatentAttention, softmax_scale
+from .moe import MoEFeedForward
 from .norms import build_norm
 
 __all__ = ["TransformerBlock"]
@@ -50,8 +51,7 @@ class TransformerBlock(nn.Module):
             self.cross_norm, self.cross_out_norm = self._norms(cfg)
             self.cross_attn = self._attention(cfg)
         self.ffn_norm, self.ffn_out_norm = self._norms(cfg)
-        ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
-        self.ffn = ffn_cls(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
+        self.ffn = self._experts(cfg) if cfg.is_moe_layer(layer) else self._dense_ffn(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _norms(self, cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
@@ -83,6 +83,30 @@ class TransformerBlock(nn.Module):
             scale=cfg.attn_scale,
             sinks=cfg.attn_sinks,
             output_gate=cfg.attn_output_gate,
+        )
+
+    @staticmethod
+    def _dense_ffn(cfg: ModelConfig) -> nn.Module:
+        ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
+        return ffn_cls(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
+
+    @staticmethod
+    def _experts(cfg: ModelConfig) -> MoEFeedForward:
+        return MoEFeedForward(
+            cfg.d_model,
+            cfg.n_experts,
+            cfg.experts_per_token,
+            cfg.moe_d_ff,
+            scoring=cfg.router,
+            norm_topk=cfg.router_norm_topk,
+            n_groups=cfg.router_groups,
+            topk_groups=cfg.router_topk_groups,
+            scale=cfg.router_scale,
+            router_bias=cfg.router_bias,
+            selection_bias=cfg.router_selection_bias,
+            kind=cfg.expert_kind,
+            shared_d_ff=cfg.shared_d_ff,
+            shared_gate=cfg.shared_expert_gate,
         )
 
     @staticmethod

@@ -252,6 +252,19 @@ _MLA_NAMES = {
     "self_attn.kv_b_proj": "attn.kv_b_proj",
 }
 _DENSE_FFN = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+_MOE_NAMES = {
+    "mlp.gate.weight": "ffn.router.weight",  # Qwen3-MoE, DeepSeek-V3, Qwen3-Next
+    "mlp.gate.e_score_correction_bias": "ffn.router.selection_bias",
+    "mlp.router.weight": "ffn.router.weight",  # gpt-oss
+    "mlp.router.bias": "ffn.router.bias",
+    "mlp.experts.gate_up_proj": "ffn.experts.gate_up",
+    "mlp.experts.down_proj": "ffn.experts.down",
+    "mlp.experts.gate_up_proj_bias": "ffn.experts.gate_up_bias",
+    "mlp.experts.down_proj_bias": "ffn.experts.down_bias",
+    "mlp.shared_expert_gate.weight": "ffn.shared_gate.weight",
+}
+# gpt-oss stores each expert's matrices as (in, out); ours are (out, in) like nn.Linear
+_TRANSPOSED = {"GptOssForCausalLM": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
 
 
 def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
@@ -266,20 +279,29 @@ def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
         return f"attn.{mod.split('.')[1]}.{leaf}"
     if rest == "self_attn.sinks":
         return "attn.sinks"
+    if cfg.n_experts and rest in _MOE_NAMES:
+        return _MOE_NAMES[rest]
     if mod.startswith("mlp.") and mod.count(".") == 1 and mod[4:] in _DENSE_FFN:
         return f"ffn.{_DENSE_FFN[mod[4:]]}.{leaf}"
+    shared, _, proj = mod.rpartition(".")
+    if shared in ("mlp.shared_experts", "mlp.shared_expert") and proj in _DENSE_FFN:
+        return f"ffn.shared.{_DENSE_FFN[proj]}.{leaf}"
     norm_names = _NORM_NAMES[cfg.norm_placement]
     if mod in norm_names:
         return f"{norm_names[mod]}.{leaf}"
     return None
 
 
-def convert_state_dict(hf_sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+def convert_state_dict(
+    hf_sd: Mapping[str, Tensor], cfg: ModelConfig, arch: str = ""
+) -> dict[str, Tensor]:
     """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s names.
 
+    ``arch`` (e.g. ``"GptOssForCausalLM"``) names layouts that differ by more than names.
     Keys that no rule maps are kept under their own name, so that
     :func:`load_state_dict_strict` reports them as unexpected.
     """
+    transposed = _TRANSPOSED.get(arch, ())
     out: dict[str, Tensor] = {}
     qkv: dict[tuple[int, str], dict[str, Tensor]] = {}  # (layer, "weight"|"bias") -> q, k, v
     for key, t in hf_sd.items():
@@ -298,6 +320,8 @@ def convert_state_dict(hf_sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[st
             if ours is None and mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
                 qkv.setdefault((i, leaf), {})[mod[-6]] = t  # "q", "k" or "v"
             else:
+                if rest in transposed:
+                    t = t.transpose(1, 2)
                 out[f"blocks.{i}.{ours}" if ours else key] = t
         else:
             out[key] = t
@@ -339,5 +363,5 @@ def from_hf(hf_model: nn.Module) -> DecoderLM:
     cfg = config_from_hf(hf_model.config)
     model = DecoderLM(cfg)
     sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    load_state_dict_strict(model, convert_state_dict(sd, cfg))
+    load_state_dict_strict(model, convert_state_dict(sd, cfg, _arch(hf_model.config)))
     return model.eval()
