@@ -41,7 +41,7 @@ help:
 	@echo "make book       strict HTML build into _build/html"
 	@echo "make test       ruff, unit tests, nbval over the chapters, book build, browser check"
 	@echo "make lab        JupyterLab on chapters/ (jupytext keeps .ipynb and .py paired)"
-	@echo "make bench      python -m companion.bench attention; ... decode"
+	@echo "make bench      python -m companion.bench attention, decode, moe, deltanet, mla"
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
 	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
@@ -98,6 +98,9 @@ lab: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m companion.bench attention
 	$(BIN)/python -m companion.bench decode
+	$(BIN)/python -m companion.bench moe
+	$(BIN)/python -m companion.bench deltanet
+	$(BIN)/python -m companion.bench mla
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/sync_repo_url.py

@@ -1,5 +1,5 @@
-"""The Transformer block: four norm placements, MLP or GLU, full or sliding attention
-(chapters 02, 03, 04, 06, 09).
+"""The Transformer block: four norm placements, MLP, GLU or experts, and full, sliding,
+latent or linear (Gated DeltaNet) token mixing (chapters 02-04, 06, 08-12).
 
 Shape legend: ``x (B, T, d)`` in and out; ``context (B, S, d)`` for cross-attention.
 Around each sublayer f the residual stream is updated as ``cfg.norm_placement`` says:
@@ -9,7 +9,8 @@ x + norm'(f(norm(x))) (Gemma 2/3); ``post_branch`` x + norm'(f(x)) (Olmo 2/3).
 One class serves every stack: a decoder-only LM (causal self-attention, FFN), an encoder
 (bidirectional self-attention, FFN) and the 2017 decoder (causal self-attention,
 cross-attention to the encoder, FFN). Layer ``layer`` of the config decides whether its
-attention is full or sliding and whether it uses RoPE.
+token mixer is full or sliding attention (or MLA) or Gated DeltaNet, whether it uses RoPE,
+and whether its FFN is dense or a mixture of experts.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .ffn import FeedForward, GatedFeedForward
+from .gated_deltanet import GatedDeltaNet, GatedDeltaNetCache
 from .kv_cache import KVCache, SlidingWindowCache
 from .mha import MultiHeadAttention
-from .mla import MultiHeadLatentAttention, softmax_scale
+from .mla import LatentCache, MultiHeadLatentAttention, softmax_scale
 from .moe import MoEFeedForward
 from .norms import build_norm
 
@@ -45,7 +47,11 @@ class TransformerBlock(nn.Module):
         self.window = cfg.sliding_window if cfg.layer_kinds[layer] == "sliding" else None
         self.uses_rope = cfg.position == "rope" and layer not in cfg.nope_layers
         self.attn_norm, self.attn_out_norm = self._norms(cfg)
-        self.attn = self._latent_attention(cfg) if cfg.is_mla else self._attention(cfg)
+        self.kind = cfg.layer_kinds[layer]  # "full", "sliding" or "linear"
+        if self.kind == "linear":
+            self.attn = self._linear_attention(cfg)
+        else:
+            self.attn = self._latent_attention(cfg) if cfg.is_mla else self._attention(cfg)
         self.cross_norm = self.cross_out_norm = self.cross_attn = None
         if cross_attention:
             self.cross_norm, self.cross_out_norm = self._norms(cfg)
@@ -110,6 +116,18 @@ class TransformerBlock(nn.Module):
         )
 
     @staticmethod
+    def _linear_attention(cfg: ModelConfig) -> GatedDeltaNet:
+        return GatedDeltaNet(
+            cfg.d_model,
+            cfg.linear_key_heads,
+            cfg.linear_value_heads,
+            cfg.linear_key_dim,
+            cfg.linear_value_dim,
+            cfg.linear_conv_kernel,
+            norm_eps=cfg.norm_eps,
+        )
+
+    @staticmethod
     def _latent_attention(cfg: ModelConfig) -> MultiHeadLatentAttention:
         scale = cfg.attn_scale
         if scale is None:
@@ -150,7 +168,7 @@ class TransformerBlock(nn.Module):
         context_mask: Tensor | None = None,
         *,
         rope: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | SlidingWindowCache | None = None,
+        cache: KVCache | SlidingWindowCache | LatentCache | GatedDeltaNetCache | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
         """``mask`` limits self-attention, ``context_mask`` cross-attention (True = attend).
@@ -160,6 +178,12 @@ class TransformerBlock(nn.Module):
         """
 
         def self_attention(h: Tensor) -> Tensor:
+            if self.kind == "linear":  # a recurrence: causal by construction, no mask
+                if mask is not None:
+                    raise ValueError(
+                        "Gated DeltaNet layers take no attention mask: pass unpadded batches"
+                    )
+                return self.attn(h, cache=cache)
             return self.attn(
                 h,
                 mask=mask,

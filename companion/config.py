@@ -307,6 +307,16 @@ def _validate_moe(cfg: ModelConfig) -> None:
             f"router_topk_groups ({cfg.router_topk_groups}) must be <= router_groups "
             f"({cfg.router_groups})"
         )
+    per_group = cfg.n_experts // cfg.router_groups
+    if cfg.router_groups > 1 and (
+        per_group < 2 or cfg.experts_per_token > cfg.router_topk_groups * per_group
+    ):
+        raise ConfigError(
+            f"group-limited routing needs >= 2 experts per group and experts_per_token <= "
+            f"router_topk_groups * n_experts / router_groups; got n_experts={cfg.n_experts}, "
+            f"router_groups={cfg.router_groups}, router_topk_groups={cfg.router_topk_groups}, "
+            f"experts_per_token={cfg.experts_per_token}"
+        )
     if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
         raise ConfigError("shared_expert_gate needs a shared expert: set shared_d_ff > 0")
 

@@ -279,6 +279,8 @@ def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
         return f"attn.{mod.split('.')[1]}.{leaf}"
     if rest == "self_attn.sinks":
         return "attn.sinks"
+    if rest.startswith("linear_attn."):  # Gated DeltaNet: the same names, one level up
+        return "attn." + rest.removeprefix("linear_attn.")
     if cfg.n_experts and rest in _MOE_NAMES:
         return _MOE_NAMES[rest]
     if mod.startswith("mlp.") and mod.count(".") == 1 and mod[4:] in _DENSE_FFN:

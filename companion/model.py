@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from .block import TransformerBlock
 from .config import ModelConfig, check_token_ids
 from .flex import BlockMask, causal_window_block_mask
+from .gated_deltanet import GatedDeltaNet, GatedDeltaNetCache
 from .kv_cache import KVCache, SlidingWindowCache, position_mask
 from .masks import combine_masks, padding_mask
 from .mla import LatentCache, MultiHeadLatentAttention
@@ -30,7 +31,9 @@ __all__ = ["DecodeCache", "DecoderLM", "sample_next"]
 class DecodeCache(nn.Module):
     """The per-layer KV caches of one generation, and how many positions they hold."""
 
-    def __init__(self, layers: list[KVCache | SlidingWindowCache | LatentCache]) -> None:
+    def __init__(
+        self, layers: list[KVCache | SlidingWindowCache | LatentCache | GatedDeltaNetCache]
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
@@ -148,6 +151,9 @@ class DecoderLM(nn.Module):
             if isinstance(attn, MultiHeadLatentAttention):
                 layers.append(attn.new_cache(batch, max_len, dtype, ref.device))
                 continue
+            if isinstance(attn, GatedDeltaNet):  # a fixed-size state, whatever max_len
+                layers.append(attn.make_cache(batch, dtype, ref.device))
+                continue
             args = (batch, attn.n_kv_heads)
             kw = {"dtype": dtype, "device": ref.device}
             if block.window is not None and block.window < max_len:
@@ -197,7 +203,12 @@ class DecoderLM(nn.Module):
         x = self.embed(input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         tables = self.rope_tables(positions)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if block.kind == "linear":
+                raise ValueError(
+                    f"attention_maps: layer {i} is a Gated DeltaNet layer, which has no "
+                    "attention weights"
+                )
             rope = tables.get("local" if block.window and "local" in tables else "global")
             rope = rope if block.uses_rope else None
             mask = (

@@ -17,7 +17,7 @@ from .common import median_seconds, positive_int, sync
 
 __all__ = ["BENCHMARKS", "main", "median_seconds", "positive_int", "sync"]
 
-BENCHMARKS = ("attention", "decode")
+BENCHMARKS = ("attention", "decode", "moe", "deltanet", "mla")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

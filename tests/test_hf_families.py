@@ -1,0 +1,255 @@
+"""companion.hf for the sparse and hybrid families: Qwen3-MoE, DeepSeek-V3 (both MLA forms),
+gpt-oss and Qwen3-Next, several tiny random configs each: same logits, same cached greedy
+tokens, and named errors for what cannot be converted (chapters 08, 10-12)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from companion.hf import config_from_hf, convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
+from companion.model import DecoderLM  # noqa: E402
+
+BASE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=96)
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 24,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+}
+FAMILIES = {
+    "qwen3-moe": (
+        "Qwen3Moe",
+        dict(
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "qwen3-moe-unnormed-odd": (
+        "Qwen3Moe",
+        dict(
+            moe_intermediate_size=12,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=8,
+            num_experts=6,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "deepseek-v3": (
+        "DeepseekV3",
+        dict(
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            routed_scaling_factor=2.5,
+        ),
+    ),
+    "deepseek-v3-yarn-direct-q": (
+        "DeepseekV3",
+        dict(
+            moe_intermediate_size=12,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            num_key_value_heads=3,
+            n_routed_experts=4,
+            num_experts_per_tok=3,
+            n_group=2,
+            topk_group=2,
+            first_k_dense_replace=0,
+            n_shared_experts=2,
+            kv_lora_rank=12,
+            q_lora_rank=None,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=12,
+            v_head_dim=8,
+            rope_interleave=False,
+            rope_parameters=YARN,
+        ),
+    ),
+    "gpt-oss": (
+        "GptOss",
+        dict(
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+        ),
+    ),
+    "gpt-oss-mqa-4-layers": (
+        "GptOss",
+        dict(
+            intermediate_size=12,
+            num_hidden_layers=4,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_local_experts=5,
+            num_experts_per_tok=1,
+            sliding_window=3,
+            rope_parameters={**YARN, "rope_theta": 150000.0, "truncate": False},
+        ),
+    ),
+    "qwen3-next": (
+        "Qwen3Next",
+        dict(
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+        ),
+    ),
+    "qwen3-next-odd": (
+        "Qwen3Next",
+        dict(
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_experts=6,
+            num_experts_per_tok=3,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_num_key_heads=3,
+            linear_num_value_heads=3,
+            linear_conv_kernel_dim=3,
+            norm_topk_prob=False,
+        ),
+    ),
+}
+
+
+def make(name: str):
+    prefix, kw = FAMILIES[name]
+    cfg = getattr(transformers, f"{prefix}Config")(
+        **{**BASE, **kw}, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    )
+    torch.manual_seed(0)
+    hf = getattr(transformers, f"{prefix}ForCausalLM")(cfg).eval()
+    with torch.no_grad():  # random gains, biases, sinks and balancing biases: wiring shows up
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.normal_(0.0 if prefix == "Qwen3Next" else 1.0, 0.2)
+            elif n.endswith(("bias", "sinks")):
+                p.normal_(0.0, 0.5)
+        for n, b in hf.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
+    return hf
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(request):
+    hf = make(request.param)
+    return hf, from_hf(hf)
+
+
+def _forms(model):
+    """The model as it is, and (MLA only) again with the absorbed form."""
+    yield "naive"
+    if model.cfg.is_mla:
+        for block in model.blocks:
+            block.attn.form = "absorbed"
+        yield "absorbed"
+        for block in model.blocks:
+            block.attn.form = "naive"
+
+
+def test_logits_match_past_the_window(pair):
+    hf, ours = pair
+    x = torch.randint(3, 97, (2, 29), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(x).logits
+        for form in _forms(ours):
+            got = ours(x)
+            assert (got - want).abs().max().item() <= 1e-4, form
+
+
+def test_cached_greedy_generation_matches(pair):
+    hf, ours = pair
+    x = torch.randint(3, 97, (1, 7), generator=torch.Generator().manual_seed(2))
+    hf.generation_config.eos_token_id = None  # no early stop and no EOS ban: plain argmax
+    with torch.no_grad():
+        want = hf.generate(x, max_new_tokens=12, do_sample=False)
+    for form in _forms(ours):
+        assert torch.equal(ours.generate(x, 12), want), form
+
+
+def test_expert_and_latent_tensors_are_named_when_wrong():
+    hf = make("deepseek-v3")
+    cfg = config_from_hf(hf.config)
+    sd = convert_state_dict(hf.state_dict(), cfg)
+    bad = dict(sd)
+    del bad["blocks.1.ffn.experts.gate_up"]
+    bad["blocks.2.attn.kv_b_proj.weight"] = torch.zeros(3, 16)
+    bad["blocks.0.mlp.experts.extra"] = torch.zeros(1)
+    with pytest.raises(ValueError) as err:
+        load_state_dict_strict(DecoderLM(cfg), bad)
+    msg = str(err.value)
+    assert "missing tensors: ['blocks.1.ffn.experts.gate_up']" in msg
+    assert "unexpected tensors: ['blocks.0.mlp.experts.extra']" in msg
+    assert "blocks.2.attn.kv_b_proj.weight: expected (80, 16), got (3, 16)" in msg
+
+
+def test_gpt_oss_experts_are_transposed_into_linear_layout():
+    hf = make("gpt-oss")
+    cfg = config_from_hf(hf.config)
+    sd = convert_state_dict(hf.state_dict(), cfg, "GptOssForCausalLM")
+    theirs = hf.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]  # (E, d, 2F)
+    assert theirs.shape == (4, 48, 32)
+    assert torch.equal(sd["blocks.0.ffn.experts.gate_up"], theirs.transpose(1, 2))
+
+
+def test_unsupported_layouts_are_named():
+    kw = dict(FAMILIES["qwen3-moe"][1], decoder_sparse_step=2)
+    with pytest.raises(ValueError, match="decoder_sparse_step=2"):
+        config_from_hf(transformers.Qwen3MoeConfig(**{**BASE, **kw}))
+    kw = dict(FAMILIES["gpt-oss"][1], swiglu_limit=5.0)
+    with pytest.raises(ValueError, match="swiglu_limit/alpha=5.0/1.702"):
+        config_from_hf(transformers.GptOssConfig(**{**BASE, **kw}))
+
+
+def test_padded_batches_are_refused_by_delta_net_layers():
+    _, ours = pair.__wrapped__(type("R", (), {"param": "qwen3-next"})())
+    mask = torch.ones(1, 5, dtype=torch.long)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="Gated DeltaNet layers take no attention mask"):
+        ours(torch.randint(3, 97, (1, 5)), attention_mask=mask)
