@@ -1,0 +1,889 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 5 · Where the position went
+#
+# Attention compares every token with every other and has no notion of which came first.
+# The 2017 model fixed that by adding a sinusoid to each token's embedding
+# {cite}`vaswani2017attention`; GPT-2 and BERT learned a table of position vectors instead.
+# Both put the position in once, at the bottom of the stack. Since 2021 almost every large
+# language model has done something else: it *rotates* each query and key by an angle
+# proportional to its position, inside every attention layer, so that the score between
+# two tokens can depend only on how far apart they are {cite}`su2024roformer`. This chapter
+# derives that rotation (RoPE) from the one property we want, checks it numerically, and
+# then measures what each scheme does when a model meets a longer text than it was trained
+# on: we train four small models on 64 characters of Shakespeare and read 512. Then we look
+# at the three ways of stretching a trained RoPE model at inference time (linear, NTK,
+# YaRN), and at the two newest answers: Gemma 3's two RoPE bases and SmolLM3's layers with
+# no position signal at all.
+#
+# As everywhere in this book, every claim is an `assert` that runs in CI.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+from matplotlib.ticker import NullFormatter
+
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.extrapolation import (
+    ntk_theta,
+    per_position_loss,
+    per_position_loss_scaled,
+    position_config,
+    rope_scaling_for,
+    rope_used_per_layer,
+    same_weights,
+    train_short,
+)
+from companion.mha import MultiHeadAttention
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, use_style
+from companion.positions import LearnedPositions
+from companion.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
+from companion.text import CharTokenizer, load_shakespeare, split_tokens
+from companion.training import seed_everything
+
+FULL = False  # True: wider, deeper models trained longer, more evaluation windows (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
+# several times faster when other programs share the cores (two threads wait on each other).
+torch.set_num_threads(1)
+seed_everything(0)
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## Attention cannot see order
+#
+# Self-attention without a mask is *permutation-equivariant*: shuffle the input tokens and
+# the outputs come out shuffled the same way, each one unchanged. Every query scores every
+# key by a dot product, and a softmax over a set does not care how the set is ordered. We
+# check it on a `MultiHeadAttention` layer with random weights: eight token vectors, a
+# random permutation.
+
+# %%
+attn = MultiHeadAttention(32, 4, impl="reference")
+x = torch.randn(1, 8, 32)  # (B, T, d): eight tokens, no position signal
+perm = torch.randperm(8)
+with torch.no_grad():
+    out, out_shuffled = attn(x), attn(x[:, perm])
+    causal, causal_shuffled = attn(x, causal=True), attn(x[:, perm], causal=True)
+gap = (out_shuffled - out[:, perm]).abs().max().item()
+causal_gap = (causal_shuffled - causal[:, perm]).abs().max().item()
+print(f"permutation {perm.tolist()}")
+print(f"no mask:     attn(shuffled) vs shuffled attn(x): max difference < 1e-6: {gap < 1e-6}")
+print(f"causal mask: max difference {causal_gap:.2f}")
+assert gap < 1e-6  # order is invisible...
+assert causal_gap > 0.05  # ...unless a causal mask tells each token how many came before it
+
+# %% [markdown]
+# Without a mask, "dog bites man" and "man bites dog" give the same three output vectors,
+# in a different order. A causal mask breaks the symmetry a little (token $m$ sees $m$
+# predecessors, so a shuffled sequence no longer gives shuffled outputs): keep that in mind,
+# it comes back at the end of the chapter. But nothing in the layer says "the token two
+# places to my left". Position has to be put in.
+#
+# ## Three generations of position
+#
+# **2017: add a sinusoid.** The original Transformer adds a fixed vector to each token
+# embedding: $p_{m,2i} = \sin(m\,\omega_i)$, $p_{m,2i+1} = \cos(m\,\omega_i)$ with
+# $\omega_i = 10000^{-2i/d}$ {cite}`vaswani2017attention`. Chapter 3 (*The 2017 model end
+# to end*) showed the reason for this choice: moving $k$ places is a fixed rotation of every
+# (sin, cos) pair, the same linear map whatever the starting position.
+#
+# **2018–2020: learn a table.** GPT-2 and BERT replaced the sinusoid by a learned matrix
+# $P \in \mathbb{R}^{S_\text{max} \times d}$, row $m$ added to the token at position $m$
+# {cite}`radford2019language` {cite}`devlin2019bert`. It is simple (the 2017 paper had
+# already found it as good as the sinusoid inside the trained length), and it has a hard
+# edge: row $S_\text{max}$ does not exist. GPT-2 could
+# not read a 1025th token at all. `companion` says so rather than index out of range:
+
+# %%
+table = LearnedPositions(d=32, max_positions=64)
+try:
+    table(torch.arange(65))
+    raise AssertionError("a 64-row table returned a vector for position 64")
+except ValueError as err:
+    table_error = str(err)
+print(table_error)
+assert "position 64 is past the end" in table_error
+
+# %% [markdown]
+# Both schemes share a deeper weakness. Position enters once, added to the content vector
+# at the input; by the last layer the model must have carried that perturbation through
+# every mixing step to still know where each token is. And what attention needs is rarely
+# the absolute position of a token: it is the *offset* between the query and the key ("the
+# previous character", "the word three back").
+#
+# ## RoPE from one requirement
+#
+# Ask for it directly. We want a map $f(x, m)$ that puts position $m$ into a query or key
+# vector $x$ such that the attention logit depends on the two vectors and on their offset
+# only:
+#
+# $$\langle f(q, m),\, f(k, n)\rangle = g(q, k, m - n).$$
+#
+# In two dimensions read a vector as a complex number, $q = q_1 + i q_2$; the dot product of
+# two such vectors is $\langle a, b\rangle = \operatorname{Re}(a \bar b)$. Try a rotation,
+# $f(q, m) = q\,e^{i m\theta}$:
+#
+# $$\langle q e^{im\theta},\, k e^{in\theta}\rangle
+#   = \operatorname{Re}\!\big(q e^{im\theta}\, \bar k e^{-in\theta}\big)
+#   = \operatorname{Re}\!\big(q \bar k\, e^{i(m-n)\theta}\big).$$
+#
+# The absolute positions cancel and only $m-n$ is left. In matrix form, with $R_\alpha$
+# the rotation by $\alpha$: $(R_{m\theta}q)^\top R_{n\theta}k = q^\top R_{(n-m)\theta}\,k$,
+# because $R_a^\top R_b = R_{b-a}$. Su et al. solve the functional equation and find that,
+# with $f(x, 0) = x$, rotations are essentially the only solution {cite}`su2024roformer`.
+# A head of width $D$ is cut into $D/2$ pairs of channels, each a complex number, and pair
+# $i$ turns at its own speed:
+#
+# $$\theta_i = b^{-2i/D}, \qquad i = 0, 1, \dots, D/2 - 1.$$
+#
+# $b$ is the **base** (10 000 in RoFormer, as in the 2017 sinusoid). Pair 0 turns by one
+# radian per token, a full turn every $2\pi \approx 6.3$ tokens; the slowest pair needs
+# $2\pi\, b^{(D-2)/D}$ tokens, a little less than $2\pi b$. Nothing is learned: $f$ is
+# applied to $q$ and $k$ after their projections, in every layer, so the position is
+# restated at every depth instead of remembered from the input. The values $v$ are not
+# rotated. Here is the definition as `companion` writes it, in complex numbers:
+
+# %%
+Code(inspect.getsource(apply_rope_reference), language="python")
+
+# %% [markdown]
+# Production code avoids complex tensors and writes the same rotation as
+# $x\cos + \operatorname{rotate}(x)\sin$ (`apply_rope`). Released models also disagree on
+# which channels form a pair: the RoFormer paper and GPT-J pair neighbours $(2i, 2i+1)$
+# (`"interleaved"`), Hugging Face's Llama, Qwen and Gemma pair channel $i$ with $i + D/2$
+# (`"half"`). Loading weights from one into the other is a silent bug unless the
+# projections are permuted. We check the fast form against the definition, then the claim
+# itself: the logit of a query at $m$ and a key at $n$ equals the logit at $m+s$ and $n+s$,
+# for many shifts $s$.
+
+# %%
+D = 64
+inv_freq, _ = rope_frequencies(D, theta=10_000.0)  # (D/2,) the speeds θ_i
+q, k = torch.randn(D), torch.randn(D)
+
+
+def rotated(x: torch.Tensor, pos: int) -> torch.Tensor:
+    """x (D,) rotated to position pos."""
+    cos, sin = rope_cos_sin(torch.tensor([pos]), inv_freq)  # (1, D/2) each
+    return apply_rope(x[None], cos, sin)[0]
+
+
+def logit(m: int, n: int) -> float:
+    return (rotated(q, m) @ rotated(k, n)).item()
+
+
+cos, sin = rope_cos_sin(torch.arange(100), inv_freq)
+xs = torch.randn(100, D)
+for layout in ("half", "interleaved"):
+    fast, ref = apply_rope(xs, cos, sin, layout), apply_rope_reference(xs, cos, sin, layout)
+    assert (fast - ref).abs().max() < 1e-5  # the same rotation, two ways
+assert torch.allclose(apply_rope(xs, cos, sin).norm(dim=-1), xs.norm(dim=-1))  # lengths kept
+
+shifts = [0, 1, 7, 100, 1000, 4000]
+pairs = [(10, 3), (3, 10), (50, 50)]
+print(f"{'(m, n)':>9} " + " ".join(f"{'s=' + str(s):>8}" for s in shifts))
+worst = 0.0
+for m, n in pairs:
+    row = [logit(m + s, n + s) for s in shifts]
+    worst = max(worst, max(abs(v - row[0]) for v in row))
+    print(f"{str((m, n)):>9} " + " ".join(f"{v:>8.3f}" for v in row))
+print(f"largest change under a shift: < 1e-3: {worst < 1e-3}")
+assert worst < 1e-3  # only m - n matters (fp32 angles of positions near 4000)
+assert abs(logit(10, 3) - logit(3, 10)) > 0.1  # and the sign of the offset does
+as_bf16 = torch.tensor(4010.0).to(torch.bfloat16).item()
+print(f"position 4010 stored in bfloat16: {as_bf16:.0f}")
+assert as_bf16 == 4016
+
+# %% [markdown]
+# Every row is constant: shift both tokens by 4000 positions and the logit does not move.
+# The second row is the same pair with query and key swapped: a rotation by $+7$ and one by
+# $-7$ are different, so RoPE knows *which* token comes first, not only how far apart they
+# are. (The tolerance is for float32: an angle of $4000\,\theta_0$ radians is stored only to
+# a few parts in $10^4$ of a radian. This is why implementations compute the angles in
+# float32 even when the model runs in bfloat16, whose 8 significant bits store position
+# 4010 as 4016, as printed above.)
+#
+# ### A clock with hands at many speeds
+#
+# Each pair of channels is a hand on a clock that advances by $\theta_i$ per token. Below,
+# four of the 32 pairs of a 64-wide head: the query's hand (orange) sits at position $m$,
+# the key's (blue) at $n = m - 4$. As $m$ advances, every hand turns, the fast ones quickly
+# and the slow ones barely; the angle *between* the two hands of a pair never changes, and
+# neither does the logit, which is a sum over pairs of (length × length × cosine of that
+# angle).
+
+# %%
+shown = [0, 8, 16, 24]  # pairs with wavelengths 6.3, 63, 628 and 6 283 tokens
+OFFSET = 4
+frames_m = list(range(OFFSET, OFFSET + 20))
+half = D // 2
+fig, axes = plt.subplots(1, len(shown), figsize=(8.0, 2.4))
+
+
+def hand(x: torch.Tensor, pos: int, pair: int) -> tuple[float, float]:
+    """The (real, imaginary) point of one pair of x rotated to position pos ("half" layout)."""
+    r = rotated(x, pos)
+    return r[pair].item(), r[pair + half].item()
+
+
+def draw_clock(i: int) -> None:
+    m = frames_m[i]
+    for ax, pair in zip(axes, shown, strict=True):
+        ax.clear()
+        radius = max(math.hypot(*hand(q, 0, pair)), math.hypot(*hand(k, 0, pair))) * 1.15
+        ax.add_patch(plt.Circle((0, 0), radius, fill=False, color="grey", lw=0.8))
+        for x_vec, pos, color in ((q, m, PALETTE[1]), (k, m - OFFSET, PALETTE[0])):
+            ax.annotate(
+                "",
+                xy=hand(x_vec, pos, pair),
+                xytext=(0, 0),
+                arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2},
+            )
+        ax.set(xlim=(-radius, radius), ylim=(-radius, radius), aspect="equal")
+        ax.axis("off")
+        wavelength = 2 * math.pi / inv_freq[pair].item()
+        ax.set_title(f"pair {pair}: {wavelength:,.0f} tokens per turn", fontsize=9)
+    fig.suptitle(
+        f"query at m = {m} (orange), key at n = {m - OFFSET} (blue): logit {logit(m, m - OFFSET):.3f}"
+    )
+
+
+logits_along = [logit(m, m - OFFSET) for m in frames_m]
+assert max(logits_along) - min(logits_along) < 1e-4
+HTML(animate(fig, draw_clock, len(frames_m), interval_ms=250))
+
+# %% [markdown]
+# The fast hands resolve small offsets: after one token pair 0 has turned by a radian,
+# easy to tell from zero. The slow hands hardly move over a sentence and instead separate
+# "near" from "far" over thousands of tokens. It is the same geometric ladder of wavelengths
+# as the 2017 sinusoids, now applied where attention computes its scores.
+#
+# ## The base is a context-length dial
+#
+# The slowest hand sets the scale. With head width $D = 128$ (Llama, Qwen) the last
+# pair's wavelength is $2\pi b^{126/128}$, just under $2\pi b$. Llama 2 used $b = 10^4$;
+# Llama 3 raised it to $5 \cdot 10^5$ {cite}`grattafiori2024llama`; Qwen3 and Gemma 3's
+# global layers use $10^6$ {cite}`yang2025qwen3` {cite}`gemmateam2025gemma3`.
+
+# %%
+HEAD = 128
+bases = {"Llama 2": 1e4, "Llama 3": 5e5, "Qwen3": 1e6}
+slowest, full_turns = {}, {}
+print(
+    f"{'model':<8} {'base b':>8} {'2πb':>11} {'slowest pair (D=128)':>21} {'pairs that turn in 4k':>22}"
+)
+for name, b in bases.items():
+    inv, _ = rope_frequencies(HEAD, theta=b)
+    wavelengths = 2 * math.pi / inv.double()  # (64,) tokens per turn
+    slowest[name] = wavelengths[-1].item()
+    full_turns[name] = int((wavelengths <= 4096).sum())
+    print(
+        f"{name:<8} {b:>8.0e} {2 * math.pi * b:>11,.0f} {slowest[name]:>21,.0f} {full_turns[name]:>19} / 64"
+    )
+assert round(2 * math.pi * 1e4) == 62_832 and round(2 * math.pi * 5e5) == 3_141_593
+assert round(2 * math.pi * 1e6) == 6_283_185
+assert abs(slowest["Llama 2"] - 2 * math.pi * 1e4 ** (126 / 128)) < 1  # just under 2πb
+assert all(0.8 < slowest[n] / (2 * math.pi * b) < 1 for n, b in bases.items())
+assert full_turns == {"Llama 2": 46, "Llama 3": 32, "Qwen3": 31}
+
+# %% [markdown]
+# With $b = 10^4$ the slowest hand completes a turn every 54 000 tokens (the often quoted
+# 63 000 is the $2\pi b$ bound); with $10^6$, every five million. The last column is the
+# other half of the story. Within a 4096-token training context, 46 of the 64 pairs of a
+# $b = 10^4$ model complete at least one turn, and only about half of them at the larger
+# bases. The rest are seen only over an arc of their circle during training, and a longer
+# text drives them to angles the model has never been shown.
+#
+# Past one full wavelength, the hand repeats: to the slowest pair of a $b = 10^4$ model,
+# positions 1 000 and 55 410 look identical. (The other 63 pairs still differ, so the
+# position as a whole is not lost; but the coarsest "far or near" signal now lies.)
+
+# %%
+positions = torch.arange(0, 200_001, 500)
+fig, (ax_w, ax_a) = plt.subplots(1, 2, figsize=(11.5, 3.6))
+for j, (name, b) in enumerate(bases.items()):
+    inv, _ = rope_frequencies(HEAD, theta=b)
+    ax_w.semilogy(2 * math.pi / inv.numpy(), ".", color=PALETTE[j], label=f"{name}, b = {b:.0e}")
+    turns = positions.double() * inv[-1].double() / (2 * math.pi)  # the slowest hand
+    ax_a.plot(positions.numpy(), (turns % 1).numpy(), color=PALETTE[j], label=name)
+for context, style in ((4096, ":"), (131_072, "--")):
+    ax_w.axhline(context, color="grey", ls=style, lw=1)
+    ax_w.text(1, context * 1.3, f"{context:,} tokens", fontsize=8, color="grey")
+ax_w.set(
+    xlabel="pair index i",
+    ylabel="wavelength (tokens per turn)",
+    title="Each pair turns at its own speed",
+)
+ax_w.legend(loc="lower right")
+ax_a.set(
+    xlabel="position (tokens)",
+    ylabel="slowest hand (fraction of a turn)",
+    title="The slowest hand wraps around at b = 1e4",
+)
+ax_a.legend()
+plt.show()
+
+inv_l2, _ = rope_frequencies(HEAD, theta=1e4)
+period = slowest["Llama 2"]
+c1, s1 = rope_cos_sin(torch.tensor([1000.0]), inv_l2)
+c2, s2 = rope_cos_sin(torch.tensor([1000.0 + round(period)]), inv_l2)
+c3, _ = rope_cos_sin(torch.tensor([1000.0 + round(period / 2)]), inv_l2)
+same = max(abs(c1[0, -1] - c2[0, -1]).item(), abs(s1[0, -1] - s2[0, -1]).item())
+print(
+    f"slowest pair at 1000 and {1000 + round(period):,}: max |Δcos|, |Δsin| < 1e-3: {same < 1e-3}"
+)
+print(f"half a turn later: cos {c1[0, -1].item():.3f} -> {c3[0, -1].item():.3f}")
+assert same < 1e-3  # aliased: the slowest hand cannot tell them apart
+assert (c1[0, :-1] - c2[0, :-1]).abs().max() > 0.5  # the faster hands can
+assert abs(c1[0, -1] + c3[0, -1]) < 1e-2  # half a wavelength away it points the other way
+
+# %% [markdown]
+# This is why the base went up as contexts grew: a larger base slows every hand but the
+# fastest, so more of them stay within the part of the circle seen in training. It is a
+# dial, not a fix: a model trained at 8k tokens with $b = 5 \cdot 10^5$ still meets new
+# angles at 128k, which is why Llama 3 and Qwen3 add a long-context stage and a rescaling.
+#
+# ## Measuring extrapolation
+#
+# Does any of this show up in a real model? Press et al. made the test popular as "train
+# short, test long" (and proposed ALiBi, a penalty on each logit proportional to the
+# distance, to pass it) {cite}`press2022train`. We train four small decoders that differ
+# only in their position scheme, on windows of **64 characters** of the plays, and then
+# measure the held-out loss at every position of **512-character** windows: positions 0–63
+# are the familiar range, 64–511 are new. The fourth scheme is **NoPE**, no position signal at all:
+# only the causal mask breaks the symmetry {cite}`haviv2022transformer`
+# {cite}`kazemnejad2023impact`. `companion.extrapolation` holds the experiment: one
+# config builder (the learned table gets only the 64 rows that training can reach), a
+# training routine on short windows, and the measurement:
+
+# %%
+Code(inspect.getsource(per_position_loss), language="python")
+
+# %%
+text = load_shakespeare()
+chars = CharTokenizer(text)
+tokens = torch.tensor(chars.encode(text))
+train_ids, val_ids = split_tokens(tokens, 0.1)
+TRAIN_LEN, EVAL_LEN = 64, 512
+STEPS, BATCH = (2000, 32) if FULL else (300, 16)
+WIDTH = (
+    {"d_model": 128, "n_layers": 4, "n_heads": 4}
+    if FULL
+    else {"d_model": 64, "n_layers": 2, "n_heads": 2}
+)
+N_WINDOWS = 512 if FULL else 128
+SCHEMES = ["learned", "sinusoidal", "rope", "none"]
+
+models, curves, histories = {}, {}, {}
+for scheme in SCHEMES:
+    seed_everything(0)
+    cfg = position_config(scheme, chars.vocab_size, TRAIN_LEN, EVAL_LEN, **WIDTH)
+    models[scheme] = DecoderLM(cfg).to(DEVICE)
+    histories[scheme] = train_short(
+        models[scheme], train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2
+    )
+print(
+    f"{models['rope'].num_params():,} parameters each (RoPE); {STEPS} steps of {BATCH} × {TRAIN_LEN} characters"
+)
+print(
+    "final training loss:",
+    {s: round(float(np.mean(h.loss[-30:])), 2) for s, h in histories.items()},
+)
+
+# %% [markdown]
+# The learned model cannot even be asked about position 64:
+
+# %%
+try:
+    per_position_loss(models["learned"], val_ids, EVAL_LEN, 1)
+    raise AssertionError("the learned model read 512 tokens with a 64-row table")
+except ValueError as err:
+    learned_error = str(err)
+print(learned_error)
+assert "max_seq_len=64" in learned_error
+
+# %% [markdown]
+# So we score it on the first 64 characters of each window only, and the others on all
+# 512. As a yardstick we also compute the loss of a bigram table (the next character from
+# the current one only, counted on the training text): a model that ignores everything
+# before the current character can reach it.
+
+# %%
+for scheme in SCHEMES:
+    length = TRAIN_LEN if scheme == "learned" else EVAL_LEN
+    curves[scheme] = per_position_loss(
+        models[scheme], val_ids, length, N_WINDOWS, seed=1, window_len=EVAL_LEN
+    )
+V = chars.vocab_size
+bigram = torch.zeros(V, V).index_put_(
+    (train_ids[:-1], train_ids[1:]), torch.ones(len(train_ids) - 1), accumulate=True
+)
+bigram = (bigram + 0.1) / (bigram + 0.1).sum(1, keepdim=True)
+bigram_loss = -bigram[val_ids[:-1], val_ids[1:]].log().mean().item()
+
+BANDS = [(0, 64), (32, 64), (64, 128), (128, 256), (256, 512)]
+
+
+def band(curve: torch.Tensor, lo: int, hi: int) -> float:
+    return curve[lo:hi].mean().item() if len(curve) >= hi else float("nan")
+
+
+def print_bands(rows: dict[str, torch.Tensor]) -> None:
+    print(f"{'positions':<16}" + "".join(f"{f'{lo}-{hi - 1}':>9}" for lo, hi in BANDS))
+    for name, curve in rows.items():
+        cells = "".join(
+            f"{band(curve, lo, hi):>9.3f}" if len(curve) >= hi else f"{'—':>9}" for lo, hi in BANDS
+        )
+        print(f"{name:<16}{cells}")
+
+
+print_bands(curves)
+print(f"bigram table: {bigram_loss:.3f} at every position")
+
+
+# %%
+def plot_curves(
+    ax: plt.Axes, rows: dict[str, torch.Tensor], colors: list[str], top: float = 3.1
+) -> None:
+    """Loss against position, averaged over bins of 16 positions; the trained range shaded."""
+    bin_width = 16
+    for (name, curve), color in zip(rows.items(), colors, strict=True):
+        binned = curve.view(-1, bin_width).mean(1).numpy()
+        centers = np.arange(len(binned)) * bin_width + bin_width / 2
+        ax.plot(centers, binned, color=color, label=name)
+    ax.axvspan(0, TRAIN_LEN, color="grey", alpha=0.12, lw=0)
+    ax.axhline(bigram_loss, color="grey", ls=":", lw=1)
+    ax.text(
+        1.01,
+        bigram_loss,
+        "bigram\ntable",
+        transform=ax.get_yaxis_transform(),
+        va="center",
+        fontsize=8,
+        color="grey",
+    )
+    ax.text(TRAIN_LEN / 2, 2.05, "trained\nlength", ha="center", fontsize=8, color="grey")
+    ax.set(
+        xlabel="position in the window (characters)",
+        ylabel="held-out loss (nats/char)",
+        ylim=(2.0, top),
+    )
+    ax.legend(loc="lower right")
+
+
+names = {"learned": "learned table", "sinusoidal": "sinusoidal", "rope": "RoPE", "none": "NoPE"}
+fig, ax = plt.subplots(figsize=(7.2, 3.8))
+plot_curves(ax, {names[s]: curves[s] for s in SCHEMES}, PALETTE[:4])
+ax.set_title("Trained on 64 characters, read 512: where each scheme breaks")
+plt.show()
+
+# %%
+inside = {s: band(curves[s], 32, 64) for s in SCHEMES}
+far = {s: band(curves[s], 256, 512) for s in SCHEMES if s != "learned"}
+assert band(curves["sinusoidal"], 64, 128) > inside["sinusoidal"] + 0.3  # a cliff at 64
+assert far["rope"] > inside["rope"] + 0.15  # RoPE degrades past the trained length...
+assert band(curves["rope"], 64, 128) < band(curves["sinusoidal"], 64, 128) - 0.3  # ...gradually
+assert abs(far["none"] - inside["none"]) < 0.1  # NoPE is flat...
+assert abs(inside["none"] - bigram_loss) < 0.1  # ...at about the bigram table's loss
+assert inside["rope"] < min(inside["sinusoidal"], inside["learned"], inside["none"]) - 0.03
+
+# %% [markdown]
+# Four different failures:
+#
+# - The **learned table** has no row 64: it cannot run past its training length at all.
+# - The **sinusoidal** model falls off a cliff at position 64. Its position vectors for
+#   64–511 are well defined, but training never added them to a token, and the model has
+#   learned nothing about what they mean.
+# - **RoPE** is the best model inside the trained range and degrades *gradually* past
+#   it: a little at 64–127, a lot by 256–511. Offsets it has never seen appear from
+#   position 64 on, but at first they are a minority of the keys; at position 500, seven
+#   keys in eight are further away than anything in training.
+# - **NoPE** is flat, but look where: at about the loss of a bigram table. In 300 steps our
+#   two-layer model has barely learned to use word order through the causal mask alone, so
+#   it has little to lose. NoPE models do learn order when trained long enough (the
+#   references above); the cheap version of that lesson comes at the end of the chapter.
+#
+# (These comparisons held for every seed we tried; the exact numbers move by up to a
+# tenth.)
+#
+# Is RoPE's decline caused by the unseen offsets, or simply by having eight times more keys
+# to spread attention over? One test separates the two: let the same trained model read the
+# 512 characters through a sliding window of 64 keys, so that every offset it meets is one
+# it was trained on, while the text itself keeps going.
+
+# %%
+windowed = same_weights(models["rope"], sliding_window=TRAIN_LEN)  # same weights, 64 keys
+curves_window = per_position_loss(windowed, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
+print_bands({"RoPE": curves["rope"], "RoPE, window 64": curves_window})
+assert abs(band(curves_window, 256, 512) - inside["rope"]) < 0.05  # as good as inside
+assert band(curves_window, 256, 512) < far["rope"] - 0.15
+
+# %% [markdown]
+# With the window, position 500 is as easy as position 50. The decline comes from the
+# offsets beyond 63, which the model never learned to score. A character model needs little
+# context, so the window costs nothing here; a model that must find a name 10 000 tokens
+# back cannot be given a window, and that is what the rescaling methods are for.
+#
+# ## Stretching RoPE after training
+#
+# If the trouble is angles the model has never seen, change the frequencies so that a long
+# text produces only familiar angles. Three recipes, all applied to the *same trained
+# weights* (`companion.rope.rope_frequencies` implements them with the settings released
+# configs use), for a text $s$ times longer than training:
+#
+# - **Linear (position interpolation)**: divide every frequency by $s$, so that position
+#   512 turns the hands as far as position 64 did {cite}`chen2023extending`. It also makes
+#   neighbouring tokens look $s$ times closer than they are.
+# - **NTK-aware**: raise the base to $b\, s^{D/(D-2)}$. The fastest pair keeps its speed,
+#   the slowest slows down by exactly $s$, and the pairs in between by less. "Dynamic"
+#   scaling applies this with $s$ set by the current length of the text.
+# - **YaRN**: leave the pairs that turn many times within the training length alone,
+#   interpolate the ones that turn less than once, ramp between the two, and sharpen the
+#   softmax slightly to make up for its spread over more keys {cite}`peng2024yarn`.
+#
+# For $s = 8$ and our 32-channel heads, here is what each does to the speed of every pair:
+
+# %%
+rope_cfg = models["rope"].cfg
+R = rope_cfg.head_dim
+base_inv, _ = rope_frequencies(R, rope_cfg.rope_theta)
+methods = {"linear": "linear (PI)", "ntk": "NTK-aware", "yarn": "YaRN"}
+fig, ax = plt.subplots(figsize=(6.4, 3.4))
+ratios = {}
+for j, (method, label) in enumerate(methods.items()):
+    changes = rope_scaling_for(method, rope_cfg, TRAIN_LEN, EVAL_LEN)
+    scaling = changes.get("scaling")
+    theta = changes.get("theta", rope_cfg.rope_theta)
+    inv, attention_scale = rope_frequencies(R, theta, scaling)
+    ratios[method] = (inv / base_inv).numpy()
+    extra = f", logits × {attention_scale**2:.2f}" if attention_scale != 1 else ""
+    ax.plot(ratios[method], "o-", ms=3, color=PALETTE[j + 1], label=label + extra)
+ax.set(
+    yscale="log",
+    yticks=[1 / 8, 1 / 4, 1 / 2, 1],
+    yticklabels=["1/8", "1/4", "1/2", "1"],
+    xlabel="pair index i (fast → slow)",
+    ylabel="new speed ÷ trained speed",
+    title="Three ways to slow the hands down by 8×",
+)
+ax.yaxis.set_minor_formatter(NullFormatter())
+ax.legend()
+plt.show()
+dynamic_inv, _ = rope_frequencies(
+    R,
+    rope_cfg.rope_theta,
+    {"rope_type": "dynamic", "factor": 1.0},
+    max_position_embeddings=TRAIN_LEN,
+    seq_len=EVAL_LEN,
+)
+ntk_inv, _ = rope_frequencies(R, ntk_theta(rope_cfg.rope_theta, R, TRAIN_LEN, EVAL_LEN))
+assert torch.allclose(ntk_inv, dynamic_inv)  # NTK-aware at 512 tokens = dynamic scaling
+assert np.allclose(ratios["linear"], 1 / 8) and abs(ratios["ntk"][0] - 1) < 1e-6
+assert abs(ratios["ntk"][-1] - 1 / 8) < 1e-6 and abs(ratios["yarn"][-1] - 1 / 8) < 1e-6
+
+# %% [markdown]
+# Now the measurement. A fair test sets the factor to the length being read, as dynamic
+# scaling does: positions 64–127 are scored by reading the first 128 characters of each
+# window with $s = 2$, 128–255 by reading 256 with $s = 4$, 256–511 by reading all 512 with
+# $s = 8$ (`per_position_loss_scaled`). No training at all: the same weights, new tables.
+
+# %%
+scaled = {"RoPE": curves["rope"]}
+for method, label in methods.items():
+    scaled[label] = per_position_loss_scaled(
+        models["rope"], method, val_ids, TRAIN_LEN, [64, 128, 256, 512], N_WINDOWS, seed=1
+    )
+print_bands(scaled)
+
+# %%
+fig, ax = plt.subplots(figsize=(7.2, 3.8))
+plot_curves(ax, scaled, [PALETTE[2], PALETTE[1], PALETTE[3], PALETTE[4]], top=3.5)
+ax.set_title("Rescaling a trained RoPE model, no fine-tuning")
+plt.show()
+assert band(scaled["linear (PI)"], 64, 128) > band(curves["rope"], 64, 128) + 0.2
+for label in ("NTK-aware", "YaRN"):
+    assert band(scaled[label], 256, 512) > inside["rope"] + 0.15  # no rescue at 8×
+assert band(scaled["NTK-aware"], 64, 256) < band(curves["rope"], 64, 256) + 0.02  # free at 2-4×
+
+# %% [markdown]
+# At this scale none of the three rescues the model. **Linear interpolation** is the worst:
+# squeezing the fast hands makes the previous character look $1/s$ of a character away,
+# and the model can no longer read its nearest neighbours. Chen et al. follow the
+# interpolation with a short fine-tune (up to a thousand steps), in which the model
+# relearns its neighbours at the new scale.
+# **NTK** and **YaRN** keep the fast pairs nearly intact, so they cost little at 2×. NTK
+# was a little better than plain RoPE at 2× and 4× in every seed we tried, and a little
+# worse at 8×; YaRN helped in some bands and hurt in others, by less than a tenth. Neither
+# comes near the windowed model. Two things are against them in this toy: a
+# 64-character training length is so short that no pair turns within it the 32 times YaRN
+# asks of a pair it leaves alone (our fastest turns ten times), and both
+# methods work best followed by a short fine-tune at the longer length. Released
+# long-context recipes mostly pair the change with training on long documents (Code
+# Llama's base of $10^6$, Llama 3.1's `llama3` scaling, YaRN in Olmo 3); Qwen3 applies YaRN
+# at inference without training, but by a factor of 4 on a model already trained on
+# 32 768-token documents, not by 8 on 64 characters.
+#
+# ## Two bases, and no position at all
+#
+# The newest models split the problem by layer. Many of their layers attend only to a
+# local window (chapter 9, *Sliding windows*, explains why): there, offsets never exceed the window and the
+# hands need not be slow. Only the few global layers see long offsets.
+#
+# **Gemma 3** gives the two kinds their own base: $10^4$ in the sliding-window layers,
+# $10^6$ in the global layers (5 local : 1 global, window 1024, and for the 128k models a
+# linear factor of 8 on the global layers only) {cite}`gemmateam2025gemma3`. In
+# `companion` that is `rope_local_theta`: the model builds two tables and each layer picks
+# one. We record which table each layer's attention actually receives in a forward pass:
+
+
+# %%
+def toy(**fields: object) -> ModelConfig:
+    """A six-layer toy with 128-wide heads (as in Llama and Qwen), for looking at the layers."""
+    base = {
+        "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_size": 128,
+        "position": "rope", "max_seq_len": 64,
+    }  # fmt: skip
+    return ModelConfig(**{**base, **fields})
+
+
+gemma_like = toy(
+    layer_types=("sliding",) * 5 + ("full",),
+    sliding_window=16,
+    rope_theta=1e6,
+    rope_local_theta=1e4,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+)
+gemma_model = DecoderLM(gemma_like)
+probe = torch.randint(0, V, (1, 48))
+used = rope_used_per_layer(gemma_model, probe)
+print("Gemma-3-like layers: ", gemma_like.layer_kinds)
+print("RoPE table received: ", tuple(used))
+slowest_turn = {}
+for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():  # (2, F) each
+    step = torch.atan2(sin[1, -1], cos[1, -1]).item()  # the slowest pair's angle per token
+    slowest_turn[name] = 2 * math.pi / step
+    print(f"{name:>6} table: slowest pair turns every {slowest_turn[name]:>12,.0f} tokens")
+assert used == ["local"] * 5 + ["global"]
+assert abs(slowest_turn["local"] / slowest["Llama 2"] - 1) < 1e-3  # b = 1e4
+assert abs(slowest_turn["global"] / (8 * slowest["Qwen3"]) - 1) < 1e-3  # b = 1e6, then × 8
+
+# %% [markdown]
+# **SmolLM3** goes further and drops the rotation from every fourth layer: those layers see
+# no position signal at all and rely on the causal mask, as our NoPE model did
+# {cite}`bakouch2025smollm3`; Arcee's Trinity puts RoPE only in its sliding-window layers
+# and none in its global ones. The config field is `nope_layers`:
+
+# %%
+smol_like = toy(n_layers=8, nope_layers=(3, 7))
+trinity_like = toy(
+    n_layers=8,
+    layer_types=("sliding", "sliding", "sliding", "full") * 2,
+    sliding_window=16,
+    nope_layers=(3, 7),
+)
+received = {}
+for name, c in (("SmolLM3-like", smol_like), ("Trinity-like", trinity_like)):
+    got = received[name] = rope_used_per_layer(DecoderLM(c), probe)
+    print(
+        f"{name}:",
+        " ".join(
+            f"{kind}+{'NoPE' if t == 'none' else 'RoPE'}"
+            for kind, t in zip(c.layer_kinds, got, strict=True)
+        ),
+    )
+assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
+assert received["Trinity-like"] == received["SmolLM3-like"]  # one base: one table, "global"
+
+# %% [markdown]
+# What does a layer without RoPE see? Feed a text of one repeated character. Every token
+# then has the same hidden state at every layer (all values are equal, so every average of
+# them is too), so a NoPE layer gives every key the same logit, and each query spreads its
+# attention evenly over the $m+1$ keys it may see. A RoPE layer with the very same vectors
+# gives different logits at different offsets. (We scale up the random weights so the
+# logits are large enough to see.)
+
+# %%
+seed_everything(0)
+loud = DecoderLM(smol_like.replace(init_std=0.5))
+same_char = torch.full((1, 32), chars.stoi["e"])
+maps = loud.attention_maps(same_char)  # L tensors (1, H, T, T)
+visible = torch.tril(torch.ones(32, 32, dtype=torch.bool))
+even = visible / visible.sum(1, keepdim=True)  # 1/(m+1) on each visible key
+spread = [(w[0] - even).abs().max().item() for w in maps]
+print("max |weight − 1/(m+1)| per layer:", [f"{s:.3f}" for s in spread])
+assert all(spread[i] < 1e-5 for i in smol_like.nope_layers)  # no position: uniform
+assert all(spread[i] > 0.05 for i in range(8) if i not in smol_like.nope_layers)
+
+fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.4))
+for ax, layer in zip(axes, (2, 3), strict=True):
+    kind = "NoPE" if layer in smol_like.nope_layers else "RoPE"
+    ax.imshow(maps[layer][0, 0].numpy(), vmin=0, vmax=0.5)
+    ax.grid(False)
+    ax.set(xlabel="key position", ylabel="query position", title=f"layer {layer} ({kind}): 'eeee…'")
+fig.suptitle("Same input, same hidden states: only the rotation makes offsets visible")
+plt.show()
+
+# %% [markdown]
+# On the left, the RoPE layer's stripes are offsets: the pattern along each diagonal is the
+# same everywhere, the signature of a score that depends on $m - n$ only. On the right the
+# NoPE layer can only tell how many keys there are. With varied text, that is already a
+# position signal: an average over $m+1$ tokens is less noisy than an average over two, and
+# a first token that differs from the rest weighs $1/(m+1)$ in it, so a deeper layer can
+# read $m$ back off. Haviv et al. suggest that this is how NoPE language models learn
+# order {cite}`haviv2022transformer`, and Kazemnejad et al. show that a first NoPE layer can
+# recover absolute positions in this way {cite}`kazemnejad2023impact`.
+#
+# The bet in SmolLM3 and Trinity is that long-range layers are better off *without* the
+# slow hands: no angles to extrapolate, only a softmax over more keys. We can test the bet
+# with our own recipe: a two-layer model whose first layer uses RoPE in a 16-character
+# sliding window and whose second, global layer has no position signal at all, trained
+# exactly like the four above.
+
+# %%
+hybrid_layers = ("sliding", "sliding", "sliding", "full") if FULL else ("sliding", "full")
+seed_everything(0)
+hybrid_cfg = position_config(
+    "rope",
+    V,
+    TRAIN_LEN,
+    EVAL_LEN,
+    **WIDTH,
+    layer_types=hybrid_layers,
+    sliding_window=16,
+    nope_layers=(len(hybrid_layers) - 1,),
+)
+hybrid = DecoderLM(hybrid_cfg).to(DEVICE)
+train_short(hybrid, train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2)
+curves["hybrid"] = per_position_loss(hybrid, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
+print("layers:", hybrid_cfg.layer_kinds, "| RoPE in:", tuple(rope_used_per_layer(hybrid, probe)))
+print_bands({"RoPE": curves["rope"], "NoPE": curves["none"], "local RoPE + NoPE": curves["hybrid"]})
+
+fig, ax = plt.subplots(figsize=(7.2, 3.8))
+plot_curves(
+    ax,
+    {"RoPE": curves["rope"], "NoPE": curves["none"], "local RoPE + global NoPE": curves["hybrid"]},
+    [PALETTE[2], PALETTE[3], PALETTE[0]],
+)
+ax.set_title("RoPE where offsets are short, nothing where they are long")
+plt.show()
+hybrid_inside, hybrid_far = band(curves["hybrid"], 32, 64), band(curves["hybrid"], 256, 512)
+assert abs(hybrid_far - hybrid_inside) < 0.08  # flat to 8× the trained length...
+assert hybrid_inside < inside["rope"] + 0.1  # ...nearly as good as RoPE inside it...
+assert hybrid_far < far["rope"] - 0.15 and hybrid_far < far["none"] - 0.15  # ...and beyond
+
+# %% [markdown]
+# The hybrid nearly matches RoPE inside the trained range (within a few hundredths in every
+# seed we tried) and loses almost nothing out to 8×: its rotated layer never meets an offset longer than 15, and its global layer has no
+# angles to get wrong. Our toy reads characters, where a 16-character window carries most
+# of what there is to know, so it flatters the recipe; at scale the global NoPE layers must
+# also learn to *find* things far away, and the released models still train on long
+# documents. But the direction of the field is visible at this size: rotations where
+# offsets are short and well covered by training, large bases or no rotation at all where
+# they are not.
+#
+# ## Summary
+#
+# - Attention without a mask is permutation-equivariant (checked to $10^{-6}$); position
+#   must be added. The 2017 sinusoid and the learned table of GPT-2 add it once, at the
+#   input; the learned table has no row past $S_\text{max}$, and `companion` refuses rather
+#   than index past it.
+# - RoPE follows from asking that the logit depend only on $m - n$: rotate each pair of
+#   query and key channels by $m\theta_i$. Shifting both positions by up to 4000 leaves the
+#   logit unchanged (to $10^{-3}$ in float32); swapping them does not.
+# - The base sets the slowest hand: $2\pi b^{(D-2)/D}$ tokens per turn, about 54 000 for
+#   $b = 10^4$, 2.6 million for $5 \cdot 10^5$ and 5.1 million for $10^6$ (bounded by
+#   $2\pi b$ = 62 832, 3.1 and 6.3 million). Past a full turn the slowest hand aliases.
+# - Trained on 64 characters and read to 512 (table above): the learned table cannot run;
+#   the sinusoid falls off a cliff at 64; RoPE is best inside and declines gradually beyond;
+#   NoPE is flat at about a bigram table's loss. The same RoPE model through a 64-key
+#   window is flat: unseen offsets, not more keys, cause the decline.
+# - Linear, NTK and YaRN rescaling at evaluation time, without fine-tuning, do not rescue
+#   a 64-character model; linear interpolation hurts most.
+# - Gemma 3 uses two bases (local $10^4$, global $10^6$); SmolLM3 and Trinity drop RoPE in
+#   some layers. A NoPE layer spreads attention evenly over identical tokens; a two-layer
+#   model with local RoPE and a global NoPE layer came close to RoPE inside the trained
+#   range and stayed flat to 8× beyond it.
+#
+# ## Exercises
+#
+# 1. Fine-tune the trained RoPE model for 50 steps on 128-character windows, once plain and
+#    once with linear interpolation ($s = 2$, `companion.extrapolation.with_rope`), and measure
+#    both at 128 and 256 characters. Does the fine-tuning change the ranking of the
+#    eval-time experiment?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# `train_short(with_rope(models["rope"], scaling={"rope_type": "linear", "factor": 2.0}),
+# train_ids, 128, 50, batch_size=8, lr=1e-3)` fine-tunes a copy. Chen et al. report that
+# interpolation followed by a short fine-tune beats fine-tuning at the longer length
+# without it.
+# ```
+#
+# 2. Train the RoPE model with base $b = 100$ instead of $10^4$ (`rope_theta=100.0` in
+#    `position_config`). How many of its 16 pairs complete a turn within 64 characters,
+#    and does it extrapolate better or worse?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Count `(2 * math.pi / rope_frequencies(32, 100.0)[0] <= 64).sum()`. A small base turns
+# every hand many times in training, so there are fewer unseen angles, but the slow hands
+# alias much sooner.
+# ```
+#
+# 3. With `partial_rotary_factor=0.5`, only the first half of each head is rotated
+#    (GPT-NeoX, and the "partial RoPE" of newer models). Check with `apply_rope` that the
+#    other channels come out unchanged, then train the model and compare its curve with
+#    RoPE's and NoPE's.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `cos, sin = rope_cos_sin(torch.arange(T), rope_frequencies(32, partial_rotary_factor=0.5)[0])`
+# has 8 columns: 16 channels are rotated and `apply_rope(x, cos, sin)[..., 16:]` equals
+# `x[..., 16:]`. Those channels act like a NoPE head inside every head; the model can put
+# what should not depend on position there.
+# ```
+#
+# 4. The NoPE layer's uniform attention on "eeee…" gives every position the same output.
+#    Put a different first character in front ("xeeee…") and show that the NoPE layer's
+#    output now changes with the position $m$. What function of $m$ is it?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# If the logits of "x" and "e" keys differ by $\Delta$, the weight on "x" at position $m$ is
+# $e^{\Delta} / (e^{\Delta} + m)$: the output moves from $v_x$ toward $v_e$ as $1/m$. This is
+# the counting signal NoPE models learn to use.
+# ```
