@@ -5,7 +5,9 @@ Generates greedily with the real SmolLM2-135M-Instruct weights (batch 1, fp32, C
 two, and reports tokens/s, their ratio, and the fraction of the memory-bandwidth bound:
 decoding one token reads every weight once, so it cannot beat ``copy bandwidth / weight
 bytes`` tokens/s, where the copy bandwidth is the memory traffic (bytes read plus bytes
-written) per second of a large ``Tensor.copy_`` in the same run.
+written) per second of a large ``Tensor.copy_`` in the same run. The table also gives the
+*matmul floor* (:func:`matmul_floor`): the time of the weights' matrix-vector products
+alone, which bounds every implementation from below on this machine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from .common import median_seconds, positive_int
 
-__all__ = ["add_parser", "bench_decode", "copy_bandwidth", "format_decode"]
+__all__ = ["add_parser", "bench_decode", "copy_bandwidth", "format_decode", "matmul_floor"]
 
 
 def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
@@ -29,6 +31,20 @@ def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     return 2 * nbytes / median_seconds(lambda: dst.copy_(src), torch.device("cpu"), repeats)
+
+
+def matmul_floor(model: torch.nn.Module, repeats: int = 5) -> float:
+    """Seconds per token of the model's matrix-vector products alone: one ``(1, in)`` row
+    through every ``nn.Linear`` weight in turn, nothing else. No decoder built from these
+    weights can be faster on this machine, whatever its framework."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
+
+    def products() -> None:
+        for w, x in zip(weights, rows, strict=True):
+            torch.nn.functional.linear(x, w)
+
+    return median_seconds(products, torch.device("cpu"), repeats)
 
 
 def bench_decode(
@@ -63,6 +79,7 @@ def bench_decode(
         "bandwidth_gbs": bandwidth / 1e9,
         "weight_mb": weight_bytes / 1e6,
         "bound_tps": bound,
+        "matmul_floor_tps": 1.0 / matmul_floor(model),
         "companion_of_bound": ours_tps / bound,
         "transformers_of_bound": theirs_tps / bound,
         "agreeing_tokens": float(_agreeing(out_ours, out_theirs, input_ids.shape[1])),
@@ -86,6 +103,10 @@ def format_decode(r: dict[str, float]) -> str:
             f"ratio companion/transformers: {r['ratio']:.2f}x",
             f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
             f"weights = {r['bound_tps']:.1f} tokens/s",
+            f"matmul floor: the same weights' matrix-vector products alone run at "
+            f"{r['matmul_floor_tps']:.1f} tokens/s; companion reaches "
+            f"{r['companion_tps'] / r['matmul_floor_tps']:.0%} of it, transformers "
+            f"{r['transformers_tps'] / r['matmul_floor_tps']:.0%}",
             f"greedy tokens identical for the first {int(r['agreeing_tokens'])} of "
             f"{int(r['new_tokens'])} (after that, near-ties in fp32 may break differently)",
         ]
