@@ -1,0 +1,920 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 6 · Normalization and the residual stream
+#
+# Between 2017 and 2026 the normalization layer changed in two independent ways. *What it
+# computes*: LayerNorm {cite}`ba2016layer` subtracts the mean and divides by the standard
+# deviation; RMSNorm {cite}`zhang2019root` only divides by the root mean square. And *where
+# it sits*: the 2017 block normalized after the residual sum ("Post-LN")
+# {cite}`vaswani2017attention`; GPT-2 moved the norm onto the branch ("Pre-LN")
+# {cite}`radford2019language`, and recent models add a second norm on the branch's output
+# (sandwich, Gemma 2 and 3 {cite}`gemmateam2024gemma2`) or keep only that one (Olmo 2
+# {cite}`olmo2024olmo2`). Attention got a norm of its own, on queries and keys
+# {cite}`dehghani2023scaling`.
+#
+# All of these are easiest to read against one object, the **residual stream**. This chapter
+# looks at the stream of a real model (SmolLM2-135M) and of small models trained here;
+# measures what LayerNorm computes that RMSNorm does not, and what that saves; trains the
+# same 8-layer model with four norm placements, with and without warmup, and looks at
+# gradients and Jacobians to see why Post-LN needs warmup; scales the initial residual
+# writes by depth; and tracks attention logits with and without QK-norm.
+#
+# As everywhere in this book, every claim is an `assert` that runs in CI.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from IPython.display import HTML, Code
+from matplotlib.ticker import NullFormatter
+
+from companion import diagnostics
+from companion.block import TransformerBlock
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.diagnostics import (
+    AttentionLogitTracker,
+    StreamTracker,
+    attention_logit_max,
+    block_grad_norms,
+    count_aten_ops,
+    count_reductions,
+    identity_path_jacobian,
+    residual_norms,
+    residual_write_weights,
+    stream_states,
+    token_cosine,
+)
+from companion.model import DecoderLM
+from companion.norms import layer_norm_reference, rms_norm_reference
+from companion.plotting import PALETTE, animate, loglog_fit, use_style
+from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
+from companion.weights import load_smollm2
+
+FULL = False  # True: every training run on four seeds, and the QK-norm run in bf16 (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
+# several times faster when other programs share the cores (two threads wait on each other).
+torch.set_num_threads(1)
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## The residual stream is a shared bus
+#
+# A decoder keeps one tensor of shape $(B, T, d)$ from the embedding layer to the final
+# norm: the residual stream. Every sublayer reads it, computes something, and *adds* its
+# result back; nothing overwrites it. In the Pre-LN form,
+#
+# $$x_{\ell+1} = x_\ell + f_\ell\big(\mathrm{Norm}(x_\ell)\big),$$
+#
+# where $f_\ell$ is an attention or an FFN sublayer. Elhage et al. describe the stream as a
+# communication channel that every layer reads from and writes to
+# {cite}`elhage2021mathematical`: a bus of fixed width $d$. Two consequences matter here.
+# Gradients have a direct route: $\partial x_{\ell+1}/\partial x_\ell = I + \partial
+# f_\ell/\partial x_\ell$, so a product of such factors always contains the identity, the
+# argument of residual networks {cite}`he2016deep`. And the stream grows: if each of the
+# $\ell$ writes so far is an independent vector of squared norm about $\sigma^2$, then
+# $\|x_\ell\|^2 \approx \|x_0\|^2 + \ell\sigma^2$, and $\|x_\ell\|$ grows like
+# $\sqrt{\ell}$.
+#
+# To watch the stream we do not need to change the model: a forward *hook* on each block
+# sees its output as it passes. This is all `companion.diagnostics` does:
+
+# %%
+Code(inspect.getsource(diagnostics.capture_stream), language="python")
+
+# %% [markdown]
+# SmolLM2-135M-Instruct is a 30-layer Pre-RMSNorm Llama-style model with $d = 576$;
+# `load_smollm2` reads its real weights into a `companion` `DecoderLM`. We run one sentence
+# through it and take the norm of every token's stream vector after every layer.
+
+# %%
+smol, tok = load_smollm2()
+sentence = (
+    "The residual stream is a shared bus: every layer reads it, computes something, and "
+    "adds the result back, so what the first layer wrote is still there at the last one."
+)
+ids = torch.tensor([tok.encode(sentence)])
+smol_states = stream_states(smol, ids)  # L + 1 tensors (1, T, d)
+norms = residual_norms(smol, ids)[:, 0]  # (L + 1, T)
+n_layers, d_smol = len(smol.blocks), smol.cfg.d_model
+typical = norms[:, 1:].median(dim=1).values  # the median token, leaving out token 0
+first = norms[:, 0]
+layers = np.arange(1, n_layers + 1)
+exponent, log_c = loglog_fit(layers, typical[1:].numpy())
+print(f"{ids.shape[1]} tokens, {n_layers} layers, d = {d_smol}")
+print(f"{'after layer':>11} {'median token':>13} {'token 0':>9}")
+for ell in (0, 1, 2, 5, 10, 11, 12, 20, 25, 28, 29, 30):
+    print(f"{ell:>11} {typical[ell].item():>13.1f} {first[ell].item():>9.0f}")
+steps_up = (typical[1:].diff() > 0).float().mean().item()
+print(f"fitted ‖x_ℓ‖ ∝ ℓ^{exponent:.2f}; the norm rises in {steps_up:.0%} of layer steps")
+assert typical[-1] > 10 * typical[1] and steps_up >= 0.9  # the stream grows with depth...
+assert 0.3 < exponent < 1.2  # ...roughly as a power of depth (√ℓ would be 0.5)
+assert (first[12:29] > 20 * typical[12:29]).all()  # token 0 is an outlier (see below)
+
+# %% [markdown]
+# The median token's stream grows from about 40 after the first layer to almost 800 after
+# the last, and it rises at almost every layer. The fitted exponent is larger than the
+# $\tfrac12$ of the independent-writes argument. Two measurements show why: the writes get
+# bigger with depth, and they are not independent of the stream (their cosine with it is
+# positive), so they add up faster than the orthogonal sum
+# $\|x_0\|^2 + \sum_i \|\Delta_i\|^2$.
+
+# %%
+X = torch.stack(smol_states)[:, 0, 1:]  # (L + 1, T - 1, d), token 0 left out
+writes = X[1:] - X[:-1]  # Δ_ℓ = x_ℓ − x_{ℓ−1}, (L, T − 1, d)
+write_norm = writes.norm(dim=-1).median(dim=1).values
+alignment = F.cosine_similarity(writes, X[:-1], dim=-1).median(dim=1).values
+orthogonal = (X[0].pow(2).sum(-1) + writes.pow(2).sum(-1).cumsum(0)).sqrt()  # (L, T - 1)
+excess = (X[1:].norm(dim=-1) / orthogonal).median(dim=1).values
+print(
+    f"median write ‖Δ_ℓ‖: layers 1-5 {write_norm[:5].mean():.0f}, "
+    f"layers 26-30 {write_norm[-5:].mean():.0f}"
+)
+print(f"median cos(Δ_ℓ, x_ℓ₋₁) over the layers: {alignment.median():.2f}")
+print(f"‖x_ℓ‖ ÷ orthogonal-sum prediction: {excess.min():.2f} to {excess.max():.2f}")
+assert write_norm[-5:].mean() > 3 * write_norm[:5].mean()  # deep layers write more
+assert alignment.median() > 0.05 and excess[1:].min() > 1.0  # and partly along the stream
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+ax = axes[0]
+ax.loglog(layers, typical[1:], "o-", ms=3, label="median token")
+ax.loglog(layers, first[1:], ":", color=PALETTE[3], label="token 0")
+ax.loglog(
+    layers,
+    np.exp(log_c) * layers**exponent,
+    "--",
+    color=PALETTE[1],
+    label=f"fit ∝ ℓ^{exponent:.2f}",
+)
+ax.loglog(layers, typical[1].item() * np.sqrt(layers), ":", color="grey", label="∝ √ℓ")
+ax.set(xlabel="layer ℓ", ylabel="‖x_ℓ‖", title="SmolLM2: the stream grows with depth")
+ax.legend(fontsize=8)
+ax = axes[1]
+ax.semilogy(layers, write_norm, "o-", ms=3, color=PALETTE[2])
+ax.set(xlabel="layer ℓ", ylabel="median ‖Δ_ℓ‖", title="…because deep layers write bigger updates")
+plt.show()
+
+# %% [markdown]
+# Token 0 is off the chart: from layer 12 on its stream has a norm above 20,000, tens of
+# times the others. Sun et al. found such *massive activations* in many LLMs, in a few fixed
+# channels of the first token, acting as a bias that attention can rely on
+# {cite}`sun2024massive`. It is one reason every consumer of the stream must normalize
+# before reading: the next layer sees $\mathrm{Norm}(x_\ell)$, whose scale does not depend
+# on $\ell$ or on the token.
+#
+# ## What the norm computes: LayerNorm and RMSNorm
+#
+# LayerNorm standardizes each token's vector over its $d$ features, then applies a learned
+# gain $\gamma$ and shift $\beta$:
+#
+# $$\mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,
+# \qquad \mu = \tfrac1d \textstyle\sum_j x_j,\quad \sigma^2 = \tfrac1d \sum_j (x_j - \mu)^2.$$
+#
+# RMSNorm drops the mean and the shift:
+# $\mathrm{RMS}(x) = \gamma \odot x / \sqrt{\tfrac1d \sum_j x_j^2 + \epsilon}$. The
+# reference versions in `companion.norms`:
+
+# %%
+Code(
+    inspect.getsource(layer_norm_reference) + "\n\n" + inspect.getsource(rms_norm_reference),
+    language="python",
+)
+
+# %% [markdown]
+# So LayerNorm removes two things from a vector, its mean and its scale, and RMSNorm only the
+# scale. On vectors with a common offset:
+
+# %%
+seed_everything(0)
+x = 0.5 + torch.randn(4, d_smol)  # four vectors whose entries average about 0.5
+ln, rms = layer_norm_reference(x, None, None), rms_norm_reference(x, None)
+print(f"{'':<10} {'mean':>6} {'std':>6} {'rms':>6}")
+for name, y in [("input", x), ("LayerNorm", ln), ("RMSNorm", rms)]:
+    m, s, r = y.mean(-1), y.std(-1, unbiased=False), y.pow(2).mean(-1).sqrt()
+    print(f"{name:<10} {m.mean():>6.2f} {s.mean():>6.2f} {r.mean():>6.2f}")
+assert ln.mean(-1).abs().max() < 1e-5 and (ln.std(-1, unbiased=False) - 1).abs().max() < 1e-4
+assert rms.mean(-1).min() > 0.3 and (rms.pow(2).mean(-1).sqrt() - 1).abs().max() < 1e-4
+# LayerNorm is RMSNorm of the centred vector (same eps on the same quantity)
+torch.testing.assert_close(rms_norm_reference(x - x.mean(-1, keepdim=True), None, eps=1e-5), ln)
+# both ignore the scale; only LayerNorm ignores a shift
+shifted = 3.0 * x + 2.0
+shift_ln = (layer_norm_reference(shifted, None, None) - ln).abs().max().item()
+shift_rms = (rms_norm_reference(shifted, None) - rms).abs().max().item()
+scale_rms = (rms_norm_reference(3.0 * x, None) - rms).abs().max().item()
+print(
+    f"3x+2 changes LayerNorm by {shift_ln:.0e}, RMSNorm by {shift_rms:.2f}; 3x changes RMSNorm by {scale_rms:.0e}"
+)
+assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1
+
+# %% [markdown]
+# ### What RMSNorm saves
+#
+# A norm is a *reduction* across the $d$ features of a token: on a GPU a sum across threads
+# that must synchronise, and under tensor parallelism, with $d$ split across devices, a
+# collective operation between them. The reference LayerNorm needs two (the mean, then the
+# variance about the mean); RMSNorm needs one. We can count them: a PyTorch dispatch mode
+# sees every operator that a function runs.
+
+# %%
+w, b = torch.ones(d_smol), torch.zeros(d_smol)
+ops = {
+    "LayerNorm": count_aten_ops(layer_norm_reference, x, w, b),
+    "RMSNorm": count_aten_ops(rms_norm_reference, x, w),
+}
+for name, counter in ops.items():
+    listed = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(counter.items()))
+    print(f"{name:<9}: {sum(counter.values())} operators ({listed})")
+n_red = {
+    "LayerNorm": count_reductions(layer_norm_reference, x, w, b),
+    "RMSNorm": count_reductions(rms_norm_reference, x, w),
+}
+print(f"reductions across d: {n_red}")
+assert n_red == {"LayerNorm": 2, "RMSNorm": 1}
+assert sum(ops["LayerNorm"].values()) > sum(ops["RMSNorm"].values())
+
+# %% [markdown]
+# What that is worth in time depends on the kernel more than on the formula. A fused
+# LayerNorm kernel reads the vector once and accumulates both sums in the same pass, so both
+# norms move the same bytes, and a norm is memory-bound. On a CPU, `F.layer_norm` is such a
+# fused kernel, while depending on the PyTorch version `F.rms_norm` may run as several
+# separate operations and lose despite doing less arithmetic; the two unfused references
+# show the cost of the extra work itself. The timings (one thread, 8,192 SmolLM2-sized
+# vectors) vary from machine to machine, so nothing is asserted on them:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings depend on the machine and its load)
+big = torch.randn(8192, d_smol)
+kernels = {
+    "F.layer_norm": lambda: F.layer_norm(big, (d_smol,), w, b),
+    "F.rms_norm": lambda: F.rms_norm(big, (d_smol,), w),
+    "layer_norm_reference": lambda: layer_norm_reference(big, w, b),
+    "rms_norm_reference": lambda: rms_norm_reference(big, w),
+}
+for name, fn in kernels.items():
+    fn()
+    runs = []
+    for _ in range(15):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    print(f"{name:<21} {1e3 * np.median(runs):.2f} ms")
+
+# %% [markdown]
+# ### The mean is free to fold away
+#
+# Why can RMSNorm drop the mean without losing anything? Subtracting the mean is a linear
+# map, $x - \mu\mathbf 1 = (I - \tfrac1d \mathbf 1 \mathbf 1^\top)x$, and a norm's output
+# always goes into a linear layer, which can absorb it:
+# $W(x - \mu \mathbf 1) = (W - \tfrac1d W\mathbf 1\mathbf 1^\top)\,x$. The same holds for the
+# gain and the shift: $W(\gamma \odot z + \beta) + c = (W\,\mathrm{diag}\,\gamma)\,z + (W\beta + c)$.
+
+# %%
+seed_everything(1)
+W, c = torch.randn(64, d_smol) / d_smol**0.5, torch.randn(64)  # the next linear layer
+gamma, beta = 1 + 0.1 * torch.randn(d_smol), 0.1 * torch.randn(d_smol)  # LayerNorm's own
+x64, W64 = x.double(), W.double()
+ones = torch.ones(d_smol, d_smol, dtype=torch.float64) / d_smol
+torch.testing.assert_close(
+    (x64 - x64.mean(-1, keepdim=True)) @ W64.T, x64 @ (W64 - W64 @ ones).T
+)  # W(x − μ1) = (W − W·11ᵀ/d) x
+# a whole LayerNorm + Linear: divide by σ, then one folded matrix and one folded bias
+sigma = (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+folded_W = (W * gamma) @ (torch.eye(d_smol) - ones.float())
+folded_c = W @ beta + c
+torch.testing.assert_close(
+    F.linear(layer_norm_reference(x, gamma, beta), W, c),
+    F.linear(x / sigma, folded_W, folded_c),
+    atol=1e-4,
+    rtol=1e-4,
+)
+print("W(x − μ1) = (W − W·11ᵀ/d)x, and LayerNorm + Linear = Linear' applied to x/σ: checked")
+
+# %% [markdown]
+# What the fold cannot remove is the division by $\sigma$, which still needs the mean:
+# $\sigma^2 = \mathrm{rms}(x)^2 - \mu^2$. RMSNorm divides by $\mathrm{rms}(x)$ instead, so a
+# LayerNorm followed by a linear layer equals RMSNorm followed by the folded layer, up to
+# a per-token factor $\sigma/\mathrm{rms} = \sqrt{1 - \mu^2/\mathrm{rms}^2}$. On a real
+# stream that factor is 1 to a fraction of a percent: a token's mean is about as small as
+# that of a random vector ($\mathrm{rms}/\sqrt d$), because nothing in the model singles
+# out the all-ones direction.
+
+# %%
+S = torch.stack(smol_states[1:])[:, 0]  # (L, T, d): every layer's output, every token
+mu, rms_s = S.mean(-1), S.pow(2).mean(-1).sqrt()
+ratio = (mu.abs() / rms_s).flatten()
+factor = (1 - (mu / rms_s) ** 2).sqrt()  # σ / rms for every token and layer
+print(
+    f"|μ| / rms over {ratio.numel()} stream vectors: median {ratio.median():.3f} "
+    f"(a random vector: 1/√d = {d_smol**-0.5:.3f}), max {ratio.max():.3f}"
+)
+print(f"σ / rms: smallest {factor.min():.4f}, i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}")
+assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
+
+# %% [markdown]
+# ## Where the norm sits
+#
+# The four placements in `companion`, for a sublayer $f$ and its norms $N$, $N'$:
+#
+# | placement | update | used by |
+# |---|---|---|
+# | Post-LN | $x \leftarrow N(x + f(x))$ | 2017 Transformer, BERT |
+# | Pre-LN | $x \leftarrow x + f(N(x))$ | GPT-2 onward, Llama, Qwen, SmolLM2 |
+# | sandwich | $x \leftarrow x + N'(f(N(x)))$ | Gemma 2 and 3, Trinity |
+# | post-branch | $x \leftarrow x + N'(f(x))$ | Olmo 2 and 3 |
+#
+# Only Post-LN puts a norm *on the identity path*; the other three leave $x$ to pass
+# through untouched and normalize only what the branch reads or writes. In `companion` the
+# whole difference is one method of the block:
+
+# %%
+Code(inspect.getsource(TransformerBlock._residual), language="python")
+
+# %% [markdown]
+# The experiment: the same 8-layer, 32-wide character model (two heads, 32-character
+# context), with LayerNorm, AdamW at a peak learning rate of $8\cdot10^{-3}$, 120 steps of
+# 16 windows, trained with each placement, once with a cosine decay from the first step and
+# once after a linear warmup over the first 60 steps. As in 2017 every sublayer starts at
+# full size (the residual writes are not scaled down by depth; a later section does that).
+# Xiong et al. showed that Post-LN needs the warmup and Pre-LN does not
+# {cite}`xiong2020layer`; chapter 3 trained the 2017 model with it. While training we also
+# record, at every step, how similar the tokens' stream vectors are at each layer
+# (`token_cosine`: the mean cosine over all pairs of tokens in the batch, 1 when every token
+# carries the same vector).
+
+# %%
+text = load_shakespeare()
+chars = CharTokenizer(text)
+V = chars.vocab_size
+tokens = torch.tensor(chars.encode(text))
+train_ids, val_ids = split_tokens(tokens, 0.1)
+DEPTH, WIDTH, SEQ, BATCH = 8, 32, 32, 16
+STEPS, WARMUP, LR = 120, 60, 8e-3
+SEEDS = (0, 1, 2, 3) if FULL else (0,)
+PLACEMENTS = ["post", "pre", "sandwich", "post_branch"]
+NAMES = {"post": "Post-LN", "pre": "Pre-LN", "sandwich": "sandwich", "post_branch": "post-branch"}
+
+
+def deep_model(placement: str, n_layers: int = DEPTH, depth_scaled: bool = False, **changes):
+    """The chapter's model: n_layers blocks of width 32, LayerNorm, learned positions."""
+    cfg = ModelConfig(
+        vocab_size=V,
+        d_model=WIDTH,
+        n_layers=n_layers,
+        n_heads=WIDTH // 16,
+        max_seq_len=SEQ,
+        norm_placement=placement,
+        init_std=0.1,
+        position="learned",
+        **changes,
+    )
+    model = DecoderLM(cfg)
+    if not depth_scaled:  # DecoderLM scales the residual writes by 1/√(2L) (GPT-2): undo it
+        with torch.no_grad():
+            for weight in residual_write_weights(model):
+                weight.mul_(math.sqrt(2 * n_layers))
+    return model.to(DEVICE)
+
+
+def run(placement: str, warmup: int, seed: int) -> dict:
+    """Train one model; return its loss per step, token cosine per step and layer, model."""
+    seed_everything(seed)
+    model = deep_model(placement)
+    batches = torch.Generator().manual_seed(seed)
+    losses = []
+
+    def loss_fn(m, x, y):
+        loss = lm_loss(m, x, y)
+        losses.append(loss.item())
+        return loss
+
+    with StreamTracker(model, token_cosine) as tracker:
+        train(
+            model,
+            lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
+            STEPS,
+            make_adamw(model, lr=LR),
+            lr_at=lambda step: cosine_lr(step, LR, warmup, STEPS, min_lr=LR / 10),
+            loss_fn=loss_fn,
+        )
+    return {"loss": losses, "cosine": tracker.history, "model": model}
+
+
+val_batches = [sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(100), DEVICE)]
+runs = {
+    (p, warm, seed): run(p, warm, seed)
+    for p in PLACEMENTS
+    for warm in (0, WARMUP)
+    for seed in SEEDS
+}
+held_out = {key: evaluate(r["model"], val_batches) for key, r in runs.items()}
+
+
+def mean_over_seeds(placement: str, warm: int) -> float:
+    return float(np.mean([held_out[(placement, warm, s)] for s in SEEDS]))
+
+
+counts = torch.bincount(train_ids, minlength=V).float()
+p_char = counts[counts > 0] / counts.sum()
+unigram = -(p_char * p_char.log()).sum().item()  # the loss of predicting letter frequencies
+loss = {(p, warm): mean_over_seeds(p, warm) for p in PLACEMENTS for warm in (0, WARMUP)}
+print(f"held-out loss after {STEPS} steps (nats/char; letter frequencies alone: {unigram:.2f})")
+print(f"{'':<12} {'no warmup':>10} {'warmup':>8}")
+for p in PLACEMENTS:
+    print(f"{NAMES[p]:<12} {loss[(p, 0)]:>10.2f} {loss[(p, WARMUP)]:>8.2f}")
+assert loss[("post", 0)] > loss[("pre", 0)] + 0.3  # Post-LN without warmup trains worse...
+assert loss[("post", WARMUP)] < loss[("post", 0)] - 0.3  # ...warmup rescues it...
+gain_post = loss[("post", 0)] - loss[("post", WARMUP)]
+gain_pre = loss[("pre", 0)] - loss[("pre", WARMUP)]
+assert gain_pre < gain_post - 0.2  # ...and Pre-LN needs warmup much less
+for p in ("pre", "sandwich", "post_branch"):  # the identity-path placements all train
+    assert loss[(p, 0)] < unigram - 0.15
+
+# %% [markdown]
+# Post-LN without warmup ends at the loss of a model that predicts letter frequencies and
+# ignores its input. With the same peak learning rate reached after a warmup, it trains
+# nearly as well as Pre-LN. Pre-LN trains either way, and warmup helps it only a little.
+# Sandwich and post-branch sit in between: they leave the plateau without warmup, more
+# slowly (post-branch has only just left it after 120 steps). With `FULL = True` the table
+# averages four seeds; while writing this chapter, Post-LN without warmup ended on the
+# plateau (3.30) on three seeds out of four, and about 0.1 nats above Pre-LN on the fourth.
+
+# %%
+smooth = 10  # running mean over 10 steps
+
+
+def smoothed(values: list[float]) -> np.ndarray:
+    return np.convolve(values, np.ones(smooth) / smooth, mode="valid")
+
+
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6), sharey=True)
+for ax, warm in zip(axes, (0, WARMUP), strict=True):
+    for j, p in enumerate(PLACEMENTS):
+        ax.plot(
+            np.arange(smooth, STEPS + 1),
+            smoothed(runs[(p, warm, 0)]["loss"]),
+            color=PALETTE[j],
+            label=NAMES[p],
+        )
+    ax.axhline(unigram, color="grey", ls=":", label="letter frequencies only")
+    ax.set(
+        xlabel="step",
+        title="no warmup: cosine decay from the peak"
+        if warm == 0
+        else f"linear warmup over {WARMUP} steps",
+    )
+axes[0].set(ylabel="training loss (nats/char, 10-step mean)", ylim=(2.3, 4.7))
+axes[1].legend()
+fig.suptitle("Same model, same peak learning rate: without warmup, Post-LN stays on the plateau")
+plt.show()
+
+# %% [markdown]
+# What goes wrong is visible in the stream. The first large steps teach every layer the
+# cheapest lesson, the letter frequencies, and the easiest way to output the same
+# distribution everywhere is to make every token's vector the same: the token cosine jumps
+# to 1 in every placement. In Pre-LN the token embeddings still reach the top through the
+# identity path, and the model finds its way back within about 40 steps. In Post-LN without
+# warmup it never does. Step through the training run:
+
+# %%
+post_cos = runs[("post", 0, 0)]["cosine"]  # (STEPS, L)
+pre_cos = runs[("pre", 0, 0)]["cosine"]
+frame_steps = list(range(0, STEPS, 12)) + [STEPS - 1]
+fig, ax = plt.subplots(figsize=(6.4, 3.6))
+
+
+def draw_collapse(i: int) -> None:
+    step = frame_steps[i]
+    ax.clear()
+    depth = np.arange(1, DEPTH + 1)
+    ax.plot(depth, post_cos[step], "o-", color=PALETTE[0], label="Post-LN, no warmup")
+    ax.plot(depth, pre_cos[step], "s-", color=PALETTE[1], label="Pre-LN, no warmup")
+    ax.set(
+        ylim=(0, 1.05),
+        xlabel="block ℓ",
+        ylabel="mean cosine between tokens",
+        title=f"Do the tokens still differ? step {step}",
+    )
+    ax.legend(loc="lower left")
+
+
+HTML(animate(fig, draw_collapse, len(frame_steps), interval_ms=500))
+
+# %%
+collapsed_by = {
+    name: next(s for s in range(STEPS) if r[s, -1] > 0.99)
+    for name, r in [("Post-LN", post_cos), ("Pre-LN", pre_cos)]
+}
+print(f"first step with top-layer token cosine > 0.99: {collapsed_by}")
+print(
+    f"top-layer token cosine at the end: Post-LN {post_cos[-1, -1]:.3f}, Pre-LN {pre_cos[-1, -1]:.2f}"
+)
+assert max(collapsed_by.values()) < 10  # both collapse within the first steps...
+assert post_cos[-20:, -1].min() > 0.99 and pre_cos[-20:, -1].max() < 0.7  # ...one for good
+
+# %% [markdown]
+# ### Why: gradients and the identity path at initialisation
+#
+# Xiong et al. explained warmup by the gradients at initialisation
+# {cite}`xiong2020layer`: in Post-LN the gradient of the last layers' weights does not
+# depend on the depth $L$, while in Pre-LN it shrinks like $1/\sqrt{L}$, because every norm
+# divides by a stream that has grown like $\sqrt\ell$. A large learning rate at step 0 is
+# then a large change exactly where Post-LN's gradients are largest. `block_grad_norms`
+# measures the gradient norm of each block's parameters on one batch:
+
+# %%
+probe_x, probe_y = sample_windows(train_ids, BATCH, SEQ, torch.Generator().manual_seed(7), DEVICE)
+grads = {}
+for p in PLACEMENTS:
+    seed_everything(0)
+    grads[p] = block_grad_norms(deep_model(p), probe_x, probe_y)
+depths = [4, 8, 16, 32]
+last_grad = {}
+for p in ("post", "pre"):
+    last_grad[p] = []
+    for n in depths:
+        seed_everything(0)
+        last_grad[p].append(
+            block_grad_norms(deep_model(p, n_layers=n), probe_x, probe_y)[-1].item()
+        )
+slopes = {p: loglog_fit(depths, last_grad[p])[0] for p in last_grad}
+print(f"{'L':>3}" + "".join(f" {NAMES[p] + ' last block':>20}" for p in last_grad))
+for i, n in enumerate(depths):
+    print(f"{n:>3}" + "".join(f" {last_grad[p][i]:>20.3f}" for p in last_grad))
+print(
+    f"fitted: last-block gradient ∝ L^{slopes['post']:.2f} (Post-LN), L^{slopes['pre']:.2f} (Pre-LN)"
+)
+assert slopes["pre"] < -0.25 and slopes["post"] > -0.1  # Xiong et al.'s scaling
+assert grads["pre"][0] > 2 * grads["pre"][-1]  # Pre-LN: smaller gradients further up
+
+# %% [markdown]
+# The measurement agrees with the theory (Post-LN's last-block gradient even grows a
+# little with depth). But AdamW divides each gradient by its own
+# running scale, so the size of a step does not follow the size of the gradient: the
+# gradient scale alone cannot be the whole story. The other half is the identity path. For
+# each block input $x_\ell$ we estimate the Jacobian $J_\ell = \partial x_L/\partial x_\ell$
+# of the top of the stack with random probes (`identity_path_jacobian`): its Frobenius norm
+# (how strongly $x_L$ depends on $x_\ell$ at all) and its trace (how much of that is the
+# identity, $x_\ell$ passing straight through; both are 1 for a pure identity).
+
+# %%
+paths = {}
+for p in ("post", "pre"):
+    seed_everything(0)
+    probes = torch.Generator().manual_seed(0)
+    paths[p] = identity_path_jacobian(deep_model(p), probe_x, n_probes=4, generator=probes)
+print(f"{'block ℓ':>8}" + "".join(f" {NAMES[p] + ' norm':>13} {'trace':>6}" for p in paths))
+for ell in range(1, DEPTH + 1):
+    print(
+        f"{ell:>8}"
+        + "".join(f" {paths[p].norm[ell]:>13.2f} {paths[p].trace[ell]:>6.2f}" for p in paths)
+    )
+post_path, pre_path = paths["post"], paths["pre"]
+assert (pre_path.trace[1:] > 0.85).all()  # Pre-LN: the identity survives all the way down
+post_decays = post_path.trace[1] < 0.7 and post_path.trace[1] < post_path.trace[DEPTH - 1]
+assert post_decays  # Post-LN: the identity share shrinks further down
+assert (post_path.norm[1:] - 1).abs().max() < 0.15 and pre_path.norm[1] > 2  # Post: ‖J‖ ≈ 1
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+ell = np.arange(1, DEPTH + 1)
+for j, p in enumerate(PLACEMENTS):
+    axes[0].semilogy(ell, grads[p], "o-", color=PALETTE[j], label=NAMES[p])
+axes[0].set(
+    xlabel="block ℓ",
+    ylabel="gradient norm of the block's parameters",
+    title="Gradients at initialisation, per block",
+)
+axes[0].set_yticks([0.5, 1, 2, 5, 10], ["0.5", "1", "2", "5", "10"])
+axes[0].yaxis.set_minor_formatter(NullFormatter())
+axes[0].legend()
+for j, p in enumerate(paths):
+    axes[1].plot(ell, paths[p].norm[1:], "o-", color=PALETTE[j], label=f"{NAMES[p]}: ‖J‖ / √n")
+    axes[1].plot(ell, paths[p].trace[1:], "s--", color=PALETTE[j], label=f"{NAMES[p]}: tr J / n")
+axes[1].axhline(1, color="grey", lw=0.8)
+axes[1].set(
+    xlabel="block ℓ (input of)",
+    ylabel="∂x_L/∂x_ℓ, per coordinate",
+    title="Jacobian of the top of the stack",
+)
+axes[1].legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# The right panel is the picture to keep. In Pre-LN the trace stays at 1 all the way down:
+# whatever the blocks do, each layer's input reaches the top unchanged, and the branches
+# only *add* dependence (the norm grows above 1). In Post-LN the total dependence stays
+# near 1 because every LayerNorm rescales it, but the identity share shrinks at every
+# layer: by block 1 about half of what reaches the top has passed through the sublayers
+# rather than around them. Liu et al. argue that this heavier dependence on the branches is
+# what makes Post-LN's output swing under large early updates {cite}`liu2020understanding`.
+# Our collapse fits: once the top layers write the same vector for every token, Post-LN has
+# no undisturbed route by which the token embeddings could reach the top again.
+# (The input of block 0, the raw embedding, is left out: its scale is set by the embedding
+# initialisation, and Post-LN's first norm magnifies it.)
+#
+# ### Back to the stream: trained models
+#
+# With the models trained, we can repeat the SmolLM2 measurement. In the three placements
+# that leave the identity path alone, the stream grows with depth; in Post-LN every block
+# ends in a LayerNorm, so every token's vector has norm $\sqrt{d} \approx 5.7$ (times the
+# gains) at every layer.
+
+# %%
+val_x = val_batches[0][0]
+print(f"{'':<12} {'‖x_1‖':>6} {'‖x_8‖':>6} {'exponent':>9}")
+stream_fit = {}
+for p in PLACEMENTS:
+    med = residual_norms(runs[(p, WARMUP, 0)]["model"], val_x).flatten(1).median(dim=1).values
+    stream_fit[p] = loglog_fit(np.arange(1, DEPTH + 1), med[1:].numpy())[0]
+    print(f"{NAMES[p]:<12} {med[1]:>6.1f} {med[-1]:>6.1f} {stream_fit[p]:>9.2f}")
+    if p != "post":
+        assert (med[1:].diff() > 0).all() and stream_fit[p] > 0.3  # grows at every layer
+assert abs(stream_fit["post"]) < 0.1  # Post-LN: pinned by the norm after every block
+
+# %% [markdown]
+# ## Depth-scaled initialisation
+#
+# In Pre-LN nothing bounds what the branches write, so at initialisation $L$ blocks of
+# full-size writes give a stream of norm $\propto\sqrt{L}$, and the embeddings become a
+# small part of it. GPT-2 scaled the initial weights of every matrix that writes into the
+# stream by $1/\sqrt{N}$ for $N$ residual layers {cite}`radford2019language` (`DecoderLM`
+# does this by default, with $N = 2L$). In a sandwich block the write is a norm's output,
+# so its size is that norm's gain; Trinity initialises the gains of those output norms to
+# about $1/\sqrt{L}$ ("depth-scaled sandwich norm") {cite}`singh2026trinity`. Both keep the
+# stream's norm at initialisation independent of depth:
+
+# %%
+probe = sample_windows(val_ids, 8, SEQ, torch.Generator().manual_seed(3), DEVICE)[0]
+depth_grid = [2, 4, 8, 16, 32, 64]
+variants = {
+    "Pre-LN, full-size writes": ("pre", False, None),
+    "Pre-LN, writes × 1/√(2L) (GPT-2)": ("pre", True, None),
+    "sandwich, output gain 1": ("sandwich", False, 1.0),
+    "sandwich, output gain 1/√L (Trinity)": ("sandwich", False, "depth"),
+}
+final_norm = {name: [] for name in variants}
+for n in depth_grid:
+    for name, (p, scaled, gain) in variants.items():
+        seed_everything(0)
+        model = deep_model(p, n_layers=n, depth_scaled=scaled)
+        if gain is not None:
+            with torch.no_grad():
+                for block in model.blocks:
+                    for norm in (block.attn_out_norm, block.ffn_out_norm):
+                        norm.weight.fill_(1.0 if gain == 1.0 else n**-0.5)
+        final_norm[name].append(residual_norms(model, probe)[-1].median().item())
+growth = {name: loglog_fit(depth_grid, v)[0] for name, v in final_norm.items()}
+print(f"{'':<38}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid) + "   exponent")
+for name, values in final_norm.items():
+    print(f"{name:<38}" + "".join(f" {v:>6.1f}" for v in values) + f"   {growth[name]:>8.2f}")
+for name in ("Pre-LN, full-size writes", "sandwich, output gain 1"):
+    assert 0.35 < growth[name] < 0.65  # √L growth
+for name in ("Pre-LN, writes × 1/√(2L) (GPT-2)", "sandwich, output gain 1/√L (Trinity)"):
+    assert abs(growth[name]) < 0.1  # flat
+
+# %%
+fig, ax = plt.subplots(figsize=(9.0, 3.6))
+styles = ["o-", "o--", "s-", "s--"]
+for j, (name, values) in enumerate(final_norm.items()):
+    ax.loglog(depth_grid, values, styles[j], color=PALETTE[j // 2], label=name)
+ax.set(
+    xlabel="number of blocks L",
+    ylabel="‖x_L‖ at initialisation (median token)",
+    title="Scaling the writes by depth keeps the stream's size fixed",
+)
+ax.set_xticks(depth_grid, [str(n) for n in depth_grid])
+ax.set_yticks([2, 5, 10, 20, 50], ["2", "5", "10", "20", "50"])
+ax.xaxis.set_minor_formatter(NullFormatter())
+ax.yaxis.set_minor_formatter(NullFormatter())
+ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+plt.show()
+
+# %% [markdown]
+# The sandwich model with gain 1 writes vectors of norm exactly $\sqrt d$, $2L$ times: if
+# the writes were orthogonal, the stream would have norm $\sqrt{2Ld}$ (64 at $L = 64$; we
+# measure a little more, as the writes are not quite orthogonal). Dividing the gains by
+# $\sqrt{L}$ takes that to about $\sqrt{2d} = 8$ at every depth: every branch starts small
+# and has to earn a larger share of the stream during training.
+#
+# ## QK-norm: a norm inside attention
+#
+# The attention logits $q\cdot k/\sqrt D$ have no bound: if training grows the query and
+# key projections, the logits grow, the softmax saturates to one-hot, and its gradient
+# vanishes. Dehghani et al. met this when scaling a vision Transformer to 22 billion
+# parameters and fixed it by normalizing $q$ and $k$ {cite}`dehghani2023scaling`; Wortsman
+# et al. reproduced the *attention logit growth* in small models trained at high learning
+# rates {cite}`wortsman2023small`. QK-norm applies an RMSNorm to each head's query and key
+# just before the dot product (Qwen3, Olmo 2 and 3, Gemma 3, Trinity all use it). With unit
+# RMS, $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the two
+# learned gains.
+#
+# We train a 4-layer version of the chapter's model (Pre-LN, GPT-2 scaled init, head width
+# $D = 16$) at a high peak learning rate, $3\cdot10^{-2}$ after 10 warmup steps, with and
+# without QK-norm, and record every layer's largest logit at every step with
+# `AttentionLogitTracker` (hooks on the attention modules; the logits are recomputed from
+# their inputs, so training is unchanged). This runs in fp32 on a CPU; in bf16, which
+# carries 8 bits of mantissa, a logit of 100 is already resolved only to about 0.5, and the
+# problem gets worse: `FULL = True` runs the same experiment in bf16 on a GPU.
+
+# %%
+QK_LAYERS, QK_STEPS, QK_LR, QK_WARMUP = 4, 100, 3e-2, 10
+amp = torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=FULL)
+
+
+def qk_run(qk_norm: str) -> dict:
+    seed_everything(0)
+    model = deep_model("pre", n_layers=QK_LAYERS, depth_scaled=True, qk_norm=qk_norm)
+    batches = torch.Generator().manual_seed(0)
+    losses = []
+
+    def loss_fn(m, x, y):
+        with amp:
+            loss = lm_loss(m, x, y)
+        losses.append(loss.item())
+        return loss
+
+    with AttentionLogitTracker(model) as tracker:
+        train(
+            model,
+            lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
+            QK_STEPS,
+            make_adamw(model, lr=QK_LR),
+            lr_at=lambda step: cosine_lr(step, QK_LR, QK_WARMUP, QK_STEPS, min_lr=QK_LR / 10),
+            loss_fn=loss_fn,
+        )
+    return {"loss": losses, "logits": tracker.history.amax(dim=1), "model": model}
+
+
+qk = {"none": qk_run("none"), "head": qk_run("head")}
+head_dim = WIDTH // (WIDTH // 16)
+for name, r in qk.items():
+    jumps = np.diff(r["loss"])
+    print(
+        f"QK-norm {name:>4}: max logit at step 0 {r['logits'][0]:5.1f}, step 50 {r['logits'][50]:6.1f}, "
+        f"end {r['logits'][-1]:6.1f} | loss at end {np.mean(r['loss'][-20:]):.2f}, "
+        f"largest one-step rise {jumps.max():.2f}"
+    )
+with_qk = qk["head"]["model"]
+bound = max(
+    head_dim**0.5
+    * b.attn.q_norm.weight.abs().max().item()
+    * b.attn.k_norm.weight.abs().max().item()
+    for b in with_qk.blocks
+)
+final_logits = attention_logit_max(with_qk, val_x)
+print(
+    f"after training with QK-norm: max logit {final_logits.max():.1f} ≤ √D · max|γ_q| · max|γ_k| = {bound:.1f}"
+)
+assert qk["none"]["logits"][-1] > 5 * qk["head"]["logits"][-1]  # logits grow without QK-norm
+assert qk["none"]["logits"][-1] > 10 * qk["none"]["logits"][0]
+assert final_logits.max() <= bound * (1 + 1e-4)  # with it, they are capped by the gains
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+for j, (name, label) in enumerate([("none", "no QK-norm"), ("head", "QK-norm")]):
+    axes[0].semilogy(qk[name]["logits"], color=PALETTE[j], label=label)
+    axes[1].plot(
+        np.arange(smooth, QK_STEPS + 1), smoothed(qk[name]["loss"]), color=PALETTE[j], label=label
+    )
+axes[0].set(
+    xlabel="step",
+    ylabel="max |q·k| / √D over layers and heads",
+    title="Attention logits during training",
+)
+axes[1].set(
+    xlabel="step",
+    ylabel="training loss (10-step mean)",
+    title=f"Loss at peak learning rate {QK_LR:g}",
+)
+axes[0].set_yticks([1, 2, 5, 10, 20, 50], ["1", "2", "5", "10", "20", "50"])
+axes[0].yaxis.set_minor_formatter(NullFormatter())
+axes[0].legend()
+axes[1].legend()
+plt.show()
+
+# %% [markdown]
+# Without QK-norm the largest logit climbs by more than an order of magnitude in 100 steps;
+# with it, the logits stay where the norm and its gains put them. At this size and in fp32
+# the loss curves stay close, and we saw no loss spike to attribute to the logits: the
+# instability that QK-norm prevents appears at larger scale, in low precision, and over
+# longer runs {cite}`wortsman2023small`. What the small run does show is the mechanism
+# (unbounded logits) and the cap. The cap has a price: a head can no longer make its
+# attention arbitrarily sharp by growing $q$ and $k$, only through the gains.
+#
+# ## Summary
+#
+# - The residual stream is a bus that every sublayer reads through a norm and writes into
+#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, roughly as
+#   a power of depth (exponent printed above, steeper than $\sqrt\ell$, because deep
+#   layers write bigger updates partly along the stream); the first token carries massive
+#   activations fifty times larger.
+# - LayerNorm removes the mean and the scale, RMSNorm only the scale: two reductions
+#   against one, counted above. The mean subtraction folds into the next linear layer
+#   exactly, and on SmolLM2's stream $\sigma$ and the RMS differ by under 1%.
+# - Post-LN puts a norm on the identity path. Our 8-layer model with Post-LN and no warmup
+#   collapses (every token's vector the same) and stays at the letter-frequency loss;
+#   with warmup it trains, and Pre-LN, sandwich and post-branch train either way. At
+#   initialisation Post-LN's last-layer gradient does not shrink with depth (Pre-LN's does),
+#   and the identity share of its Jacobian decays through the stack (Pre-LN's stays 1).
+# - Scaling the residual writes by $1/\sqrt{2L}$ (GPT-2) or the sandwich output gains by
+#   $1/\sqrt L$ (Trinity) makes the stream's norm at initialisation independent of depth.
+# - Without QK-norm, attention logits grow fast at a high learning rate; with it they are
+#   bounded by $\sqrt D$ times the learned gains.
+#
+# ## Exercises
+#
+# 1. Rerun the placement experiment with `FULL = True` (four seeds) or with one other seed.
+#    Which conclusions hold on every seed, and which depend on it?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# While writing the chapter, Post-LN without warmup was the worst run on every seed, but on
+# one seed of four it escaped the collapse late and ended only 0.1 nats above Pre-LN. The
+# collapse is an attractor that a run can leave; the claim is about how reliably it leaves.
+# ```
+#
+# 2. Train the Post-LN model without warmup at a lower peak learning rate
+#    ($3\cdot10^{-3}$). Does it still need the warmup? What does that say about how to
+#    read "Post-LN needs warmup"?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Change `LR` before the training cell. At $3\cdot10^{-3}$, in our runs, Post-LN without
+# warmup trained as well as Pre-LN (about 2.77 nats) and warmup changed almost nothing, but
+# every run ended above the $8\cdot10^{-3}$ runs with warmup. Warmup buys a larger usable
+# peak learning rate.
+# ```
+#
+# 3. Train the Post-LN model with `depth_scaled=True` (small initial writes) and no
+#    warmup, on a few seeds. Measure the Jacobian trace at initialisation first: what do
+#    you expect, and does training follow?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# With small writes, $x + f(x) \approx x$ at initialisation, so each LayerNorm divides by
+# about 1 and the identity share of the Jacobian stays close to 1: at step 0 Post-LN
+# behaves like Pre-LN. But large early steps make the writes large within a few steps, and
+# in our runs the protection helped on some seeds and not on others. Admin
+# {cite}`liu2020understanding` keeps the residual branch small relative to the identity
+# with a fixed per-layer scale instead of relying on the initial weights.
+# ```
+#
+# 4. Convert a trained LayerNorm model into an RMSNorm model: centre the embedding rows and
+#    every residual write (`residual_write_weights`, and their biases) so that the stream
+#    has mean zero, untie the output layer, and swap every LayerNorm for an RMSNorm with
+#    the shift folded into the next layer's bias. How close are the logits?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# If every write into the stream has mean zero, so does the stream, $\mu = 0$ in every
+# norm, and LayerNorm equals RMSNorm exactly (same $\epsilon$). The output layer reads the
+# final norm's output, so it needs only the shift folded; tied weights would change the
+# embedding too, hence the untying.
+# ```
+#
+# 5. In the QK-norm run, plot the largest gain $\max|\gamma_q|\cdot\max|\gamma_k|$ of each
+#    layer over training. Is the bound $\sqrt D\,\gamma_q\gamma_k$ tight?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# Record the gains inside `loss_fn` (e.g. every 10 steps). AdamW moves each gain by about
+# the learning rate per step and does not decay it (`make_adamw` decays only matrices), so
+# the gains and with them the cap can grow over a long run, but only about linearly in the
+# number of steps. The bound is reached only when a query and a key point the same way
+# and line up with the largest gains; compare it with the measured maximum.
+# ```
