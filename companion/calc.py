@@ -20,7 +20,7 @@ Conventions, each a choice the published figures force or the chapter argues for
   :attr:`ParamCount.active_without_embeddings`.
 - **DeepSeek-V3's selection bias** (one number per routed expert, moved by a balancing rule,
   not by gradients) is stored in the checkpoint and counted in ``total``; it is the only
-  part of :attr:`ParamCount.frozen`, which ``trainable`` leaves out.
+  part of ``ParamCount.frozen``, which ``trainable`` leaves out.
 - **Cache** sizes count what decoding must keep per sequence: K and V of every position for
   full attention, of the last w positions for sliding layers, one latent and one RoPE key per
   position for MLA (the absorbed form needs nothing else), and a fixed state for Gated
@@ -67,7 +67,7 @@ _NORMS_PER_LAYER = {"pre": 2, "post": 2, "sandwich": 4, "post_branch": 2}
 class ParamCount:
     """Parameter counts of a config: totals, per component, and what one token uses.
 
-    ``breakdown`` and ``active_breakdown`` map each of :data:`COMPONENTS` to a count
+    ``breakdown`` and ``active_breakdown`` map each of ``COMPONENTS`` to a count
     (0 where the model has none); they sum to ``total`` and ``active``.
     """
 

@@ -130,12 +130,12 @@ class ModelConfig:
 
     @property
     def qk_head_dim(self) -> int:
-        """The width of one head's query and key: D, or nope + rope under MLA."""
+        """The width of one head's query and key (D, or nope + rope under MLA)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     @property
     def rope_dim(self) -> int:
-        """The channels per head that RoPE's tables are built for (MLA: the RoPE part)."""
+        """The channels per head that RoPE's tables are built for (under MLA, the RoPE part)."""
         return self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     @property
@@ -159,7 +159,7 @@ class ModelConfig:
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
-        """The token mixer of each layer: ``"full"``, ``"sliding"`` or ``"linear"``."""
+        """The token mixer of each layer, ``"full"``, ``"sliding"`` or ``"linear"``."""
         if self.layer_types is not None:
             return tuple(self.layer_types)
         return ("sliding" if self.sliding_window else "full",) * self.n_layers

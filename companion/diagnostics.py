@@ -10,7 +10,7 @@ use forward hooks and leave the model unchanged.
   block 0 and after each block, ``L + 1`` states.
 - :func:`block_grad_norms`: the gradient norm of each block's parameters for one batch.
 - :func:`identity_path_jacobian`: ‖∂x_L/∂x_ℓ‖ and its trace per layer, from random probes.
-- :func:`attention_logit_max` and :class:`AttentionLogitTracker`: the largest |q·k|·scale
+- :func:`attention_logit_max` and :class:`AttentionLogitTracker`: the largest ``|q·k|·scale``
   of each layer, once or at every forward pass during training.
 - :func:`token_cosine` and :class:`StreamTracker`: how alike the tokens' stream vectors
   are (1: collapsed), e.g. at every training step.
@@ -121,8 +121,8 @@ def block_grad_norms(
 class IdentityPath(NamedTuple):
     """What :func:`identity_path_jacobian` measures, one entry per block input (and x_L)."""
 
-    norm: Tensor  # ‖J_ℓ‖_F / √n: how strongly x_L depends on x_ℓ at all
-    trace: Tensor  # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
+    norm: torch.Tensor  # ‖J_ℓ‖_F / √n: how strongly x_L depends on x_ℓ at all
+    trace: torch.Tensor  # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
 
 
 def identity_path_jacobian(
@@ -164,7 +164,7 @@ def identity_path_jacobian(
 
 
 def _logit_max(attn: nn.Module, x: Tensor, kwargs: dict) -> Tensor:
-    """max |q·k|·scale over heads and the positions a query may see, for one attention call."""
+    """max ``|q·k|·scale`` over heads and the positions a query may see, for one attention call."""
     q, k, _, _ = attn.project(x, kwargs.get("context"))  # (B, H, T, D), (B, H_kv, S, D)
     rope = kwargs.get("rope")
     if rope is not None:
@@ -220,12 +220,12 @@ class AttentionLogitTracker:
 
     @property
     def history(self) -> Tensor:
-        """``(calls, L)``: the max |logit| of each layer at each recorded forward pass."""
+        """``(calls, L)``: the max ``|logit|`` of each layer at each recorded forward pass."""
         return torch.tensor(self._rows).reshape(-1, len(self.attns))
 
 
 def attention_logit_max(model: nn.Module, input_ids: Tensor) -> Tensor:
-    """Each layer's largest |q·k|·scale over heads and visible positions, ``(L,)``."""
+    """Each layer's largest ``|q·k|·scale`` over heads and visible positions, ``(L,)``."""
     with torch.no_grad(), AttentionLogitTracker(model) as tracker:
         model(input_ids)
     return tracker.history[-1]
@@ -312,6 +312,6 @@ REDUCTIONS = frozenset(
 
 
 def count_reductions(fn: Callable[..., object], *args: object, **kwargs: object) -> int:
-    """The number of reduction operators (:data:`REDUCTIONS`) that ``fn(*args)`` runs."""
+    """The number of reduction operators (``REDUCTIONS``) that ``fn(*args)`` runs."""
     counts = count_aten_ops(fn, *args, **kwargs)
     return sum(n for op, n in counts.items() if op in REDUCTIONS)

@@ -12,17 +12,12 @@ L2-normalises q and k (inside the op); sets ``β = σ(b)`` and the log-decay
 Parameters (names and shapes equal transformers' ``Qwen3NextGatedDeltaNet``, so its state
 dict loads unchanged; PyTorch ``Linear`` weights are ``(out, in)``):
 
-========================  ===========================  ======================================
-name                      shape                        count
-========================  ===========================  ======================================
-``in_proj_qkvz.weight``   ``(2·H_k·D_k + 2·H·D_v, d)``  d·(2·H_k·D_k + 2·H·D_v)
-``in_proj_ba.weight``     ``(2·H, d)``                  d·2·H
-``conv1d.weight``         ``(C_conv, 1, K)``            C_conv·K (no bias)
-``dt_bias``               ``(H,)``                      H
-``A_log``                 ``(H,)``                      H
-``norm.weight``           ``(D_v,)``                    D_v (shared by all heads)
-``out_proj.weight``       ``(d, H·D_v)``                H·D_v·d
-========================  ===========================  ======================================
+* ``in_proj_qkvz.weight`` ``(2·H_k·D_k + 2·H·D_v, d)``
+* ``in_proj_ba.weight`` ``(2·H, d)``
+* ``conv1d.weight`` ``(C_conv, 1, K)`` (no bias)
+* ``dt_bias`` ``(H,)`` and ``A_log`` ``(H,)``
+* ``norm.weight`` ``(D_v,)``, shared by all heads
+* ``out_proj.weight`` ``(d, H·D_v)``
 
 The fused projections are grouped by key head, as in the released checkpoints: for key head
 h, ``in_proj_qkvz`` gives ``[q_h (D_k), k_h (D_k), v of its r value heads (r·D_v), z of them
@@ -96,7 +91,8 @@ class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer (Yang et al., 2024; Qwen3-Next): ``(B, T, d) -> (B, T, d)``.
 
     ``impl`` picks the op for every call, one-token decode steps included: ``"chunk"``
-    (:func:`chunk_gated_delta_rule`) or ``"recurrent"`` (the token loop reference).
+    (:func:`~companion.linear_attention.chunk_gated_delta_rule`) or ``"recurrent"`` (the
+    token loop reference).
     """
 
     def __init__(

@@ -177,7 +177,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     @property
     def qk_head_dim(self) -> int:
-        """Dn + R: the width of one head's query and key in the naive form."""
+        """The width of one head's query and key in the naive form, Dn + R."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     def up_weights(self) -> tuple[Tensor, Tensor]:

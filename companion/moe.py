@@ -67,9 +67,9 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 class Routing(NamedTuple):
     """One routing decision: ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``."""
 
-    weights: Tensor
-    indices: Tensor
-    scores: Tensor
+    weights: torch.Tensor
+    indices: torch.Tensor
+    scores: torch.Tensor
 
 
 class TopKRouter(nn.Module):

@@ -3,7 +3,7 @@
 Every table is measured in one process, on one machine, one row after another, so read the
 *ratios*, not the absolute numbers: those depend on the hardware, the PyTorch build and what
 else is running. Each benchmark is one module of this package (``attention`` for chapter
-02, ``decode`` for chapter 08, ...) exposing ``add_parser(subparsers)``; :data:`BENCHMARKS`
+02, ``decode`` for chapter 08, ...) exposing ``add_parser(subparsers)``; ``BENCHMARKS``
 lists them in the order ``make bench`` runs them.
 """
 

@@ -71,7 +71,7 @@ def bench_moe(
 ) -> list[dict[str, float]]:
     """One row per token count: ``{"tokens", "<impl>_ms", "max_abs_diff"}``.
 
-    ``<impl>`` is each of :data:`IMPLS` (transformers' rows are NaN when it is not
+    ``<impl>`` is each of ``IMPLS`` (transformers' rows are NaN when it is not
     installed); ``max_abs_diff`` compares our grouped output with transformers' eager one.
     """
     device = device or torch.device("cpu")
