@@ -1,13 +1,16 @@
 """Greedy decoding with real weights (chapter 08): ``python -m companion.bench decode``.
 
-Generates greedily with the real SmolLM2-135M-Instruct weights (batch 1, fp32, CPU) through
-``companion`` and through transformers' ``generate`` on the same weights, alternating the
-two, and reports tokens/s, their ratio, and the fraction of the memory-bandwidth bound:
-decoding one token reads every weight once, so it cannot beat ``copy bandwidth / weight
-bytes`` tokens/s, where the copy bandwidth is the memory traffic (bytes read plus bytes
-written) per second of a large ``Tensor.copy_`` in the same run. The table also gives the
-*matmul floor* (:func:`matmul_floor`): the time of the weights' matrix-vector products
-alone, which bounds every implementation from below on this machine.
+Generates greedily with the real SmolLM2-135M-Instruct weights (batch 1, fp32, CPU) three
+ways, alternating them: ``companion``'s reference cached decoding (``DecoderLM.generate``),
+its fixed-shape step compiled with ``torch.compile``
+(:class:`~companion.static_decode.StaticDecoder`; ``--no-compile`` runs it eagerly), and
+transformers' ``generate`` on the same weights. It reports tokens/s, the ratios, and the
+fraction of the memory-bandwidth bound: decoding one token reads every weight once, so it
+cannot beat ``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the
+memory traffic (bytes read plus bytes written) per second of a large ``Tensor.copy_`` in
+the same run. The table also gives the *matmul floor* (:func:`matmul_floor`): the time of
+the weights' matrix-vector products alone, which bounds every implementation from below
+on this machine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 
 import torch
 
+from ..static_decode import StaticDecoder
 from .common import median_seconds, positive_int
 
 __all__ = ["add_parser", "bench_decode", "copy_bandwidth", "format_decode", "matmul_floor"]
@@ -53,16 +57,22 @@ def bench_decode(
     input_ids: torch.Tensor,
     new_tokens: int,
     repeats: int,
+    static: StaticDecoder | None = None,
 ) -> dict[str, float]:
     """Greedy decoding speed of ``model.generate`` and ``reference.generate`` (transformers),
-    alternated ``repeats`` times; medians, plus how many leading tokens both agree on."""
-    ours, theirs = [], []
-    out_ours = out_theirs = None
+    and of ``static.generate`` if given, alternated ``repeats`` times; medians, plus how many
+    leading tokens agree. The first round (warm-up, compilation) is not counted."""
+    ours, theirs, fixed = [], [], []
+    out_ours = out_theirs = out_fixed = None
     reference.generation_config.eos_token_id = None  # both run the full length, no early stop
     for _ in range(repeats + 1):  # the first round warms both up and is not counted
         start = time.perf_counter()
         out_ours = model.generate(input_ids, new_tokens)
         ours.append(time.perf_counter() - start)
+        if static is not None:
+            start = time.perf_counter()
+            out_fixed = static.generate(input_ids, new_tokens)
+            fixed.append(time.perf_counter() - start)
         start = time.perf_counter()
         with torch.no_grad():
             out_theirs = reference.generate(input_ids, max_new_tokens=new_tokens, do_sample=False)
@@ -72,7 +82,16 @@ def bench_decode(
     ours_tps = new_tokens / statistics.median(ours[1:])
     theirs_tps = new_tokens / statistics.median(theirs[1:])
     bound = bandwidth / weight_bytes
-    return {
+    extra = {}
+    if static is not None:
+        fixed_tps = new_tokens / statistics.median(fixed[1:])
+        extra = {
+            "static_tps": fixed_tps,
+            "static_ratio": fixed_tps / theirs_tps,
+            "static_of_bound": fixed_tps / bound,
+            "static_agreeing_tokens": float(_agreeing(out_fixed, out_ours, input_ids.shape[1])),
+        }
+    return extra | {
         "companion_tps": ours_tps,
         "transformers_tps": theirs_tps,
         "ratio": ours_tps / theirs_tps,
@@ -95,12 +114,26 @@ def _agreeing(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
 
 def format_decode(r: dict[str, float]) -> str:
     """The decode results as a small table."""
+    static = []
+    if "static_tps" in r:
+        static = [
+            f"{'static step':<14}{r['static_tps']:>10.1f}{r['static_of_bound']:>10.0%}"
+            f"   (StaticDecoder, compile={bool(r.get('static_compiled', 0))})",
+        ]
+    ratios = [f"ratio companion/transformers: {r['ratio']:.2f}x"]
+    if "static_tps" in r:
+        ratios.append(
+            f"ratio static step/transformers: {r['static_ratio']:.2f}x (its greedy tokens equal "
+            f"companion's for the first {int(r['static_agreeing_tokens'])} of "
+            f"{int(r['new_tokens'])})"
+        )
     return "\n".join(
         [
             f"{'':<14}{'tokens/s':>10}{'of bound':>10}",
             f"{'companion':<14}{r['companion_tps']:>10.1f}{r['companion_of_bound']:>10.0%}",
+            *static,
             f"{'transformers':<14}{r['transformers_tps']:>10.1f}{r['transformers_of_bound']:>10.0%}",
-            f"ratio companion/transformers: {r['ratio']:.2f}x",
+            *ratios,
             f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
             f"weights = {r['bound_tps']:.1f} tokens/s",
             f"matmul floor: the same weights' matrix-vector products alone run at "
@@ -132,7 +165,9 @@ def _decode_command(args: argparse.Namespace) -> None:
         f"{args.new_tokens} new tokens, median of {args.repeats} (torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads)"
     )
-    print(format_decode(bench_decode(model, reference, ids, args.new_tokens, args.repeats)))
+    static = StaticDecoder(model, compile=not args.no_compile)
+    r = bench_decode(model, reference, ids, args.new_tokens, args.repeats, static)
+    print(format_decode(r | {"static_compiled": float(not args.no_compile)}))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -141,4 +176,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=positive_int, default=128)
     p.add_argument("--repeats", type=positive_int, default=3, help="timed rounds per side")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--no-compile", action="store_true", help="run the static step eagerly (no torch.compile)"
+    )
     p.set_defaults(run=_decode_command)

@@ -1,0 +1,156 @@
+"""A static-shape decode step: the fast path beside :class:`~companion.model.DecoderLM`'s
+cached forward (chapter 08).
+
+Shape legend: B batch, S cache capacity (prompt + new tokens), d model width, H query heads,
+H_kv key/value heads, D head width, V vocabulary.
+
+``DecoderLM.forward`` with a :class:`~companion.model.DecodeCache` is the reference: readable,
+and general (every family, window and cache kind). Its shapes change at every step (the
+cache grows by one key), so each step is ~1,500 small eager operations between the matrix
+products, and on a CPU those cost as much time as the products themselves. Here every step
+has the *same* shapes: the keys are read from the whole preallocated cache through a mask,
+the new position is a tensor, and the RoPE tables are built once. ``compile=True`` (opt-in)
+then lets ``torch.compile`` turn one step into a single graph whose small operations are
+fused. The prompt is still read by the reference in one batched forward (prefill); only
+the one-token steps take this path, writing into the same cache buffers.
+
+It covers the dense pre-norm RoPE decoder of the Llama family (SmolLM2, Llama, Mistral
+without a window, Qwen2-style biases): configurations outside that raise an error that
+names the field. Tests check it against the reference, token for token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .model import DecoderLM
+from .rope import rope_cos_sin, rope_frequencies
+
+__all__ = ["StaticDecoder", "unsupported_fields"]
+
+
+def unsupported_fields(model: DecoderLM) -> list[str]:
+    """The config fields (with their values) the static step cannot express; [] if none."""
+    cfg = model.cfg
+    wanted = {
+        "position": "rope",
+        "norm": "rmsnorm",
+        "norm_offset": 0.0,
+        "norm_placement": "pre",
+        "ffn": "glu",
+        "activation": "silu",
+        "qk_norm": "none",
+        "rope_layout": "half",
+        "partial_rotary_factor": 1.0,
+        "fused_qkv": True,
+        "scale_embeddings": False,
+        "n_experts": 0,
+        "kv_lora_rank": 0,
+        "attn_sinks": False,
+        "attn_output_gate": False,
+        "rope_local_theta": None,
+        "nope_layers": (),
+    }
+    bad = [f"{k}={getattr(cfg, k)!r}" for k, v in wanted.items() if getattr(cfg, k) != v]
+    if set(cfg.layer_kinds) != {"full"}:
+        bad.append(f"layer_types={cfg.layer_kinds!r} (only full attention)")
+    return bad
+
+
+class StaticDecoder:
+    """Greedy decoding of a :class:`~companion.model.DecoderLM` with a fixed-shape step
+    (optionally compiled).
+
+    ``generate`` matches ``model.generate(ids, n)`` token for token (greedy, no EOS stop).
+    """
+
+    def __init__(self, model: DecoderLM, compile: bool = False) -> None:
+        bad = unsupported_fields(model)
+        if bad:
+            raise ValueError(
+                f"StaticDecoder covers dense pre-norm RoPE decoders; this config has {bad}. "
+                "Use model.generate instead."
+            )
+        self.model = model
+        cfg = model.cfg
+        self.h, self.h_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.scale = cfg.attn_scale
+        self.eps = cfg.norm_eps
+        self._step = torch.compile(self._step_eager, dynamic=False) if compile else None
+
+    def _tables(self, max_len: int) -> tuple[Tensor, Tensor]:
+        """cos and sin for positions 0..S-1, already doubled to the head width: (S, D)."""
+        cfg = self.model.cfg
+        inv, scale = rope_frequencies(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, 1.0, cfg.max_seq_len, seq_len=max_len
+        )
+        cos, sin = rope_cos_sin(torch.arange(max_len, device=inv.device), inv, scale)
+        dev = self.model.tok_emb.weight.device
+        return torch.cat([cos, cos], -1).to(dev), torch.cat([sin, sin], -1).to(dev)
+
+    @staticmethod
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def _step_eager(
+        self,
+        ids: Tensor,
+        pos: Tensor,
+        keys: list[Tensor],
+        values: list[Tensor],
+        cos: Tensor,
+        sin: Tensor,
+    ) -> Tensor:
+        """One token per sequence at position ``pos`` (a 1-element tensor): logits (B, V).
+        Writes its keys and values into ``keys``/``values`` (each (B, H_kv, S, D)) in place."""
+        m = self.model
+        b, h, h_kv, dh = ids.shape[0], self.h, self.h_kv, self.d_head
+        x = m.tok_emb(ids)  # (B, 1, d)
+        c, s = cos.index_select(0, pos), sin.index_select(0, pos)  # (1, D)
+        visible = (torch.arange(keys[0].shape[2], device=ids.device) <= pos)[None]  # (1, S)
+        for block, k_cache, v_cache in zip(m.blocks, keys, values, strict=True):
+            attn, ffn = block.attn, block.ffn
+            hid = F.rms_norm(x, x.shape[-1:], block.attn_norm.weight, self.eps)
+            q, k, v = attn.qkv(hid).split([h * dh, h_kv * dh, h_kv * dh], dim=-1)
+            q = self._rotate(q.view(b, 1, h, dh).transpose(1, 2), c, s)  # (B, H, 1, D)
+            k = self._rotate(k.view(b, 1, h_kv, dh).transpose(1, 2), c, s)
+            k_cache.index_copy_(2, pos, k)
+            v_cache.index_copy_(2, pos, v.view(b, 1, h_kv, dh).transpose(1, 2))
+            o = F.scaled_dot_product_attention(
+                q, k_cache, v_cache, attn_mask=visible, scale=self.scale, enable_gqa=h != h_kv
+            )
+            x = x + attn.out_proj(o.transpose(1, 2).reshape(b, 1, h * dh))
+            hid = F.rms_norm(x, x.shape[-1:], block.ffn_norm.weight, self.eps)
+            x = x + ffn.down(F.silu(ffn.gate(hid)) * ffn.up(hid))
+        x = F.rms_norm(x, x.shape[-1:], m.final_norm.weight, self.eps)
+        return m.lm_head(x)[:, -1]  # (B, V)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int) -> Tensor:
+        """Prompt plus ``max_new_tokens`` greedy ids ``(B, T + new)``: a batched prefill
+        through the reference, then one fixed-shape step per token."""
+        m = self.model
+        m.check_input_ids(input_ids)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        total = input_ids.shape[1] + max_new_tokens
+        if total > m.cfg.max_seq_len:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceed "
+                f"max_seq_len={m.cfg.max_seq_len}"
+            )
+        cache = m.new_cache(input_ids.shape[0], total)
+        logits = m(input_ids, cache=cache, last_only=True)[:, -1]  # prefill
+        keys = [layer.k for layer in cache.layers]
+        values = [layer.v for layer in cache.layers]
+        cos, sin = self._tables(total)
+        step = self._step or self._step_eager
+        out = [input_ids, logits.argmax(-1, keepdim=True)]
+        for p in range(input_ids.shape[1], total - 1):
+            pos = torch.tensor([p], device=input_ids.device)
+            logits = step(out[-1], pos, keys, values, cos, sin)
+            out.append(logits.argmax(-1, keepdim=True).to(input_ids.dtype))
+        return torch.cat(out, dim=1)
