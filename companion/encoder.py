@@ -14,6 +14,7 @@ absolute (learned, sinusoidal or none).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,6 +25,7 @@ from .block import TransformerBlock
 from .config import ModelConfig, check_token_ids
 from .ffn import ACTIVATIONS
 from .masks import padding_mask
+from .model import normal_init
 from .norms import build_norm
 from .positions import LearnedPositions, SinusoidalPositions
 
@@ -91,13 +93,7 @@ class Encoder(nn.Module):
             else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
         )
         self.mlm_head = MLMHead(cfg, self.tok_emb) if mlm_head else None
-        self.apply(self._init_weights)
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=self.cfg.init_std)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
+        self.apply(functools.partial(normal_init, std=cfg.init_std))
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameters, tied weights once; optionally without the three embedding tables."""

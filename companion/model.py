@@ -9,6 +9,7 @@ is read in one batched forward (prefill), then each new token costs one small st
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,7 +26,16 @@ from .norms import build_norm
 from .positions import LearnedPositions, SinusoidalPositions
 from .rope import rope_cos_sin, rope_frequencies
 
-__all__ = ["DecodeCache", "DecoderLM", "sample_next"]
+__all__ = ["DecodeCache", "DecoderLM", "normal_init", "sample_next"]
+
+
+def normal_init(m: nn.Module, std: float) -> None:
+    """GPT-2's initialisation of one module: N(0, std) weights for linear layers and
+    embeddings, zero biases. Use as ``model.apply(partial(normal_init, std=...))``."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=std)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
 
 
 class DecodeCache(nn.Module):
@@ -68,16 +78,10 @@ class DecoderLM(nn.Module):
         self._block_masks: dict[tuple, BlockMask] = {}  # FlexAttention masks, by shape
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.apply(self._init_weights)
+        self.apply(functools.partial(normal_init, std=cfg.init_std))
         for name, p in self.named_parameters():  # scale the residual writes by depth (GPT-2)
             if name.endswith(("out_proj.weight", "down.weight")):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
-
-    def _init_weights(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=self.cfg.init_std)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameters, counting tied weights once; optionally without the embedding tables."""

@@ -14,9 +14,9 @@ then lets ``torch.compile`` turn one step into a single graph whose small operat
 fused. The prompt is still read by the reference in one batched forward (prefill); only
 the one-token steps take this path, writing into the same cache buffers.
 
-It covers the dense pre-norm RoPE decoder of the Llama family (SmolLM2, Llama, Mistral
-without a window, Qwen2-style biases): configurations outside that raise an error that
-names the field. Tests check it against the reference, token for token.
+It covers dense pre-norm RoPE decoders with full attention (SmolLM2, Llama, Mistral
+without a window, Qwen3's QK-norm, Qwen2-style biases): configurations outside that raise
+an error that names the field. Tests check it against the reference, token for token.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .model import DecoderLM
-from .rope import rope_cos_sin, rope_frequencies
+from .rope import apply_rope
 
 __all__ = ["StaticDecoder", "unsupported_fields"]
 
@@ -36,15 +36,7 @@ def unsupported_fields(model: DecoderLM) -> list[str]:
     cfg = model.cfg
     wanted = {
         "position": "rope",
-        "norm": "rmsnorm",
-        "norm_offset": 0.0,
         "norm_placement": "pre",
-        "ffn": "glu",
-        "activation": "silu",
-        "qk_norm": "none",
-        "rope_layout": "half",
-        "partial_rotary_factor": 1.0,
-        "fused_qkv": True,
         "scale_embeddings": False,
         "n_experts": 0,
         "kv_lora_rank": 0,
@@ -64,6 +56,8 @@ class StaticDecoder:
     (optionally compiled).
 
     ``generate`` matches ``model.generate(ids, n)`` token for token (greedy, no EOS stop).
+    The step calls the model's own modules (norms, q/k/v projection, FFN); only the cache
+    handling differs from the reference.
     """
 
     def __init__(self, model: DecoderLM, compile: bool = False) -> None:
@@ -74,26 +68,7 @@ class StaticDecoder:
                 "Use model.generate instead."
             )
         self.model = model
-        cfg = model.cfg
-        self.h, self.h_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.scale = cfg.attn_scale
-        self.eps = cfg.norm_eps
         self._step = torch.compile(self._step_eager, dynamic=False) if compile else None
-
-    def _tables(self, max_len: int) -> tuple[Tensor, Tensor]:
-        """cos and sin for positions 0..S-1, already doubled to the head width: (S, D)."""
-        cfg = self.model.cfg
-        inv, scale = rope_frequencies(
-            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, 1.0, cfg.max_seq_len, seq_len=max_len
-        )
-        cos, sin = rope_cos_sin(torch.arange(max_len, device=inv.device), inv, scale)
-        dev = self.model.tok_emb.weight.device
-        return torch.cat([cos, cos], -1).to(dev), torch.cat([sin, sin], -1).to(dev)
-
-    @staticmethod
-    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     def _step_eager(
         self,
@@ -105,28 +80,29 @@ class StaticDecoder:
         sin: Tensor,
     ) -> Tensor:
         """One token per sequence at position ``pos`` (a 1-element tensor): logits (B, V).
-        Writes its keys and values into ``keys``/``values`` (each (B, H_kv, S, D)) in place."""
+        ``cos``/``sin`` are the RoPE tables of all S positions; the new keys and values are
+        written into ``keys``/``values`` (each (B, H_kv, S, D)) in place."""
         m = self.model
-        b, h, h_kv, dh = ids.shape[0], self.h, self.h_kv, self.d_head
         x = m.tok_emb(ids)  # (B, 1, d)
-        c, s = cos.index_select(0, pos), sin.index_select(0, pos)  # (1, D)
+        rope = cos.index_select(0, pos), sin.index_select(0, pos)  # (1, F) each
         visible = (torch.arange(keys[0].shape[2], device=ids.device) <= pos)[None]  # (1, S)
         for block, k_cache, v_cache in zip(m.blocks, keys, values, strict=True):
-            attn, ffn = block.attn, block.ffn
-            hid = F.rms_norm(x, x.shape[-1:], block.attn_norm.weight, self.eps)
-            q, k, v = attn.qkv(hid).split([h * dh, h_kv * dh, h_kv * dh], dim=-1)
-            q = self._rotate(q.view(b, 1, h, dh).transpose(1, 2), c, s)  # (B, H, 1, D)
-            k = self._rotate(k.view(b, 1, h_kv, dh).transpose(1, 2), c, s)
-            k_cache.index_copy_(2, pos, k)
-            v_cache.index_copy_(2, pos, v.view(b, 1, h_kv, dh).transpose(1, 2))
+            attn = block.attn
+            q, k, v, _ = attn.project(block.attn_norm(x))  # (B, H, 1, D), (B, H_kv, 1, D)
+            q = apply_rope(q, *rope, layout=attn.rope_layout)
+            k_cache.index_copy_(2, pos, apply_rope(k, *rope, layout=attn.rope_layout))
+            v_cache.index_copy_(2, pos, v)
             o = F.scaled_dot_product_attention(
-                q, k_cache, v_cache, attn_mask=visible, scale=self.scale, enable_gqa=h != h_kv
+                q,
+                k_cache,
+                v_cache,
+                attn_mask=visible,
+                scale=attn.scale,
+                enable_gqa=attn.n_heads != attn.n_kv_heads,
             )
-            x = x + attn.out_proj(o.transpose(1, 2).reshape(b, 1, h * dh))
-            hid = F.rms_norm(x, x.shape[-1:], block.ffn_norm.weight, self.eps)
-            x = x + ffn.down(F.silu(ffn.gate(hid)) * ffn.up(hid))
-        x = F.rms_norm(x, x.shape[-1:], m.final_norm.weight, self.eps)
-        return m.lm_head(x)[:, -1]  # (B, V)
+            x = x + attn.out_proj(o.transpose(1, 2).reshape(x.shape[0], 1, -1))
+            x = x + block.ffn(block.ffn_norm(x))
+        return m.lm_head(m.final_norm(x))[:, -1]  # (B, V)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int) -> Tensor:
@@ -146,7 +122,7 @@ class StaticDecoder:
         logits = m(input_ids, cache=cache, last_only=True)[:, -1]  # prefill
         keys = [layer.k for layer in cache.layers]
         values = [layer.v for layer in cache.layers]
-        cos, sin = self._tables(total)
+        cos, sin = m.rope_tables(torch.arange(total, device=input_ids.device))["global"]
         step = self._step or self._step_eager
         out = [input_ids, logits.argmax(-1, keepdim=True)]
         for p in range(input_ids.shape[1], total - 1):

@@ -38,8 +38,13 @@ def _model(**changes: object) -> DecoderLM:
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"n_kv_heads": 6, "tie_embeddings": False}, {"qkv_bias": True, "attn_scale": 0.3}],
-    ids=["gqa", "mha-untied", "qkv-bias-scale"],
+    [
+        {},
+        {"n_kv_heads": 6, "tie_embeddings": False},
+        {"qkv_bias": True, "attn_scale": 0.3},
+        {"qk_norm": "head", "partial_rotary_factor": 0.5},
+    ],
+    ids=["gqa", "mha-untied", "qkv-bias-scale", "qk-norm-partial-rope"],
 )
 def test_static_step_generates_the_reference_tokens(changes):
     model = _model(**changes)
@@ -57,7 +62,7 @@ def test_static_step_logits_equal_the_cached_forward():
         model(ids[:, :5], cache=cache)
         keys = [layer.k for layer in cache.layers]
         values = [layer.v for layer in cache.layers]
-        cos, sin = static._tables(9)
+        cos, sin = model.rope_tables(torch.arange(9))["global"]
         full = model(ids)
         for p in range(5, 9):
             got = static._step_eager(ids[:, p : p + 1], torch.tensor([p]), keys, values, cos, sin)
@@ -66,11 +71,11 @@ def test_static_step_logits_equal_the_cached_forward():
 
 def test_unsupported_configs_are_named():
     assert unsupported_fields(_model()) == []
-    model = _model(qk_norm="head", sliding_window=4)
+    model = _model(attn_sinks=True, sliding_window=4)
     bad = unsupported_fields(model)
-    assert "qk_norm='head'" in bad
+    assert "attn_sinks=True" in bad
     assert any(b.startswith("layer_types=") for b in bad)
-    with pytest.raises(ValueError, match=r"qk_norm='head'.*Use model.generate"):
+    with pytest.raises(ValueError, match=r"attn_sinks=True.*Use model.generate"):
         StaticDecoder(model)
     with pytest.raises(ValueError, match="max_seq_len=40"):
         StaticDecoder(_model()).generate(torch.zeros(1, 30, dtype=torch.long), 11)
