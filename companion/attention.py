@@ -33,6 +33,7 @@ __all__ = [
     "attention",
     "check_qkv",
     "expand_kv",
+    "grouped_attention",
     "naive_attention",
     "sdpa_attention",
     "sink_as_key",
@@ -126,6 +127,29 @@ def naive_attention(
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ v, weights  # (B, H, T, Dv)
+
+
+def grouped_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, scale: float | None = None
+) -> Tensor:
+    """softmax(q kᵀ · scale) v for grouped heads, without repeating K/V (chapter 08).
+
+    The G = H / H_kv query heads that share a K/V head become G·T rows of one product:
+    q ``(B, H, T, D)`` is viewed as ``(B, H_kv, G·T, D)``, so each cached key and value is
+    read once per K/V head, not once per query head. This is why GQA speeds up decoding,
+    where reading the cache is the cost. ``mask`` must leave every query a visible key.
+    """
+    check_qkv(q, k, v, mask)
+    b, h, t, d = q.shape
+    h_kv, s = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows = q.reshape(b, h_kv, h // h_kv * t, d)  # head h = kv·G + g; row g·T + t
+    scores = (rows @ k.transpose(-2, -1) * scale).view(b, h, t, s)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    acc = torch.promote_types(scores.dtype, torch.float32)
+    weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)
+    return (weights.view(b, h_kv, -1, s) @ v).view(b, h, t, v.shape[-1])  # (B, H, T, Dv)
 
 
 def sdpa_attention(

@@ -225,3 +225,27 @@ def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="multiple of H_kv"):
         attention(q, torch.randn(2, 4, 13, 8), torch.randn(2, 4, 13, 8), impl=impl)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
+@pytest.mark.parametrize("t", [1, 4], ids=["decode", "T4"])
+def test_grouped_attention_equals_the_reference_without_repeating_kv(kv_heads, t):
+    from companion.attention import grouped_attention
+    from companion.masks import causal_mask
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, t, 8, generator=gen, requires_grad=True)
+    k = torch.randn(2, kv_heads, 11, 8, generator=gen, requires_grad=True)
+    v = torch.randn(2, kv_heads, 11, 5, generator=gen, requires_grad=True)
+    mask = causal_mask(t, 11) & (torch.rand(2, 1, 1, 11, generator=gen) > 0.3)
+    mask[..., 0] = True  # every query keeps a key
+    out = grouped_attention(q, k, v, mask=mask, scale=0.4)
+    want = naive_attention(q, k, v, mask=mask, scale=0.4)[0]
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v))
+    ref = torch.autograd.grad((want * g).sum(), (q, k, v))
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        grouped_attention(q, torch.randn(2, 4, 11, 8), torch.randn(2, 4, 11, 5))

@@ -82,7 +82,12 @@ def test_unsupported_configs_are_named():
 
 
 def test_compiled_static_step_generates_the_reference_tokens():
-    """The opt-in torch.compile path (one layer, to keep compilation to a few seconds)."""
+    """The opt-in torch.compile path (one layer, to keep compilation to a few seconds). A
+    second call with other shapes must not reuse the first graph: only the steps after a
+    call's first one skip the guard checks."""
     model = _model(n_layers=1)
-    ids = torch.randint(0, 61, (1, 5), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(StaticDecoder(model, compile=True).generate(ids, 6), model.generate(ids, 6))
+    gen = torch.Generator().manual_seed(1)
+    static = StaticDecoder(model, compile=True)
+    for batch, prompt, new in ((1, 5, 6), (2, 3, 4)):
+        ids = torch.randint(0, 61, (batch, prompt), generator=gen)
+        assert torch.equal(static.generate(ids, new), model.generate(ids, new))
