@@ -1,0 +1,873 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 8 · The KV cache: MQA, GQA and MLA
+#
+# In the 2017 Transformer every attention head had its own keys and values
+# {cite}`vaswani2017attention`. In Llama 3 eight key/value heads serve thirty-two query
+# heads {cite}`grattafiori2024llama`; in DeepSeek-V3 there are no per-head keys in memory at
+# all, only one 512-number summary of each token and one 64-number rotated key
+# {cite}`deepseekai2024deepseekv3`. None of these changes was made to model language
+# better. They were made because of what happens *after* training, when a model writes
+# its answer one token at a time and has to keep the keys and values of everything it has
+# read so far: the **KV cache**.
+#
+# This chapter follows that pressure from the bottom up. First why a cache at all: the same
+# tokens with it and without it, and linear instead of quadratic work. Then its size, from
+# one formula, for the released models in `companion.presets`. Then the less obvious
+# problem, which explains the rest of the chapter: not the bytes the cache *occupies* but
+# the bytes each decoding step must *read*, against the few FLOPs it does with them. The
+# answers in order: multi-query attention (MQA) {cite}`shazeer2019fast`, grouped-query
+# attention (GQA) {cite}`ainslie2023gqa`, and multi-head latent attention (MLA)
+# {cite}`deepseekai2024deepseekv2`, each run, compared with its reference, and measured in
+# bytes. At the end: the decode path that `companion` uses for speed.
+#
+# As everywhere in this book, every claim is an `assert` that runs in CI.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import dataclasses
+import inspect
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
+
+from companion.attention import expand_kv, grouped_attention, naive_attention
+from companion.bench.common import median_seconds
+from companion.calc import count_params, flops_per_token, kv_cache_bytes, kv_cache_bytes_per_token
+from companion.config import ModelConfig
+from companion.decode_cost import (
+    arithmetic_intensity,
+    attainable_flops,
+    attended_pairs,
+    decode_attention_bytes,
+    decode_attention_flops,
+    max_context_tokens,
+    projected_tokens,
+    ridge_point,
+)
+from companion.device import default_device, describe
+from companion.kv_cache import KVCache, position_mask
+from companion.mla import MultiHeadLatentAttention, bytes_per_token
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, loglog_fit, use_style
+from companion.presets import PRESETS, preset, spec_row
+from companion.rope import apply_rope, rope_cos_sin, rope_frequencies
+from companion.static_decode import StaticDecoder
+from companion.training import seed_everything
+
+FULL = False  # True: longer generations and caches (use a GPU for the timing section)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+seed_everything(0)
+# Every model here is tiny: one thread is nearly as fast as two on an idle 2-core machine,
+# and much faster when other programs share the cores.
+torch.set_num_threads(1)
+print(describe(DEVICE))
+
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+
+# %% [markdown]
+# ## Why cache at all
+#
+# A decoder writes one token, appends it to its input, and runs again. In a causal model
+# the keys and values of the earlier positions do not depend on anything that comes later,
+# so the second run recomputes, exactly, what the first one computed, plus one new
+# position. The cache keeps every layer's keys and values and feeds the model only the new
+# token: the prompt is read once in one batched pass (the *prefill*), then each step costs
+# one token's worth of projections and one row of attention.
+#
+# We check both halves of that on a small `DecoderLM` with random weights (two layers,
+# four query heads sharing two K/V heads, RoPE). A forward pre-hook on the first layer's
+# attention records, for every forward pass, how many tokens go through its projections
+# and how many (query, key) pairs its causal attention scores.
+
+# %%
+tiny_cfg = ModelConfig(
+    vocab_size=96,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=128,
+    ffn="glu",
+    activation="silu",
+    norm="rmsnorm",
+    position="rope",
+    bias=False,
+    max_seq_len=256,
+    tie_embeddings=False,
+    init_std=0.1,
+)
+seed_everything(0)
+tiny = DecoderLM(tiny_cfg).eval().to(DEVICE)
+PROMPT, NEW = 8, (192 if FULL else 48)
+prompt = torch.randint(0, tiny_cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+prompt = prompt.to(DEVICE)
+
+
+def generate_counting(model: DecoderLM, ids: torch.Tensor, new: int, use_cache: bool):
+    """Greedy generation; per forward pass, the tokens layer 0's attention projects and the
+    causal (query, key) pairs it scores, read by a pre-hook from its input and positions."""
+    passes = []
+
+    def hook(module, args, kwargs):
+        t = args[0].shape[1]
+        pos = kwargs.get("positions")
+        pos = torch.arange(t) if pos is None else pos.cpu()  # no cache: positions 0..T-1
+        passes.append((t, int((pos + 1).sum())))  # query at p sees keys 0..p
+
+    handle = model.blocks[0].attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        out = model.generate(ids, new, use_cache=use_cache)
+    finally:
+        handle.remove()
+    return out, np.array(passes)
+
+
+with_cache, work_cached = generate_counting(tiny, prompt, NEW, use_cache=True)
+without, work_recomputed = generate_counting(tiny, prompt, NEW, use_cache=False)
+print("first generated ids:", with_cache[0, PROMPT : PROMPT + 12].tolist())
+print(f"identical tokens with and without the cache: {torch.equal(with_cache, without)}")
+assert torch.equal(with_cache, without)
+
+# the cached logits are the full forward's logits, position by position
+with torch.no_grad():
+    full = tiny(with_cache)  # one pass over the whole sequence, no cache
+    cache = tiny.new_cache(1, with_cache.shape[1])
+    steps = [tiny(with_cache[:, :PROMPT], cache=cache)]
+    steps += [tiny(with_cache[:, t : t + 1], cache=cache) for t in range(PROMPT, with_cache.shape[1])]
+gap = (torch.cat(steps, dim=1) - full).abs().max().item()
+print(f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions < 1e-5: {gap < 1e-5}")
+assert gap < 1e-5
+
+for name, work, cached in (("cache", work_cached, True), ("recompute", work_recomputed, False)):
+    rows, pairs = work.sum(axis=0)
+    print(f"{name:<10} {len(work):>3} passes {rows:>6,} projected tokens {pairs:>7,} scored pairs")
+    assert rows == projected_tokens(PROMPT, NEW, cached=cached)
+    assert pairs == attended_pairs(PROMPT, NEW, cached=cached)
+assert projected_tokens(8, 48, cached=True) == 55 and projected_tokens(8, 48, cached=False) == 1512
+
+# %% [markdown]
+# The tokens are identical, and the logits agree to float32 rounding at every position. The
+# work does not: to write 48 tokens after an 8-token prompt, the model with a cache pushes
+# 55 tokens through each projection, the one without pushes 1,512 (every pass re-reads the
+# whole sequence). The counts are the ones `companion.decode_cost` predicts,
+# $P + n - 1$ against $\sum_{i<n}(P + i)$, and the scored pairs follow the same pattern one
+# power higher. Per step, recomputation costs a whole forward pass over the sequence so
+# far; the cache costs one token's projections and one row of attention.
+#
+# At a real model's size the same arithmetic comes from `companion.calc.flops_per_token`,
+# the forward FLOPs of one token that attends to $s$ keys (chapter 13 builds the
+# calculator). It is affine in $s$: a constant $2N$ for the weights it multiplies, plus
+# $4 L H D\, s$ for scores and weighted values. Summing it over the positions each step
+# must process gives the cost of generating $n$ tokens, here for Llama 3 8B.
+
+# %%
+llama3 = preset("llama3-8b")
+a = flops_per_token(llama3, 0)  # the weights: 2 FLOPs per active weight (head included)
+b = flops_per_token(llama3, 1) - a  # attention: 4·L·H·D per key
+assert b == 4 * llama3.n_layers * llama3.n_heads * llama3.head_dim
+assert all(flops_per_token(llama3, s) == a + b * s for s in (1, 1000, 8192))
+n = np.arange(1, (32768 if FULL else 8192) + 1, dtype=np.float64)  # sequence length per step
+step_cached = a + b * n  # the new token attends to n keys
+step_recomputed = a * n + b * n * (n + 1) / 2  # all n positions again, causal
+total_cached, total_recomputed = np.cumsum(step_cached), np.cumsum(step_recomputed)
+fit = n >= 1024
+slope_c, _ = loglog_fit(n[fit], total_cached[fit])
+slope_r, _ = loglog_fit(n[fit], total_recomputed[fit])
+ratio_8k = total_recomputed[8191] / total_cached[8191]
+print(f"FLOPs per token: {a / 1e9:.1f} GFLOP for the weights + {b / 1e3:.0f} kFLOP per cached key")
+print(f"generating 8,192 tokens: recompute {total_recomputed[8191]:.1e} FLOPs, "
+      f"cache {total_cached[8191]:.1e} FLOPs ({ratio_8k:,.0f}× fewer)")
+print(f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, cache {slope_c:.2f}")
+assert round(a / 1e9) == 15 and b == 524_288
+assert 1.9 < slope_r < 2.3 and 0.95 < slope_c < 1.3
+assert 3900 < ratio_8k < 4000
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+for j, (name, work) in enumerate((("recompute", work_recomputed), ("cache", work_cached))):
+    axes[0].plot(np.arange(1, len(work) + 1), work[:, 0], "o-", ms=3, color=PALETTE[j], label=name)
+axes[0].set(
+    xlabel="generation step",
+    ylabel="tokens through the projections",
+    title=f"Tiny model, {PROMPT}-token prompt: work per step",
+)
+axes[0].legend()
+for j, (name, total) in enumerate((("recompute", total_recomputed), ("cache", total_cached))):
+    axes[1].loglog(n, total, color=PALETTE[j], label=name)
+axes[1].set(
+    xlabel="tokens generated",
+    ylabel="forward FLOPs, total",
+    title="Llama 3 8B: quadratic against linear",
+)
+axes[1].legend()
+plt.show()
+
+# %% [markdown]
+# On the left the first step of both is the prompt; after it, recomputation processes one
+# more token each step, the cache one token always. On the right, the totals for Llama 3 8B
+# grow with slope 2 against slope 1 on log-log axes, and the cache makes 8,192 tokens about
+# 3,900 times cheaper in FLOPs (the attention term bends both curves slightly upward). In
+# practice every decoder keeps a cache; the question is what to keep in it, and how much.
+#
+# ## How big the cache is
+#
+# Every attention layer keeps, for every position, a key and a value for each of its
+# $n_\mathrm{kv}$ key/value heads of width $d_h$. For $L$ layers, $s$ positions, a batch
+# of $b$ sequences:
+#
+# $$\text{bytes}_\mathrm{KV} = 2 \cdot L \cdot n_\mathrm{kv} \cdot d_h \cdot s \cdot b
+# \cdot \text{bytes per element},$$
+#
+# the 2 for K and V. In the 2017 design $n_\mathrm{kv}$ is the number of query heads. Llama 3
+# 8B has 32 layers and 32 query heads of width 128, but only 8 key/value heads. We build the
+# same model with a full set of 32 K/V heads (`dataclasses.replace` on the preset, which
+# validates the new config) and compare, in bf16:
+
+# %%
+gqa_8b = preset("llama3-8b")
+assert (gqa_8b.n_layers, gqa_8b.n_heads, gqa_8b.kv_heads, gqa_8b.head_dim) == (32, 32, 8, 128)
+mha_8b = dataclasses.replace(gqa_8b, n_kv_heads=gqa_8b.n_heads)  # the 2017 layout
+S128K = 128 * 1024
+weights_8b = count_params(gqa_8b).total * 2  # bf16, the released model
+print(f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters = {weights_8b / 1e9:.2f} GB "
+      f"({weights_8b / GIB:.2f} GiB) of bf16 weights")
+per_token = {}
+for name, cfg in (("MHA, 32 K/V heads", mha_8b), ("GQA, 8 K/V heads", gqa_8b)):
+    per_token[name] = kv_cache_bytes_per_token(cfg, dtype_bytes=2)
+    at_128k = kv_cache_bytes(cfg, S128K, dtype_bytes=2)
+    room = max_context_tokens(80 * GIB, weights_8b, per_token[name])
+    print(f"{name}: {per_token[name] / KIB:.0f} KiB/token; 128k tokens: {at_128k / GIB:.0f} GiB "
+          f"= {at_128k / weights_8b:.1f}× the weights; an 80 GiB GPU holds {room:,} tokens")
+    assert per_token[name] == 2 * 32 * cfg.kv_heads * 128 * 2
+assert per_token["MHA, 32 K/V heads"] == 512 * KIB and per_token["GQA, 8 K/V heads"] == 128 * KIB
+assert kv_cache_bytes(mha_8b, S128K) == 64 * GIB and kv_cache_bytes(gqa_8b, S128K) == 16 * GIB
+assert weights_8b == 16_060_522_496  # 16.1 GB, 15.0 GiB
+assert max_context_tokens(80 * GIB, weights_8b, 512 * KIB) // S128K == 1  # one 128k user, just
+assert max_context_tokens(80 * GIB, weights_8b, 128 * KIB) // S128K == 4
+
+# %% [markdown]
+# With 2017-style heads every token costs 512 KiB, and one 128k-token conversation needs
+# 64 GiB of cache, four times the model's own 15 GiB (16.1 GB) of weights. On an 80 GiB
+# GPU that is one user at that length, with nothing left over for activations. GQA's eight
+# K/V heads cut it to 128 KiB per token and 16 GiB per 128k conversation: four users.
+#
+# The same formula for every preset in `companion`, with the cache at each model's full
+# context. `kv_cache_bytes` also knows what the formula leaves out: sliding-window layers
+# keep only the last $w$ positions, Gated DeltaNet layers a fixed state (chapter 9 and
+# chapter 12), and an MLA layer one latent and one RoPE key per position (below).
+
+# %%
+print(f"{'model':<20}{'attention':<40}{'KiB/token':>10}{'context':>10}"
+      f"{'cache GiB':>11}{'weights GiB':>13}")
+rows = {}
+for name, cfg in PRESETS.items():
+    kib = kv_cache_bytes_per_token(cfg) / KIB
+    cache_gib = kv_cache_bytes(cfg, cfg.max_seq_len) / GIB
+    weight_gib = count_params(cfg).total * 2 / GIB
+    rows[name] = (kib, cache_gib, weight_gib)
+    print(f"{name:<20}{spec_row(cfg)['attention']:<40}{kib:>10.1f}{cfg.max_seq_len:>10,}"
+          f"{cache_gib:>11.2f}{weight_gib:>13.1f}")
+assert rows["gpt2"][0] == 36 and rows["llama2-7b"][0] == 512 and rows["smollm2-135m"][0] == 22.5
+assert rows["deepseek-v3"][0] == 70_272 / KIB  # 68.6 KiB, the smallest of the large models
+assert rows["mistral-7b"][1] == 0.5  # a 4096-token window caps the whole cache
+assert rows["llama3.1-8b"][1] == 16 and rows["llama3.1-8b"][1] > rows["llama3.1-8b"][2]
+mha_presets = [name for name, cfg in PRESETS.items() if not cfg.is_mla and cfg.kv_heads == cfg.n_heads]
+assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
+assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
+big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 weights
+assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == ["qwen3-next-80b-a3b"]
+
+# %% [markdown]
+# Three things stand out. Llama 2 7B, the last model here with one K/V head per query
+# head, pays 512 KiB per token; every model after it pays less, though most are larger.
+# Llama 3.1 8B's cache at its full 131,072-token context (16 GiB) outweighs its weights.
+# And DeepSeek-V3, with 671 billion parameters and 128 heads, caches 68.6 KiB per token;
+# among the large models only Qwen3-Next goes lower, because three quarters of its layers
+# are Gated DeltaNet layers with a fixed state instead of a cache. (Mistral's 0.5 GiB, and
+# the totals of gpt-oss, Gemma 3 and Olmo 3, are small for their per-token cost because of
+# sliding windows, which chapter 9 takes up.)
+#
+# ## Bandwidth, not capacity
+#
+# Capacity is the obvious problem; the one that shaped the designs is bandwidth. In one
+# decoding step, each layer's attention must read its whole cache, $2 n_\mathrm{kv} d_h s$
+# numbers, and do little with them: $2 n_q d_h s$ FLOPs for the scores $q \cdot k$ and as
+# many for the weighted sum of the values. Its **arithmetic intensity**, FLOPs per byte
+# moved, is in bf16 (2 bytes per number)
+#
+# $$I = \frac{4\, n_q\, d_h\, s}{2 \cdot 2\, n_\mathrm{kv}\, d_h\, s}
+#     = \frac{n_q}{n_\mathrm{kv}} \ \text{FLOPs per byte},$$
+#
+# whatever the context length, the head width or the batch (each sequence has its own
+# cache, so a batch multiplies FLOPs and bytes alike). A chip's **ridge point** is the
+# intensity at which it can feed its arithmetic units from memory: peak FLOP/s divided by
+# bytes/s. Below it, a kernel waits on memory; this is the *roofline* model
+# {cite}`williams2009roofline`. An H100 SXM does about 989 TFLOP/s of dense bf16 against
+# 3.35 TB/s of HBM3.
+
+# %%
+H100_FLOPS, H100_BW = 989e12, 3.35e12  # dense bf16 FLOP/s, HBM bytes/s (H100 SXM datasheet)
+ridge = ridge_point(H100_FLOPS, H100_BW)
+print(f"H100 SXM ridge point: {ridge:.1f} FLOPs/byte")
+assert round(ridge) == 295
+
+for s in (1, 4096, 131072):
+    for b in (1, 64):
+        for d_h in (64, 128, 256):
+            for n_q, n_kv in ((32, 32), (32, 8), (32, 1), (64, 4)):
+                flops = decode_attention_flops(n_q, d_h, d_h, s, b)
+                nbytes = decode_attention_bytes(2 * n_kv * d_h, s, b, bytes_per_element=2)
+                assert arithmetic_intensity(flops, nbytes) == n_q / n_kv  # nothing else matters
+print("I = n_q / n_kv for every context, batch and head width tried")
+
+# %% [markdown]
+# Multi-head attention has $I = 1$: the H100 could do 295 times more arithmetic than the
+# step asks for in the time it takes to stream the cache in. Making the FLOPs cheaper would
+# change nothing; only reading fewer bytes helps. At 128k tokens, Llama 3 8B with MHA would
+# read 64 GiB of cache per generated token, four times its weights; that alone is 20 ms per
+# token on an H100, whatever the tensor cores do. With GQA it is 16 GiB and 5 ms.
+
+# %%
+for name, cfg in (("MHA", mha_8b), ("GQA", gqa_8b)):
+    per_step = kv_cache_bytes(cfg, S128K)  # every layer reads its whole cache each step
+    print(f"{name}: {per_step / GIB:.0f} GiB read per token at 128k = "
+          f"{per_step / H100_BW * 1e3:.1f} ms at 3.35 TB/s (weights: "
+          f"{weights_8b / H100_BW * 1e3:.1f} ms)")
+assert round(kv_cache_bytes(mha_8b, S128K) / H100_BW * 1e3, 1) == 20.5
+assert round(kv_cache_bytes(gqa_8b, S128K) / H100_BW * 1e3, 1) == 5.1
+
+# %% [markdown]
+# This one ratio orders the rest of the chapter. Sharing K/V heads raises $I$ to
+# $n_q / n_\mathrm{kv}$: 4 for Llama 3's GQA, 32 for MQA with 32 heads. MLA, in the
+# absorbed form derived below, reads one shared latent row of $r + d_R = 576$ numbers per
+# token and does $2 n_q (576 + 512)$ FLOPs with it, for DeepSeek's 128 heads
+# $I = 128 \cdot 1088 / 576 \approx 242$, close to the ridge. The roofline puts each on the
+# chip's curve:
+
+# %%
+kinds = {  # name: (FLOPs, bytes) of one layer's decode-step attention at any s (here 4096)
+    "MHA 32:32": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 32 * 128, 4096)),
+    "GQA 32:8": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 8 * 128, 4096)),
+    "MQA 32:1": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 1 * 128, 4096)),
+    "MLA, 128 heads": (decode_attention_flops(128, 576, 512, 4096), decode_attention_bytes(576, 4096)),
+}
+intensity = {name: arithmetic_intensity(*fb) for name, fb in kinds.items()}
+for name, i in intensity.items():
+    share = attainable_flops(i, H100_FLOPS, H100_BW) / H100_FLOPS
+    print(f"{name:<15} I = {i:6.1f} FLOPs/byte -> at most {share:6.1%} of the H100's peak")
+assert [intensity[k] for k in ("MHA 32:32", "GQA 32:8", "MQA 32:1")] == [1, 4, 32]
+assert 241 < intensity["MLA, 128 heads"] < 242 < ridge
+
+fig, ax = plt.subplots(figsize=(7, 3.6))
+grid = np.logspace(-0.3, 3.3, 200)
+ax.loglog(grid, [attainable_flops(i, H100_FLOPS, H100_BW) / 1e12 for i in grid], color="grey")
+ax.axvline(ridge, color="grey", ls=":", lw=1)
+ax.text(ridge * 1.08, 1.5, f"ridge point\n{ridge:.0f} FLOPs/byte", fontsize=8, color="grey")
+for j, (name, i) in enumerate(intensity.items()):
+    ax.plot(i, attainable_flops(i, H100_FLOPS, H100_BW) / 1e12, "o", color=PALETTE[j], label=name)
+ax.set(
+    xlabel="arithmetic intensity (FLOPs per byte)",
+    ylabel="attainable TFLOP/s",
+    title="H100 roofline: where decode attention sits",
+)
+ax.legend(loc="upper left")
+plt.show()
+
+# %% [markdown]
+# The weights have the same problem at batch 1, where every bf16 weight is read for 2
+# FLOPs ($I = 1$); batching fixes that, since $b$ sequences share one read of each weight.
+# Batching does nothing for attention, whose bytes grow with the batch (exercise 3). That is
+# why the cache, not the weights, set the limit once contexts grew long and servers batched
+# many users.
+#
+# ## MHA → MQA → GQA
+#
+# Shazeer's fix was the simplest one: keep all the query heads, give them **one** shared
+# key head and one shared value head {cite}`shazeer2019fast`. The cache shrinks by the
+# number of heads, and $I$ grows by the same factor. MQA lost some quality and was unstable
+# to train in some settings, so Ainslie et al. proposed the middle ground
+# {cite}`ainslie2023gqa`: $n_\mathrm{kv}$ groups, each K/V head shared by
+# $G = n_q / n_\mathrm{kv}$ query heads. MHA ($G = 1$) and MQA ($n_\mathrm{kv} = 1$) are the
+# two ends. They also showed an existing MHA checkpoint can be converted, by mean-pooling
+# the K/V heads of each group and training briefly. Llama 2's 70B model
+# {cite}`touvron2023llama2` and every Llama 3 model use $n_\mathrm{kv} = 8$.
+#
+# How GQA is computed matters as much as what it stores. The easy way repeats each K/V
+# head $G$ times so that ordinary attention applies (`expand_kv`, which `naive_attention`
+# uses); that builds, and reads, a full MHA-sized copy of the cache at every step.
+# `grouped_attention` never copies: it folds the $G$ query heads of each K/V head into $G$
+# rows of one product, so each cached head is read once.
+
+# %%
+Code(inspect.getsource(grouped_attention), language="python")
+
+# %% [markdown]
+# It gives the same result as the naive form on repeated heads, for a decode step and for
+# a block of new queries with a causal mask, from MHA to MQA:
+
+# %%
+g = torch.Generator().manual_seed(2)
+B_, H_, S_, D_ = 2, 8, 40, 16
+for h_kv in (8, 4, 2, 1):
+    k = torch.randn(B_, h_kv, S_, D_, generator=g, dtype=torch.float64)
+    v = torch.randn(B_, h_kv, S_, D_, generator=g, dtype=torch.float64)
+    for t in (1, 5):
+        q = torch.randn(B_, H_, t, D_, generator=g, dtype=torch.float64)
+        mask = position_mask(torch.arange(S_ - t, S_), torch.arange(S_))  # (T, S), causal
+        ref, _ = naive_attention(q, expand_kv(k, H_), expand_kv(v, H_), mask=mask)
+        out = grouped_attention(q, k, v, mask=mask)
+        assert (out - ref).abs().max() < 1e-12
+    print(f"H = {H_}, H_kv = {h_kv} (G = {H_ // h_kv}): grouped = naive on repeated heads")
+
+# %% [markdown]
+# The bytes one decode step reads per layer are the cache's own bytes, now exact and not a
+# formula: we build a `KVCache` for each variant at Llama 3's head shape (32 query heads of
+# width 128) with 4096 positions in fp32 and weigh its tensors. `expand_kv` would also
+# write and then read a copy $G$ times larger.
+
+# %%
+S_STEP, D_STEP = 4096, 128
+step_bytes = {}
+for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
+    cache_v = KVCache(1, h_kv, S_STEP, D_STEP, dtype=torch.float32)
+    step_bytes[name] = cache_v.k.nbytes + cache_v.v.nbytes
+    assert step_bytes[name] == decode_attention_bytes(2 * h_kv * D_STEP, S_STEP, bytes_per_element=4)
+    copy = expand_kv(cache_v.k, 32).nbytes + expand_kv(cache_v.v, 32).nbytes
+    print(f"{name}: {step_bytes[name] / MIB:5.0f} MiB read per layer and step; "
+          f"the repeated copy: {copy / MIB:.0f} MiB")
+assert [step_bytes[k] // MIB for k in ("MHA", "GQA", "MQA")] == [128, 32, 4]
+
+# %% [markdown]
+# Does time follow bytes? On a CPU we time one decode step's attention (one query per
+# head, batch 1, fp32) for the three variants with `grouped_attention`, and GQA once more
+# with its heads first repeated by `expand_kv`, as the easy implementation does. The times
+# depend on the machine that ran this notebook, and the notebook asserts nothing about them.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+LENGTHS = (512, 1024, 2048, 4096, 8192) + ((16384, 32768) if FULL else ())
+timed = {"MHA 32:32": 32, "GQA 32:8": 8, "MQA 32:1": 1, "GQA 32:8, heads repeated": 8}
+ms = {name: [] for name in timed}
+q_step = torch.randn(1, 32, 1, D_STEP, device=DEVICE)
+for s in LENGTHS:
+    for name, h_kv in timed.items():
+        k = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
+        v = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
+        if "repeated" in name:  # copy each K/V head to its 4 query heads, then attend
+            fn = lambda k=k, v=v: grouped_attention(q_step, expand_kv(k, 32), expand_kv(v, 32))  # noqa: E731
+        else:
+            fn = lambda k=k, v=v: grouped_attention(q_step, k, v)  # noqa: E731
+        ms[name].append(median_seconds(fn, DEVICE, 5) * 1e3)
+    del k, v
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+for j, (name, h_kv) in enumerate(timed.items()):
+    style = "--" if "repeated" in name else "o-"
+    axes[0].loglog(LENGTHS, ms[name], style, ms=4, color=PALETTE[j], label=name)
+    read = [decode_attention_bytes(2 * h_kv * D_STEP, s, bytes_per_element=4) / MIB for s in LENGTHS]
+    axes[1].loglog(read, ms[name], style, ms=4, color=PALETTE[j], label=name)
+axes[0].set(xlabel="cached positions s", ylabel="ms per step (one layer)", title="Time against context")
+axes[0].set_xticks(LENGTHS, [f"{s:,}" for s in LENGTHS], minor=False)
+axes[0].xaxis.set_minor_formatter(NullFormatter())
+axes[1].set(xlabel="cache bytes read (MiB)", ylabel="ms per step (one layer)", title="Time against bytes")
+axes[0].legend(fontsize=8)
+fig.suptitle(f"One decode step's attention, 32 query heads of width 128, fp32 on {DEVICE.type}")
+plt.show()
+for name in timed:
+    print(f"{name:<26}" + "  ".join(f"{t:7.2f} ms" for t in ms[name]))
+
+# %% [markdown]
+# On the left the variants separate by their number of K/V heads; on the right, plotted
+# against the bytes each reads, the three `grouped_attention` lines fall close to one
+# another once the cache is large: the step costs what it reads. The repeated-heads GQA
+# (dashed) stores a quarter of MHA's cache but then writes and reads an MHA-sized copy at
+# every step, so it cannot beat MHA; on the machine that built this page it was several
+# times slower than MHA itself, since `repeat_interleave` is a gather, not a plain copy.
+# At short contexts fixed per-call costs weigh more. Your machine's numbers will differ;
+# the bytes will not.
+#
+# ## Multi-head latent attention
+#
+# GQA and MQA buy bytes by giving heads the *same* keys. DeepSeek-V2 asked for something
+# else {cite}`deepseekai2024deepseekv2`: keep 128 distinct key and value heads, but store
+# them compressed. Keys and values are both linear functions of the same hidden state
+# $h_t$, so compress once into a latent $c_t$ of rank $r$ and decompress per head:
+#
+# $$c_t = W^{DKV} h_t \in \mathbb{R}^{r}, \qquad k^{(i)}_t = W^{UK}_i c_t, \qquad
+# v^{(i)}_t = W^{UV}_i c_t .$$
+#
+# DeepSeek-V3 has $r = 512$ for a model width of 7168 and 128 heads of width 128: a latent
+# the size of two heads' keys. Only $c_t$ is cached. And the up-projections never have to
+# be applied to the cache, because each can move to the other side of its product. For
+# head $i$ with query $q^{(i)}$,
+#
+# $$q^{(i)\top} k^{(i)}_t = q^{(i)\top} W^{UK}_i c_t
+#   = \big(W^{UK\top}_i q^{(i)}\big)^{\top} c_t,
+# \qquad
+# \sum_t p^{(i)}_t\, v^{(i)}_t = W^{UV}_i \sum_t p^{(i)}_t\, c_t .$$
+#
+# $W^{UK}_i$ is *absorbed* into the query (a $d_h \to r$ map applied once per step, not
+# once per cached token) and $W^{UV}_i$ into the output side. What is left is attention
+# in which all 128 query heads read the same keys, the latents, and the same values, the
+# latents again: MQA with one head of width $r$, which is where the intensity of 242 above
+# comes from.
+#
+# **The RoPE obstruction.** RoPE (chapter 5) rotates each key by a position-dependent
+# rotation $R_n$ *after* the projection: $k_n = R_n W^{UK} c_n$. The score of the query at
+# position $m$ is then $q^\top R_m^\top R_n W^{UK} c_n = q^\top R_{n-m} W^{UK} c_n$: the
+# matrix between the query and the cached latent depends on the key's position, so no
+# single matrix can be folded into the query. Rotations commute with rotations but not with
+# $W^{UK}$: $R_n W \neq W R_n$. DeepSeek's way out is to split each head's query and key in
+# two: a 128-dimensional part without position, absorbed as above, and a **decoupled**
+# 64-dimensional RoPE part whose key, $k^R_t = R_t W^{KR} h_t$, is computed from the hidden
+# state, shared by all heads like MQA, and cached already rotated beside $c_t$. Per token
+# and layer the cache holds $r + d_R = 512 + 64$ numbers.
+#
+# Both claims, numerically, with a random $W$ and RoPE's own rotation matrices (built by
+# applying `apply_rope` to the identity):
+
+# %%
+D_R = 8
+inv_freq, _ = rope_frequencies(D_R)
+
+
+def rotation(n: int) -> torch.Tensor:
+    """The (D_R, D_R) matrix R_n that RoPE multiplies a vector at position n by (float64)."""
+    angles = n * inv_freq.double()[None]  # (1, F)
+    return apply_rope(torch.eye(D_R, dtype=torch.float64), angles.cos(), angles.sin()).T
+
+
+g = torch.Generator().manual_seed(3)
+W = torch.randn(D_R, D_R, generator=g, dtype=torch.float64)  # an up-projection W_UK
+q, c = torch.randn(D_R, generator=g, dtype=torch.float64), torch.randn(D_R, generator=g, dtype=torch.float64)
+R5, R9 = rotation(5), rotation(9)
+commute_gap = ((R9 @ W - W @ R9).norm() / W.norm()).item()
+print(f"‖R_n W − W R_n‖ / ‖W‖ = {commute_gap:.2f}; rotations among themselves: "
+      f"‖R_5 R_9 − R_9 R_5‖ < 1e-12: {bool((R5 @ R9 - R9 @ R5).norm() < 1e-12)}")
+assert commute_gap > 0.5 and (R5 @ R9 - R9 @ R5).norm() < 1e-12
+assert (R5.T @ R9 - rotation(4)).abs().max() < 1e-12  # R_mᵀ R_n = R_{n−m}: only the offset remains
+# without RoPE the up-projection moves to the query side exactly ...
+assert abs(q @ (W @ c) - (W.T @ q) @ c) < 1e-12
+# ... with it, the matrix the query must meet the latent with depends on the key's offset
+absorbed = {offset: (rotation(offset) @ W).T for offset in (1, 2, 3)}
+for m, n_ in ((0, 1), (4, 5), (0, 2)):
+    assert abs((rotation(m) @ q) @ (rotation(n_) @ W @ c) - (absorbed[n_ - m] @ q) @ c) < 1e-12
+assert (absorbed[1] - absorbed[2]).norm() > 0.5 * W.norm()
+print("absorbing W_UK works without RoPE; with it, the folded query changes with every offset")
+
+# %% [markdown]
+# `companion.mla.MultiHeadLatentAttention` implements both forms on the same parameters
+# (its `kv_b_proj` holds every head's $W^{UK}_i$ and $W^{UV}_i$). `form="naive"`
+# up-projects the cached latents to full per-head keys and values, as the model is trained
+# and as transformers' DeepSeek-V3 code runs it; `form="absorbed"` scores the latents
+# directly. The absorbed form's query, keys and values:
+
+# %%
+Code(inspect.getsource(MultiHeadLatentAttention.absorbed_qkv), language="python")
+
+# %% [markdown]
+# We build a small MLA layer (width 64, 4 heads, latent $r = 16$, query latent 12,
+# 8 + 4 query/key channels per head, values of width 8) in float64, copy its weights into
+# an absorbed twin, and compare: a causal forward over 12 tokens, then the absorbed form
+# decoding the same tokens one at a time from its `LatentCache`.
+
+# %%
+MLA_DIMS = {"kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+torch.manual_seed(4)
+naive_mla = MultiHeadLatentAttention(64, 4, **MLA_DIMS, form="naive").double().eval()
+absorbed_mla = MultiHeadLatentAttention(64, 4, **MLA_DIMS, form="absorbed").double().eval()
+absorbed_mla.load_state_dict(naive_mla.state_dict())
+T_MLA = 12
+x = torch.randn(1, T_MLA, 64, dtype=torch.float64)
+inv, att_scale = rope_frequencies(MLA_DIMS["qk_rope_head_dim"])
+cos, sin = (t.double() for t in rope_cos_sin(torch.arange(T_MLA), inv, att_scale))
+with torch.no_grad():
+    y_naive = naive_mla(x, causal=True, rope=(cos, sin))
+    y_absorbed = absorbed_mla(x, causal=True, rope=(cos, sin))
+    latent_cache = absorbed_mla.new_cache(1, T_MLA)
+    y_steps = torch.cat([
+        absorbed_mla(x[:, t : t + 1], rope=(cos[t : t + 1], sin[t : t + 1]),
+                     cache=latent_cache, positions=torch.tensor([t]))
+        for t in range(T_MLA)
+    ], dim=1)
+print(f"max |naive − absorbed| < 1e-12: {bool((y_naive - y_absorbed).abs().max() < 1e-12)} "
+      f"(causal forward), {bool((y_naive - y_steps).abs().max() < 1e-12)} (absorbed, token by "
+      "token from the cache)")
+assert torch.allclose(y_naive, y_absorbed, atol=1e-12, rtol=0)
+assert torch.allclose(y_naive, y_steps, atol=1e-12, rtol=0)
+
+width = latent_cache.kv.shape[-1]
+mha_width = 4 * (8 + 4) + 4 * 8  # per-head keys (nope + rope) and values, as an MHA would cache
+print(f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token and layer "
+      f"(r + d_R = 16 + 4); per-head K and V would be {mha_width}")
+assert latent_cache.kv.shape == (1, T_MLA, 16 + 4) and latent_cache.length == T_MLA
+assert mha_width == 80
+
+# %% [markdown]
+# The two forms agree to $10^{-12}$ in float64, whether the absorbed one reads the whole sequence or
+# decodes it token by token from a cache of 20 numbers per token (80 for full per-head
+# keys and values in this small layer). The same holds inside a whole model: `DecoderLM`
+# builds MLA layers from `ModelConfig`'s `kv_lora_rank`, `q_lora_rank`,
+# `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` and `mla_form` fields, and a model
+# switched to the absorbed form on the same weights generates the same tokens:
+
+# %%
+mla_cfg = dataclasses.replace(tiny_cfg, n_kv_heads=None, **MLA_DIMS, mla_form="naive")
+seed_everything(5)
+mla_naive_lm = DecoderLM(mla_cfg).eval()
+mla_absorbed_lm = DecoderLM(dataclasses.replace(mla_cfg, mla_form="absorbed")).eval()
+mla_absorbed_lm.load_state_dict(mla_naive_lm.state_dict())
+tokens_naive = mla_naive_lm.generate(prompt.cpu(), 24)
+tokens_absorbed = mla_absorbed_lm.generate(prompt.cpu(), 24)
+mla_cache = mla_absorbed_lm.new_cache(1, 32)
+print(f"same 24 tokens: {torch.equal(tokens_naive, tokens_absorbed)}; cache per layer: "
+      f"{[tuple(layer.kv.shape) for layer in mla_cache.layers]}")
+assert torch.equal(tokens_naive, tokens_absorbed)
+# per token: one (r + d_R)-row per layer, as the calculator counts it
+assert kv_cache_bytes_per_token(mla_cfg, dtype_bytes=4) == sum(
+    layer.kv[0, 0].nbytes for layer in mla_cache.layers
+) == 2 * (16 + 4) * 4
+
+# %% [markdown]
+# Now DeepSeek-V3's real sizes: $r = 512$, $d_R = 64$, 61 layers, bf16. The "equivalent
+# MHA" keeps 128 heads with keys of width $128 + 64 = 192$ and values of width 128.
+
+# %%
+v3 = preset("deepseek-v3")
+assert (v3.d_model, v3.n_layers, v3.n_heads, v3.kv_lora_rank, v3.qk_rope_head_dim) == (7168, 61, 128, 512, 64)
+assert (v3.qk_nope_head_dim, v3.v_head_dim) == (128, 128)
+mla_bytes = bytes_per_token(512, 64, 61)  # (r + d_R) · L · 2 bytes
+mha_bytes = 61 * 128 * (192 + 128) * 2  # L · heads · (key + value widths) · 2 bytes
+print(f"MLA: {mla_bytes:,} B/token = {mla_bytes / KIB:.1f} KiB; equivalent MHA: "
+      f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; {mha_bytes / mla_bytes:.1f}× smaller")
+print(f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB against {mha_bytes * S128K / GIB:.0f} GiB")
+assert mla_bytes == 70_272 == kv_cache_bytes_per_token(v3)
+assert round(mla_bytes / KIB, 1) == 68.6 and round(mha_bytes / MIB, 2) == 4.77
+assert 70 < mha_bytes / mla_bytes < 72
+assert round(mla_bytes * S128K / GIB, 1) == 8.6 and round(mha_bytes * S128K / GIB) == 610
+
+# %% [markdown]
+# 68.6 KiB per token instead of 4.77 MiB, 71 times less; a 128k-token context in 8.6 GiB
+# instead of 610 GiB. In DeepSeek-V2's ablations MLA also scored better than MHA, while
+# GQA and MQA scored worse {cite}`deepseekai2024deepseekv2`: it is the one step in this
+# chapter that was not sold as a quality trade. It is harder to implement and to shard
+# than GQA (the decoupled key, the absorbed matrices, kernels specialised for a 576-wide
+# head), which is why it spread slowly beyond DeepSeek's own models.
+#
+# ## What each variant stores
+#
+# The four layouts side by side at one model shape, Llama 3 8B's (32 layers, 32 query
+# heads of width 128, bf16), with DeepSeek's latent sizes for MLA. Each column is one
+# decoded token's cache across all layers, its height the bytes it costs; thin white lines
+# separate K/V heads. Step through the decoding:
+
+# %%
+L8, H8, D8 = 32, 32, 128
+STORE = {  # variant: [(part, copies, width per copy)] kept per token and layer
+    "MHA": [("K", H8, D8), ("V", H8, D8)],
+    "GQA (8 K/V heads)": [("K", 8, D8), ("V", 8, D8)],
+    "MQA": [("K", 1, D8), ("V", 1, D8)],
+    "MLA (r = 512, d_R = 64)": [("latent c", 1, 512), ("RoPE key", 1, 64)],
+}
+COLORS = {"K": PALETTE[0], "V": PALETTE[1], "latent c": PALETTE[2], "RoPE key": PALETTE[3]}
+kib_per_token = {
+    name: sum(n * w for _, n, w in parts) * L8 * 2 / KIB for name, parts in STORE.items()
+}
+assert kib_per_token["MHA"] == kv_cache_bytes_per_token(mha_8b) / KIB == 512
+assert kib_per_token["GQA (8 K/V heads)"] == kv_cache_bytes_per_token(gqa_8b) / KIB == 128
+assert kib_per_token["MQA"] == kv_cache_bytes_per_token(dataclasses.replace(gqa_8b, n_kv_heads=1)) / KIB == 16
+assert kib_per_token["MLA (r = 512, d_R = 64)"] == bytes_per_token(512, 64, L8) / KIB == 36
+print({name: f"{kib:.0f} KiB/token" for name, kib in kib_per_token.items()})
+
+STEPS_SHOWN = 12
+fig, axes = plt.subplots(1, 4, figsize=(12, 4.0), sharey=True)
+fig.legend(handles=[Patch(color=c, label=p) for p, c in COLORS.items()], loc="outside lower center", ncol=4, fontsize=8)
+fig.suptitle("What the cache holds per decoded token, Llama 3 8B's shape (32 layers, 32 query heads × 128, bf16)")
+
+
+def draw_cache(i: int) -> None:
+    tokens = i + 1
+    for ax, (name, parts) in zip(axes, STORE.items(), strict=True):
+        ax.cla()
+        xs, bottom = np.arange(tokens), 0.0
+        for part, copies, width in parts:
+            each = width * L8 * 2 / KIB  # KiB of one copy (one head) over all layers
+            ax.bar(xs, copies * each, bottom=bottom, width=0.92, color=COLORS[part])
+            if copies > 1:
+                ax.hlines(bottom + each * np.arange(1, copies), -0.5, tokens - 0.5, color="white", lw=0.4)
+            bottom += copies * each
+        total = tokens * kib_per_token[name]
+        ax.text(0.97, 0.97, f"{tokens} token{'s' * (tokens > 1)}: {total:,.0f} KiB\n128k tokens: "
+                f"{kib_per_token[name] * S128K / MIB:.1f} GiB", transform=ax.transAxes,
+                ha="right", va="top", fontsize=8)
+        ax.set(xlim=(-0.6, STEPS_SHOWN - 0.4), ylim=(0, 640), title=f"{name}\n{kib_per_token[name]:.0f} KiB/token",
+               xlabel="decoded token")
+        ax.set_xticks(range(0, STEPS_SHOWN, 2), [str(t + 1) for t in range(0, STEPS_SHOWN, 2)])
+        ax.title.set_fontsize(9)
+    axes[0].set_ylabel("cache per token, all layers (KiB)")
+
+
+HTML(animate(fig, draw_cache, STEPS_SHOWN, interval_ms=500))
+
+# %% [markdown]
+# MHA's columns are 512 KiB tall and GQA's a quarter of that; MQA's single K/V head and
+# MLA's latent are thin strips of 16 and 36 KiB. MLA stores more than MQA, about twice,
+# but it keeps 32 distinct keys and values per layer (one per head, rebuilt from the latent
+# when needed); MQA keeps one. For DeepSeek-V3 itself, with 128 heads, 61 layers and wider
+# keys, the gap to MHA is the 71× computed above. (At 128k tokens in the labels, the
+# columns become 64, 16, 2 and 4.5 GiB.)
+#
+# ## The fast decode path
+#
+# Reading fewer bytes per step is also what makes decoding fast on a CPU, where
+# `companion` runs its real-weights benchmark. `DecoderLM.forward` with a cache is the
+# reference: general (every family, window and cache kind) and readable, but its shapes
+# change at every step, since the cache grows by one key. `StaticDecoder` is the fast path
+# beside it, for dense pre-norm RoPE decoders with full attention: the cache is read in
+# full through a mask, so every step has the same shapes, the RoPE tables are built once,
+# and attention is `grouped_attention`, each cached K/V head read once for its query heads.
+# Its step, which `torch.compile` can turn into one graph (`compile=True`):
+
+# %%
+Code(inspect.getsource(StaticDecoder._step_eager), language="python")
+
+# %% [markdown]
+# It calls the model's own norms, projections, RoPE and FFN; only the cache handling
+# differs. On the tiny model of the first section (four query heads sharing two K/V
+# heads) it writes the same tokens as the reference:
+
+# %%
+fast = StaticDecoder(tiny).generate(prompt, NEW)
+reference = tiny.generate(prompt, NEW)
+print(f"StaticDecoder: same {NEW} tokens as DecoderLM.generate: {torch.equal(fast, reference)}")
+assert torch.equal(fast, reference)
+smol = preset("smollm2-135m")  # the benchmark's model
+assert (smol.n_layers, smol.n_heads, smol.kv_heads) == (30, 9, 3)
+
+# %% [markdown]
+# `python -m companion.bench decode` runs both, and transformers' `generate`, on the real
+# SmolLM2-135M weights (30 layers, 9 query heads sharing 3 K/V heads, fp32, batch 1), and
+# compares them with a bound measured on the same machine: one token must read every
+# weight once, so no decoder can beat copy bandwidth ÷ weight bytes tokens per second. On
+# the project's 2-core CPU the compiled static step ran at 1.5 to 1.9 times the speed of
+# transformers' `generate`, at about two thirds of that bound (transformers: a third to a
+# half). Those are measurements of one shared machine and are not asserted here. The bound
+# is the right yardstick for this chapter's reason once more: at batch 1 the weights, like
+# the cache, are read for two FLOPs per number, so a decode step is memory-bound, and the
+# fast path wins by doing little besides the reads it must do.
+#
+# ## Summary
+#
+# - A cache turns generation's work from quadratic into linear: on a small random model
+#   the cached and uncached runs write the same tokens (logits within $10^{-5}$), with 55
+#   against 1,512 tokens through the projections for 48 new tokens; for Llama 3 8B,
+#   8,192 tokens cost about 3,900 times fewer FLOPs.
+# - $\text{bytes}_\mathrm{KV} = 2 L n_\mathrm{kv} d_h s b \cdot$ bytes: Llama 3 8B with MHA
+#   would need 512 KiB per token and 64 GiB at 128k tokens (four times its 15 GiB of
+#   weights); its GQA needs 128 KiB and 16 GiB.
+# - Decode attention does $I = n_q / n_\mathrm{kv}$ FLOPs per byte in bf16, whatever the
+#   context, head width or batch; an H100's ridge point is 295. MHA sits at 1, GQA 32:8 at
+#   4, MQA at 32, DeepSeek's absorbed MLA at 242.
+# - `grouped_attention` equals attention on repeated heads without the copy; one step's
+#   cache read per layer at 4096 positions is 128, 32 and 4 MiB (fp32) for MHA, GQA, MQA.
+# - MLA caches a latent of rank $r$ plus a decoupled RoPE key; $W^{UK}$ and $W^{UV}$ fold
+#   into the query and output, but RoPE does not ($R_n W \neq W R_n$). Naive and absorbed
+#   forms agree to $10^{-12}$, the cache holds $r + d_R$ numbers per token and layer.
+#   DeepSeek-V3: 70,272 bytes per token against 4.77 MiB for the equivalent MHA, 71× less.
+# - `StaticDecoder`, a fixed-shape step with `grouped_attention`, writes the same tokens
+#   as `DecoderLM.generate`.
+#
+# ## Exercises
+#
+# 1. GQA's uptraining recipe starts from an MHA checkpoint and mean-pools the K/V heads of
+#    each group {cite}`ainslie2023gqa`. Take an MHA layer's keys and values `(B, 8, S, D)`,
+#    pool them to 2 heads, and measure how far `grouped_attention` with the pooled heads is
+#    from the original attention, for random heads and for heads that are already similar.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `k2 = k.view(B, 2, 4, S, D).mean(2)` (and the same for `v`), then compare
+# `grouped_attention(q, k2, v2)` with `naive_attention(q, k, v)[0]`. With independent random
+# heads the error is of the order of the outputs themselves: pooling averages unrelated
+# keys. Make the heads of a group similar (`k = base + 0.1 * noise`, with `base` repeated
+# four times) and the error shrinks with the noise. This is why the conversion needs a
+# short period of training afterwards: trained heads are not interchangeable.
+# ```
+#
+# 2. How many 32k-token conversations fit beside the weights on one 80 GiB GPU for
+#    Llama 3 8B with MHA, with GQA, and with MQA? Use `max_context_tokens` with `batch`.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `max_context_tokens(80 * 2**30, 16_060_522_496, per_token, batch=b) >= 32768` for the
+# largest `b`: with 512, 128 and 16 KiB per token, that is 4, 16 and 130 conversations
+# (the free 65 GiB divided by 16, 4 and 0.5 GiB each). Activations and the memory
+# allocator take some of that in practice.
+# ```
+#
+# 3. At batch $b$, a weight matrix of a decode step is read once and used for $b$ tokens.
+#    Compute the arithmetic intensity of a $d \times d$ bf16 projection as a function of
+#    $b$, and the batch at which it crosses the H100's ridge point. Why does the same not
+#    happen for attention?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# $2 b d^2$ FLOPs over $2 d^2$ bytes: $I = b$, so from about $b = 295$ the projections
+# are compute-bound. Attention's bytes are the cache, and every sequence has its own:
+# `decode_attention_flops(..., batch=b)` and `decode_attention_bytes(..., batch=b)` both
+# grow with $b$, and their ratio stays $n_q / n_\mathrm{kv}$. Large batches make the
+# weights cheap per token and leave attention as the memory-bound part of decoding.
+# ```
+#
+# 4. DeepSeek-V3 could have used GQA with 8 K/V heads of the same widths (keys 192,
+#    values 128). How many bytes per token would that cache, and how does it compare with
+#    MLA's 70,272?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# $61 \cdot 8 \cdot (192 + 128) \cdot 2 = 312{,}320$ bytes (305 KiB), 4.4 times MLA's
+# cache. To get down to MLA's size GQA would need about two K/V heads for 128 query heads,
+# nearly MQA; MLA keeps 128 distinct keys and values per layer at that cost.
+# ```
+#
+# 5. `python -m companion.bench mla` times one decode step of `MultiHeadLatentAttention`
+#    in both forms at several context lengths. Predict from this chapter which form wins
+#    at long contexts and why, then run it.
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The naive form up-projects every cached latent to per-head keys and values at every
+# step: work and memory traffic of $H (D_n + D_v)$ numbers per cached token, on top of
+# reading the latents. The absorbed form reads the $r + d_R$ numbers of each cached token
+# once, for all heads. The bench also prints the bytes of both caches and the largest
+# difference between the two forms' outputs.
+# ```

@@ -1,0 +1,751 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 9 · The mask grew holes: sliding windows and local:global layers
+#
+# Chapter 8 shrank the KV cache by a constant: fewer key/value heads (GQA), or one small
+# latent per token (MLA). Neither changes the fact that a full-attention layer keeps *every*
+# past position, so its cache grows linearly with the context and its work per sequence
+# quadratically. At 65,536 or 131,072 tokens a constant factor is not enough.
+#
+# The blunt fix is to cut holes in the mask: let each query see only the last $w$ keys.
+# Longformer made this **sliding-window attention** its workhorse {cite}`beltagy2020longformer`,
+# the Sparse Transformer mixed such banded layers with strided ones {cite}`child2019generating`,
+# and GPT-3 already alternated banded and dense layers {cite}`brown2020language`. Mistral 7B
+# used windows in every layer {cite}`jiang2023mistral`. Many open models since mix **local**
+# (windowed) and **global** (full) layers in a fixed ratio: 1:1 in Gemma 2 and gpt-oss, 3:1
+# in Olmo 3 and Trinity, 5:1 in Gemma 3 (others, such as Llama 3, Qwen3 and DeepSeek-V3,
+# keep full attention everywhere).
+#
+# This chapter measures what the window costs and what it buys. We count the pairs a window
+# lets through, then ask how far a stack of local layers can see, first by composing masks
+# and then by taking gradients through a real model, which must agree with the formula to
+# the position. We read the layer patterns of released models off their configs, price the
+# cache of Olmo 3 32B and Gemma 3 27B in bytes, check that a ring buffer of $w$ entries
+# decodes exactly like a full forward pass, and finally train small models with and without
+# windows on Shakespeare.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import re
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+
+from companion.calc import kv_cache_bytes, kv_cache_bytes_per_token
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.extrapolation import per_position_loss
+from companion.kv_cache import SlidingWindowCache, position_mask
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.presets import preset, spec_row
+from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
+from companion.windows import (
+    input_gradient_norms,
+    layer_masks,
+    receptive_field_size,
+    receptive_fields,
+    visible_pairs,
+)
+
+FULL = False  # True: a deeper, wider model on longer windows, more steps and seeds (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+seed_everything(0)
+torch.set_num_threads(1)  # tiny models: one thread is as fast as two, and shares the machine
+print(describe(DEVICE))
+GiB = 2**30
+
+# %% [markdown]
+# ## A band instead of a triangle
+#
+# In `companion` every mask is a boolean matrix, queries down and keys across, `True` where
+# a query may look. The KV cache of chapter 8 stores, next to each key, its absolute position,
+# and builds the mask from positions alone. A window is one more comparison:
+
+# %%
+Code(inspect.getsource(position_mask), language="python")
+
+# %% [markdown]
+# `q - k < window` keeps the keys $i - w + 1, \dots, i$: the query's **own position counts as
+# one of the $w$**. This is the convention of Hugging Face transformers' masks
+# (`kv_idx > q_idx - sliding_window`), against whose Mistral, Gemma 3 and Olmo 3 models
+# `companion`'s are tested, and it will matter for the exact formulas below. Here are the causal mask and a window of 4 over
+# 16 positions:
+
+# %%
+S_DEMO, W_DEMO = 16, 4
+pos = torch.arange(S_DEMO)
+full_mask = position_mask(pos, pos)  # causal: k <= q
+band_mask = position_mask(pos, pos, window=W_DEMO)  # and q - k < w
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.9))
+for ax, m, name in ((axes[0], full_mask, "causal"), (axes[1], band_mask, f"window w={W_DEMO}")):
+    heatmap(ax, m.int().numpy(), title=f"{name}: {int(m.sum())} visible pairs", vmax=1)
+    ax.set(xlabel="key position", ylabel="query position")
+fig.suptitle(f"Which keys each query sees, s = {S_DEMO}: the window cuts the triangle to a band")
+plt.show()
+n_full, n_band = int(full_mask.sum()), int(band_mask.sum())
+print(f"causal: {n_full} pairs, window {W_DEMO}: {n_band} pairs")
+assert n_full == S_DEMO * (S_DEMO + 1) // 2 == 136
+assert n_band == S_DEMO * W_DEMO - W_DEMO * (W_DEMO - 1) // 2 == 58
+assert (band_mask.sum(1) == pos.clamp(max=W_DEMO - 1) + 1).all()  # row i: min(i + 1, w) keys
+holes = position_mask(pos - W_DEMO, pos)  # keys at least w behind the query
+assert torch.equal(band_mask, full_mask & ~holes) and int(holes.sum()) == n_full - n_band
+
+# %% [markdown]
+# Row $i$ of the band has $\min(i + 1, w)$ entries, so a sequence of $s \ge w$ tokens has
+# $s\,w - w(w-1)/2$ visible pairs instead of $s(s+1)/2$: **linear in $s$ instead of
+# quadratic**. Scores and weighted sums cost a fixed amount per pair, so the window turns
+# attention's $O(s^2)$ into $O(s\,w)$. At the scale of the models below:
+
+# %%
+print(f"{'s':>8} {'w':>6} {'causal pairs':>16} {'window pairs':>14} {'ratio':>7}")
+for s, w in ((8192, 4096), (65536, 4096), (131072, 1024), (131072, 128)):
+    full_pairs, band_pairs = visible_pairs(s), visible_pairs(s, w)
+    print(f"{s:>8,} {w:>6,} {full_pairs:>16,} {band_pairs:>14,} {full_pairs / band_pairs:>6.1f}×")
+assert visible_pairs(65536) == 2_147_516_416 and visible_pairs(65536, 4096) == 260_048_896
+assert 8.2 < visible_pairs(65536) / visible_pairs(65536, 4096) < 8.3
+assert visible_pairs(4096, 4096) == visible_pairs(4096)  # no saving until s passes w
+
+# %% [markdown]
+# The saving only starts once the sequence is longer than the window: at 8,192 tokens a
+# 4,096 window saves 1.3×; at 65,536 it saves 8.3×. The second saving, the cache, follows the
+# same rule and we price it later in this chapter. First the obvious objection: a model
+# whose every layer looks back only $w$ tokens cannot connect two distant tokens. Or can it?
+#
+# ## Seeing far through depth
+#
+# A local layer moves information at most $w - 1$ positions to the right. The next layer's
+# query at position $i$ reads position $i - (w-1)$, which has already read $i - 2(w-1)$,
+# and so on: like a stack of convolutions, $L$ local layers reach
+#
+# $$L\,(w - 1) + 1 \text{ positions}$$
+#
+# (the query's own included). The figure usually quoted is $L\,w$, which counts $w$ steps
+# back per layer; here each layer steps back only $w - 1$, because the query's own key is one
+# of its $w$. `receptive_fields`
+# composes the layers' masks as boolean matrices ($F_l = M_l F_{l-1}$, with $F_0$ the
+# identity because the residual stream keeps each position's own state):
+
+# %%
+Code(inspect.getsource(receptive_fields), language="python")
+
+# %%
+T_RF, W_RF = 24, 4
+fields = receptive_fields(layer_masks(("sliding",) * 3, W_RF, T_RF))  # (4, T, T)
+for n in range(1, 4):
+    seen = fields[n, -1].nonzero().flatten().tolist()
+    print(f"{n} local layer(s): the last token draws on positions {seen[0]}–{seen[-1]}")
+    assert seen == list(range(T_RF - receptive_field_size(n, W_RF), T_RF))
+assert [receptive_field_size(n, W_RF) for n in (1, 2, 3)] == [4, 7, 10]
+
+# %% [markdown]
+# That is arithmetic on masks. A model has more in it (norms, the FFN, RoPE, the
+# residual stream), and any of those could in principle leak information further. So we
+# ask the model itself. We build random-weight `DecoderLM`s whose layers are all local
+# (`layer_types=("sliding",) * L`, `sliding_window=4`), run 24 tokens through, and take the
+# gradient of the last position's logits (in a random direction) with respect to the 24
+# input embeddings. A position outside the field cannot change the output, so its gradient
+# must be exactly zero; a position inside has a path, and with random weights its gradient is
+# non-zero. We use the reference attention, where masked weights are exact zeros, and add a
+# fourth model with three local layers and one global one (3:1).
+
+# %%
+def local_model(kinds: tuple[str, ...], window: int = W_RF) -> DecoderLM:
+    """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with the given layer kinds."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=64,
+        d_model=32,
+        n_layers=len(kinds),
+        n_heads=4,
+        norm="rmsnorm",
+        position="rope",
+        ffn="glu",
+        activation="silu",
+        bias=False,
+        attn_impl="reference",
+        sliding_window=window,
+        layer_types=kinds,
+        max_seq_len=64,
+    )
+    return DecoderLM(cfg)
+
+
+PATTERNS = {
+    "1 local": ("sliding",),
+    "2 local": ("sliding",) * 2,
+    "3 local": ("sliding",) * 3,
+    "3 local + 1 global": ("sliding",) * 3 + ("full",),
+}
+ids_rf = torch.randint(0, 64, (1, T_RF), generator=torch.Generator().manual_seed(1))
+grads = {}
+for name, kinds in PATTERNS.items():
+    g = input_gradient_norms(local_model(kinds), ids_rf, -1, torch.Generator().manual_seed(2))
+    grads[name] = g
+    reached = (g > 0).nonzero().flatten().tolist()
+    print(f"{name:<19} non-zero gradient at {len(reached):>2} positions: {reached[0]}–{reached[-1]}")
+for n, name in enumerate(list(PATTERNS)[:3], start=1):
+    expected = torch.arange(T_RF) >= T_RF - receptive_field_size(n, W_RF)
+    assert torch.equal(grads[name] > 0, expected)  # exactly the field, no more, no less
+assert bool((grads["3 local + 1 global"] > 0).all())  # one global layer: every position
+for where in range(4):  # wherever the global layer sits (checked on the masks)
+    kinds = ["sliding"] * 4
+    kinds[where] = "full"
+    assert bool(receptive_fields(layer_masks(kinds, W_RF, T_RF))[-1, -1].all())
+g3 = grads["3 local"]  # fading: the field's first hop-3 positions vs the last hop-1 ones
+assert g3[14:17].max() * 10 < g3[21:].min()
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 2.8))
+log_norms = np.ma.masked_equal(torch.stack(list(grads.values())).numpy(), 0.0)
+cmap = plt.get_cmap("viridis").copy()
+cmap.set_bad("#dddddd")
+im = ax.imshow(np.ma.log10(log_norms), aspect="auto", cmap=cmap)
+ax.grid(False)
+ax.set_yticks(range(len(grads)), list(grads))
+ax.set(xlabel="input position", title="∂(last output)/∂(input embedding): grey is exactly 0")
+for n in range(1, 4):  # the formula's left edge of each field
+    edge = T_RF - receptive_field_size(n, W_RF) - 0.5
+    ax.plot([edge, edge], [n - 1.5, n - 0.5], color=PALETTE[1], lw=2.5)
+fig.colorbar(im, ax=ax, label="log₁₀ gradient norm")
+plt.show()
+
+# %% [markdown]
+# The orange bars are where the formula says each field begins, and the gradient agrees
+# exactly: 4, 7 and 10 positions for one, two and three local layers, and all 24 as soon
+# as a single global layer is in the stack (wherever it sits). The gradient also *fades*
+# towards the edge of the field: a far position reaches the output only through a chain of
+# attention weights, one hop per layer, so it is in the field but has little say in it (with
+# three layers, the positions three hops away get gradients more than ten times smaller than
+# those one hop away). The
+# receptive field is an upper bound on what a stack of local layers can use, not a promise
+# that it will.
+#
+# Mistral 7B put a 4,096 window in all 32 of its layers and argued exactly this: the top
+# layer can reach about 131K tokens back {cite}`jiang2023mistral`. With the
+# query-included convention the exact figure is:
+
+# %%
+mistral = preset("mistral-7b")
+assert set(mistral.layer_kinds) == {"sliding"} and mistral.sliding_window == 4096
+reach = receptive_field_size(mistral.n_layers, mistral.sliding_window)
+print(f"Mistral 7B: {mistral.n_layers} local layers × (4096 − 1) + 1 = {reach:,} tokens")
+assert reach == 131_041 and mistral.n_layers * mistral.sliding_window == 131_072
+
+# %% [markdown]
+# The animation shows both halves of the picture for eight layers over 32 tokens with a
+# window of 4. On top, the mask of the layer being added; below, the positions whose input
+# can reach the last token after that many layers (the cone, growing upwards). On the left
+# every layer is local and the cone widens by $w - 1 = 3$ positions per layer. On the right
+# every fourth layer is global (3:1, the Olmo 3 pattern): the cone creeps for three layers
+# and then, at the first global layer, spans the whole sequence.
+
+# %%
+T_AN, W_AN, L_AN = 32, 4, 8
+SCHEMES = {
+    "all local": ("sliding",) * L_AN,
+    "3 local : 1 global": tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_AN)),
+}
+an_masks = {name: layer_masks(kinds, W_AN, T_AN) for name, kinds in SCHEMES.items()}
+cones = {name: receptive_fields(m)[:, -1].float().numpy() for name, m in an_masks.items()}
+widths = {name: c.sum(1).astype(int).tolist() for name, c in cones.items()}
+print({name: w for name, w in widths.items()})
+assert widths["all local"] == [1] + [receptive_field_size(n, W_AN) for n in range(1, L_AN + 1)]
+assert widths["3 local : 1 global"] == [1, 4, 7, 10, 32, 32, 32, 32, 32]
+
+fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), height_ratios=[1.25, 1])
+mask_imgs, cone_imgs = {}, {}
+for j, name in enumerate(SCHEMES):
+    mask_imgs[name] = axes[0, j].imshow(np.zeros((T_AN, T_AN)), vmin=0, vmax=1, cmap="Blues")
+    axes[0, j].set(xlabel="key", ylabel="query")
+    cone_imgs[name] = axes[1, j].imshow(
+        np.full((L_AN + 1, T_AN), np.nan), vmin=0, vmax=1, cmap="Oranges", origin="lower",
+        aspect="auto",
+    )  # fmt: skip
+    axes[1, j].set(xlabel="input position", ylabel="after layer", yticks=range(0, L_AN + 1, 2))
+    for ax in axes[:, j]:
+        ax.grid(False)
+
+
+def draw_cone(step: int) -> None:
+    for name, kinds in SCHEMES.items():
+        if step > 0:
+            mask_imgs[name].set_data(an_masks[name][step - 1].float().numpy())
+        kind = "—" if step == 0 else f"layer {step}: {kinds[step - 1]}"
+        axes[0, list(SCHEMES).index(name)].set_title(f"{name}\n{kind}")
+        shown = np.full((L_AN + 1, T_AN), np.nan)
+        shown[: step + 1] = cones[name][: step + 1]
+        cone_imgs[name].set_data(shown)
+        axes[1, list(SCHEMES).index(name)].set_title(
+            f"last token reaches {widths[name][step]} of {T_AN} positions"
+        )
+
+
+fig.suptitle("Holes in the mask, cones through the depth (w = 4)")
+HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
+
+# %% [markdown]
+# After eight local layers the last token reaches 25 of the 32 positions; with the 3:1
+# pattern it reaches all of them from layer 4 on. In a real model the local cone is far
+# wider (131,041 tokens for Mistral), but it is a path of many hops, each diluting the
+# signal, as the fading gradients showed. A global layer is a direct line, and every model
+# in the table below that came after Mistral 7B has some.
+#
+# ## What the released models do
+#
+# The table collects the patterns of seven models. Where `companion.presets` holds the
+# released config, the ratio, the window and the kind of the last layer below are **read
+# from the preset** (`cfg.layer_kinds`, `cfg.sliding_window`) and asserted against the
+# table; the other rows come from the papers.
+
+# %%
+TABLE = [  # model, local : global, window, note, preset (None: not in companion.presets)
+    ("GPT-3 (2020)", "1:1", "banded", "alternating dense and banded sparse layers", None),
+    ("Mistral 7B (2023)", "all local", "4096", "no global layer", "mistral-7b"),
+    ("Gemma 2 (2024)", "1:1", "4096", "", None),
+    ("Gemma 3 (2025)", "5:1", "1024", "RoPE base 1e4 local, 1e6 global", "gemma3-27b"),
+    ("gpt-oss (2025)", "1:1", "128", "an unusually small window", "gpt-oss-120b"),
+    ("Olmo 3 (2025)", "3:1", "4096", "full attention in the final layer", "olmo3-32b"),
+    ("Trinity Large (2026)", "3:1", "4096", "NoPE in the global layers", None),
+]
+
+
+def layer_pattern(cfg: ModelConfig) -> tuple[str, str]:
+    """(local : global ratio, window) as the table writes them, from the preset's config."""
+    unit = re.search(r"SWA (\d+)(?: at (\d+):(\d+))?", spec_row(cfg)["attention"])
+    kinds = cfg.layer_kinds
+    n_local, n_global = kinds.count("sliding"), kinds.count("full")
+    ratio = f"{unit[2]}:{unit[3]}" if unit[2] else "all local"
+    assert n_local + n_global == cfg.n_layers and (n_global == 0) == (ratio == "all local")
+    return ratio, unit[1]
+
+
+print(f"{'model':<21} {'local:global':>12} {'window':>7}  {'layers (local/global, last)':<28} note")
+for model, ratio, window, note, name in TABLE:
+    layers = ""
+    if name is not None:
+        cfg = preset(name)
+        assert layer_pattern(cfg) == (ratio, window), name
+        kinds = cfg.layer_kinds
+        layers = f"{kinds.count('sliding')}/{kinds.count('full')}, last {kinds[-1]}"
+    print(f"{model:<21} {ratio:>12} {window:>7}  {layers:<28} {note}")
+
+olmo, gemma, gpt_oss = preset("olmo3-32b"), preset("gemma3-27b"), preset("gpt-oss-120b")
+assert olmo.layer_kinds[-1] == "full" and olmo.layer_kinds.count("full") == 16
+assert gemma.layer_kinds[-1] == "sliding" and gemma.layer_kinds.count("full") == 10  # 62 = 6·10 + 2
+assert (gemma.rope_local_theta, gemma.rope_theta) == (1e4, 1e6)
+assert gpt_oss.layer_kinds[:2] == ("sliding", "full")  # starts local, then alternates
+
+# %% [markdown]
+# Reading the configs turns up details the ratios hide. Olmo 3 puts its global layer at the
+# end of each group of four, so its last layer is global {cite}`olmo2025olmo3`; Gemma 3 27B
+# has 62 layers, ten groups of six and two local layers left over, so its *last* layer is
+# local {cite}`gemmateam2025gemma3`. gpt-oss starts with a local layer and alternates, with
+# a window of only 128 tokens {cite}`openai2025gptoss`. Gemma 2 alternated 1:1 with a
+# 4,096 window over an 8,192 context {cite}`gemmateam2024gemma2`; Trinity Large uses 3:1
+# with 4,096 and drops RoPE from its global layers {cite}`singh2026trinity` (chapter 5 shows
+# both of these position tricks in `companion`: `rope_local_theta` and `nope_layers`). GPT-3
+# published the alternation but not the band's width {cite}`brown2020language`.
+#
+# Windows run from 128 to 4,096 tokens and ratios from 1:1 to 5:1, which suggests that nobody
+# has found an optimum, or that there is no sharp one. Gemma 3's ablations support the
+# second reading: across windows and ratios, perplexity barely moved
+# {cite}`gemmateam2025gemma3`.
+#
+# ## What it buys, in bytes
+#
+# A local layer's cache holds at most $w$ positions. Take Olmo 3 32B at its full context of
+# 65,536 tokens: 64 layers, 8 KV heads of width 128, bf16. One layer caches
+# $2 \times 8 \times 128 \times 2 = 4096$ bytes per token. With full attention everywhere
+# that is $64 \times 65536 \times 4096$ bytes; with the 3:1 pattern the 16 global layers keep
+# every token and the 48 local ones only 4,096:
+#
+# $$16 \times 65536 \times 4096 + 48 \times 4096 \times 4096 = 4\ \text{GiB} + 0.75\ \text{GiB}.$$
+#
+# `companion.calc.kv_cache_bytes` does this per layer from the preset:
+
+# %%
+olmo_full = olmo.replace(layer_types=None, sliding_window=None)  # the same model, all global
+per_layer = kv_cache_bytes_per_token(olmo) // olmo.n_layers
+cache_full, cache_swa = kv_cache_bytes(olmo_full, 65536), kv_cache_bytes(olmo, 65536)
+print(f"Olmo 3 32B: {per_layer:,} B per layer per token")
+print(f"  full attention: {cache_full / GiB:.2f} GiB; 3:1 with w = 4096: {cache_swa / GiB:.2f} GiB")
+print(f"  saving {cache_full / cache_swa:.2f}×")
+assert per_layer == 2 * 8 * 128 * 2 == 4096
+assert cache_full == 64 * 65536 * 4096 == 16 * GiB
+assert cache_swa == 16 * 65536 * 4096 + 48 * 4096 * 4096 == int(4.75 * GiB)
+assert 3.36 < cache_full / cache_swa < 3.37
+
+gemma_full = gemma.replace(layer_types=None, sliding_window=None)
+g_full, g_swa = kv_cache_bytes(gemma_full, 131072), kv_cache_bytes(gemma, 131072)
+print(f"Gemma 3 27B at 131,072 tokens: full {g_full / GiB:.1f} GiB, 5:1 with w = 1024 "
+      f"{g_swa / GiB:.2f} GiB, saving {g_full / g_swa:.2f}×")  # fmt: skip
+assert kv_cache_bytes_per_token(gemma) // gemma.n_layers == 2 * 16 * 128 * 2 == 8192
+assert g_full == 62 * GiB and g_swa == 10 * 131072 * 8192 + 52 * 1024 * 8192
+for cfg_f, cfg_w, n_global in ((olmo_full, olmo, 16), (gemma_full, gemma, 10)):
+    far = 10**9  # a billion tokens: the saving tends to L / (global layers)
+    limit = cfg_w.n_layers / n_global
+    assert abs(kv_cache_bytes(cfg_f, far) / kv_cache_bytes(cfg_w, far) / limit - 1) < 1e-3
+
+# %% [markdown]
+# 16 GiB against 4.75 GiB, a 3.4× saving, for Olmo 3; 62 GiB against 10.4 GiB, 6×, for
+# Gemma 3 at 128K. Neither saving grows without bound: past the window the local layers
+# add nothing, so the cache grows again at the rate of the global layers alone, and the
+# saving tends to $L / L_\text{global}$: 4× for Olmo 3 and 6.2× for Gemma 3. The plot shows
+# the local part flattening:
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.7))
+PAIRS = {  # name: (all-global config, windowed config, context of the plot)
+    "Olmo 3 32B (3:1, w = 4096)": (olmo_full, olmo, 65536),
+    "Gemma 3 27B (5:1, w = 1024)": (gemma_full, gemma, 131072),
+}
+for j, (ax, (title, (cfg_f, cfg_w, ctx))) in enumerate(zip(axes, PAIRS.items(), strict=False)):
+    s = np.linspace(0, ctx, 257).astype(int)
+    full_gib = [kv_cache_bytes(cfg_f, int(n)) / GiB for n in s]
+    swa_gib = [kv_cache_bytes(cfg_w, int(n)) / GiB for n in s]
+    per = kv_cache_bytes_per_token(cfg_w) // cfg_w.n_layers  # one layer, one token
+    local_gib = cfg_w.layer_kinds.count("sliding") * np.minimum(s, cfg_w.sliding_window) * per / GiB
+    ax.plot(s / 1024, full_gib, color=PALETTE[0], label="full attention in every layer")
+    ax.plot(s / 1024, swa_gib, color=PALETTE[1], label="local : global")
+    ax.fill_between(s / 1024, 0, local_gib, color=PALETTE[1], alpha=0.3, label="its local layers")
+    ax.set(title=title, xlabel="context (K tokens)", ylabel="KV cache per sequence (GiB, bf16)")
+    ax.legend(loc="upper left")
+    far = np.unique(np.logspace(10, 20, 201, base=2).astype(int))  # 1K to 1M tokens
+    ratio = [kv_cache_bytes(cfg_f, int(n)) / kv_cache_bytes(cfg_w, int(n)) for n in far]
+    n_global = cfg_w.layer_kinds.count("full")
+    axes[2].semilogx(far, ratio, base=2, color=PALETTE[2 + j], label=title.split(" (")[0])
+    axes[2].axhline(cfg_w.n_layers / n_global, color=PALETTE[2 + j], ls=":", lw=1)
+axes[2].set(
+    xlabel="context (tokens)", ylabel="full cache ÷ windowed cache",
+    title="The saving saturates at L / L_global (dotted)",
+)  # fmt: skip
+axes[2].legend(loc="upper left")
+fig.suptitle("The local layers' cache stops growing at the window; the global layers' does not")
+plt.show()
+
+# %% [markdown]
+# ## The ring buffer
+#
+# A cache that only ever needs the last $w$ keys can be a fixed array of $w$ slots written in
+# a circle: position $p$ goes to slot $p \bmod w$, overwriting position $p - w$, which no
+# future query will see again. Mistral called it a rolling buffer {cite}`jiang2023mistral`.
+# `companion.kv_cache.SlidingWindowCache` also records each slot's absolute position, so
+# `position_mask` can build the right mask whatever order the slots are in:
+
+# %%
+Code(inspect.getsource(SlidingWindowCache.update), language="python")
+
+# %% [markdown]
+# The prefill branch deserves its comment: when several tokens arrive at once, the first of
+# them still need keys that the last of them will overwrite, so they read the old ring and
+# the new keys side by side before the ring is updated.
+#
+# `DecoderLM.new_cache` gives every sliding layer whose window is shorter than the planned
+# length a `SlidingWindowCache` and every other layer a plain `KVCache`. We take a small
+# random model with the 3:1 pattern and a window of 8, prefill 12 tokens (more than the
+# window, so the prefill branch overwrites), decode 28 more one at a time, and compare every
+# logit with one full forward pass over all 40:
+
+# %%
+W_RING, N_TOK, N_PROMPT = 8, 40, 12
+ring_cfg = ModelConfig(
+    vocab_size=50, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, norm="rmsnorm",
+    position="rope", ffn="glu", activation="silu", bias=False, max_seq_len=64,
+    sliding_window=W_RING, layer_types=("sliding", "sliding", "sliding", "full"),
+)  # fmt: skip
+torch.manual_seed(0)
+ring_model = DecoderLM(ring_cfg).eval()
+ids_ring = torch.randint(0, 50, (2, N_TOK), generator=torch.Generator().manual_seed(3))
+with torch.no_grad():
+    reference = ring_model(ids_ring)  # (2, 40, V): every position, no cache
+    cache = ring_model.new_cache(2, N_TOK)
+    print("caches:", [type(c).__name__ for c in cache.layers])
+    pieces = [ring_model(ids_ring[:, :N_PROMPT], cache=cache)]
+    ring = cache.layers[0]
+    print(f"after the prefill of {N_PROMPT}: slot positions {ring.pos.tolist()}")
+    slots_held = []
+    for t in range(N_PROMPT, N_TOK):
+        pieces.append(ring_model(ids_ring[:, t : t + 1], cache=cache))
+        slots_held.append(ring.k.shape[2])
+        if t < N_PROMPT + 3:
+            print(f"after position {t}:       slot positions {ring.pos.tolist()}")
+decoded = torch.cat(pieces, dim=1)
+err = (decoded - reference).abs().max().item()
+print(f"max |cached − full forward| over {decoded.numel():,} logits: below 1e-5? {err < 1e-5}")
+assert [type(c).__name__ for c in cache.layers] == ["SlidingWindowCache"] * 3 + ["KVCache"]
+assert err < 1e-5
+assert set(slots_held) == {W_RING} and sorted(ring.pos.tolist()) == list(range(32, 40))
+assert cache.layers[3].k.shape[2] == N_TOK  # the global layer keeps all 40
+
+# %% [markdown]
+# Every logit matches to float precision, while each local layer holds exactly 8 keys
+# at every step: after position 39 its slots hold positions 32 to 39, in ring order. The
+# global layer holds all 40.
+#
+# Note what the ring does *not* mean. It keeps the last $w$ **keys of each layer**, and a
+# layer-2 key at position $p$ already carries what layer 1 read from $p - 7$ to $p$. So
+# an all-local model decoding with rings still sees $L(w-1)+1$ tokens back, not $w$:
+# cutting the prompt to its last $w$ tokens would change the answer. With RoPE, which
+# only sees offsets, the cut that changes nothing is exactly the receptive field:
+
+# %%
+torch.manual_seed(0)  # all 4 layers local; larger weights, so attention is far from uniform
+local_ring = DecoderLM(ring_cfg.replace(layer_types=None, init_std=0.2)).eval()
+assert set(local_ring.cfg.layer_kinds) == {"sliding"}
+field = receptive_field_size(4, W_RING)  # 4 · 7 + 1 = 29
+with torch.no_grad():
+    last = local_ring(ids_ring)[:, -1]
+    cut = {n: local_ring(ids_ring[:, -n:])[:, -1] for n in (W_RING, field - 1, field)}
+diffs = {n: (c - last).abs().max().item() for n, c in cut.items()}
+for n, d in diffs.items():  # float rounding alone is about 1e-6 here
+    print(f"last {n:>2} tokens only: max change of the last logits {d:.1e}" if d > 1e-5
+          else f"last {n:>2} tokens only: max change of the last logits below 1e-5")  # fmt: skip
+assert field == 29 and diffs[field] < 1e-5  # the field is everything the model uses...
+assert diffs[field - 1] > 1e-3 and diffs[W_RING] > 0.1  # ...and one token less is not enough
+
+# %% [markdown]
+# ## Does the window cost quality? A small test
+#
+# Everything so far is exact. Whether a window *hurts a language model* is an empirical
+# question, and at the scale we can train here the answer is limited. We train three
+# decoders that differ only in `layer_types`, so they have exactly the same parameters:
+# full attention in all four layers, all four local with $w = 8$ (a field of 29 characters),
+# and three local plus one global. Same seed, same batches, 64-character windows of
+# Shakespeare, 110 steps, two seeds. The baseline is the loss of letter frequencies alone.
+
+# %%
+text = load_shakespeare()
+chars = CharTokenizer(text)
+all_ids = torch.tensor(chars.encode(text))
+train_ids, val_ids = split_tokens(all_ids, 0.1)
+SEQ, BATCH, STEPS, LR = (256, 64, 2000, 3e-3) if FULL else (64, 16, 110, 1e-2)
+D_LM, L_LM, W_LM = (128, 8, 32) if FULL else (32, 4, 8)
+SEEDS = (0, 1, 2) if FULL else (0, 1)
+VARIANTS = {
+    "full": None,
+    f"all local (w={W_LM})": ("sliding",) * L_LM,
+    "3 local : 1 global": tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_LM)),
+}
+
+
+def lm_config(kinds: tuple[str, ...] | None) -> ModelConfig:
+    """The chapter's small decoder; only the attention pattern varies."""
+    return ModelConfig(
+        vocab_size=chars.vocab_size, d_model=D_LM, n_layers=L_LM, n_heads=D_LM // 16,
+        d_ff=3 * D_LM, ffn="glu", activation="silu", norm="rmsnorm", position="rope",
+        bias=False, init_std=0.1, max_seq_len=SEQ,
+        sliding_window=None if kinds is None else W_LM, layer_types=kinds,
+    )  # fmt: skip
+
+
+sizes = {name: DecoderLM(lm_config(k)).num_params() for name, k in VARIANTS.items()}
+print({name: f"{n:,}" for name, n in sizes.items()})
+assert len(set(sizes.values())) == 1  # the window costs no parameter
+counts = torch.bincount(train_ids, minlength=chars.vocab_size).double()
+unigram_loss = -(counts / counts.sum()).clamp_min(1e-12).log()[val_ids].mean().item()
+print(f"unigram baseline: {unigram_loss:.2f} nats/char")
+
+# %%
+val_batches = [
+    sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(500 + i), DEVICE)
+    for i in range(4)
+]
+val_loss = {name: [] for name in VARIANTS}
+pos_loss = {name: [] for name in VARIANTS}
+for seed in SEEDS:
+    for name, kinds in VARIANTS.items():
+        seed_everything(seed)
+        model = DecoderLM(lm_config(kinds)).to(DEVICE)
+        batches = torch.Generator().manual_seed(1000 + seed)  # the same for every variant
+        train(
+            model,
+            lambda step, g=batches: sample_windows(train_ids, BATCH, SEQ, g, DEVICE),
+            STEPS,
+            make_adamw(model, lr=LR),
+            lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        )
+        val_loss[name].append(evaluate(model, val_batches))
+        pos_loss[name].append(per_position_loss(model, val_ids, SEQ, 1024, batch_size=128, seed=7))
+print(f"{'attention':<20}" + "".join(f"{'seed ' + str(s):>9}" for s in SEEDS) + f"{'mean':>9}")
+for name, losses in val_loss.items():
+    print(f"{name:<20}" + "".join(f"{v:>9.3f}" for v in losses) + f"{np.mean(losses):>9.3f}")
+full_val = np.array(val_loss["full"])
+assert all(v < unigram_loss - 0.8 for losses in val_loss.values() for v in losses)  # all learn
+# the local models are never worse than full attention by more than 0.03 nats, seed by seed
+assert all((np.array(v) - full_val < 0.03).all() for v in val_loss.values())
+if not FULL:  # what this small run measured (not a claim about windows in general)
+    assert all((0.03 < full_val - np.array(v)).all() for k, v in val_loss.items() if k != "full")
+
+# %%
+curves = {name: torch.stack(c).mean(0).cpu().numpy() for name, c in pos_loss.items()}  # (T,)
+edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]
+BINS = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b <= SEQ]  # doubling bins
+binned = {name: np.array([c[a:b].mean() for a, b in BINS]) for name, c in curves.items()}
+centres = [np.sqrt(a * (b - 1)) if a else 0.5 for a, b in BINS]
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+for j, (name, b) in enumerate(binned.items()):
+    axes[0].semilogx(centres, b, "o-", base=2, color=PALETTE[j], label=name)
+    axes[1].semilogx(centres, b - binned["full"], "o-", base=2, color=PALETTE[j], label=name)
+labels = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in BINS]
+for ax in axes:
+    ax.axvline(W_LM - 1, color="grey", ls=":", lw=1)
+    ax.set_xticks(centres, labels)
+    ax.minorticks_off()
+    ax.set_xlabel("position in the window (bins double)")
+axes[0].set(ylabel="held-out loss (nats/char)", title="Loss by position (1,024 windows, both seeds)")
+axes[1].set(ylabel="loss − full attention's", title="Paired by window: the gap to full attention")
+axes[0].legend()
+fig.suptitle(f"The small models use only a few characters of context (dotted: w − 1 = {W_LM - 1})")
+plt.show()
+print(f"{'attention':<20}" + "".join(f"{label:>8}" for label in labels))
+for name, b in binned.items():
+    print(f"{name:<20}" + "".join(f"{v:>8.2f}" for v in b))
+    assert b[0] - b[3] > 0.3  # the first characters of context help a lot (position 0 vs 4–7)...
+    if not FULL:  # what the small run measured; bigger models should use more context
+        assert abs(curves[name][8:].mean() - b[3]) < 0.05  # ...the rest barely at all
+        gap = b - binned["full"]  # the lead where nothing is hidden (2–7), where most is (32–63)
+        assert abs(gap[2:4].mean() - gap[BINS.index((32, 64))]) < 0.03
+
+# %% [markdown]
+# All six runs learn (about 0.9 nats below the 3.31 nats of letter frequencies). At this
+# budget the windowed models are not worse than full attention: the all-local and 3:1 models
+# end 0.04 to 0.06 nats *ahead* of it, on both seeds. The per-position curves keep us honest
+# about what that means. The loss falls over the first two or three characters of context
+# and then stays flat (if anything it creeps up by a few hundredths): in 110 steps a model
+# this small learns spelling, not long-range structure, so a window of 8 hides nothing it
+# uses. And the right panel shows that the windowed models' lead is the same at positions 2
+# to 7, where all three models see exactly the same characters, as at positions 32 to 63,
+# where the windows hide most of the text. So the lead is not about what the models *see*;
+# it is about how they trained: restricting attention to the neighbourhood seems to make
+# the local statistics quicker to learn (only at the very first position, with no context
+# at all, are the windowed models slightly behind). The notebook asserts only that every run
+# learns, that no windowed model falls more than 0.03 nats behind full attention, and that
+# context beyond 8 characters does not help any of them; the lead itself is a fact about
+# tiny models early in training, not a result about windows.
+#
+# What a window costs at scale is measured on long-context benchmarks, where the evidence is
+# that *some* global path is needed (hence the global layers) and that, given one, the
+# window and ratio matter little {cite}`gemmateam2025gemma3`. A small experiment that *does*
+# separate the three is a synthetic one where the answer sits further back than the
+# receptive field; it is the first exercise.
+#
+# ## Summary
+#
+# - A sliding window keeps keys $i - w + 1, \dots, i$ (the query's own counts): a band of
+#   $s\,w - w(w-1)/2$ pairs instead of the triangle's $s(s+1)/2$ (58 against 136 at
+#   $s = 16$, $w = 4$; 8.3× fewer at 65,536 tokens with $w = 4096$). Attention becomes
+#   $O(s\,w)$, and a local layer's cache is capped at $\min(s, w)$ positions.
+# - $L$ local layers reach $L(w-1)+1$ tokens back. Gradients through random-weight models
+#   agree to the position (4, 7, 10 positions for 1, 2, 3 layers with $w = 4$), one global
+#   layer anywhere in the stack reaches everything, and cutting the input to exactly the
+#   field leaves the output unchanged while one token less does not. Mistral 7B's exact
+#   field is 131,041 tokens.
+# - Released patterns, read from the presets: Mistral 7B all local (4096), Gemma 3 5:1
+#   (1024, last layer local), gpt-oss 1:1 (128), Olmo 3 3:1 (4096, last layer global);
+#   from the papers: GPT-3 1:1 banded, Gemma 2 1:1 (4096), Trinity Large 3:1 (4096, NoPE in
+#   the global layers).
+# - Olmo 3 32B at 65,536 tokens: 16 GiB of cache with full attention, 4.75 GiB with 3:1
+#   (3.4×); Gemma 3 27B at 131,072: 62 GiB against 10.4 GiB (6×). The saving tends to
+#   $L/L_\text{global}$ as the context grows.
+# - A ring buffer of $w$ slots per local layer decodes exactly like a full forward pass
+#   (to $10^{-5}$) while holding 8 of 40 positions.
+# - On Shakespeare at our scale (56K parameters, 110 steps, two seeds), the windowed models
+#   are no worse than full attention (0.04–0.06 nats ahead, even where all three see the same
+#   characters), and no model uses more than a few characters of context: a null result
+#   about quality at this scale, not evidence that windows are free.
+#
+# ## Exercises
+#
+# 1. Make a task that needs long range: sequences of 48 random tokens in which the last
+#    token must repeat the first. Train the three attention patterns of the last section
+#    (window 4) on it. Which can solve it, and does the receptive field predict the answer?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# With four local layers and $w = 4$ the field is $4 \cdot 3 + 1 = 13 < 48$ positions: the
+# first token cannot reach the last, whatever the weights, so the all-local model stays at
+# chance ($\ln V$) on the last position. Full attention and 3:1 can solve it (a global layer
+# is a direct path). Check the impossibility without training:
+# `input_gradient_norms(model, ids)[0] == 0` for the all-local model.
+# ```
+#
+# 2. With the query-included convention, how many local layers of window 1024 does a model
+#    need before its last layer can reach 131,072 tokens back? How many with the convention
+#    where the window excludes the query ($w$ keys *before* it)?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# We need $L(w-1)+1 \ge 131072$, i.e. $L \ge 131071/1023 \approx 128.1$: **129 layers**
+# (`receptive_field_size(129, 1024)` is 131,968). If the window excludes the query, each
+# layer moves information $w$ positions and $L w + 1 \ge 131072$ gives 128 layers. Gemma 3
+# 27B has 52 local layers (`receptive_field_size(52, 1024)`): its
+# local path reaches 53,197 tokens; everything further goes through its 10 global layers.
+# ```
+#
+# 3. Compute the cache of gpt-oss-120b at 131,072 tokens with `kv_cache_bytes`, with and
+#    without its windows. Why is its saving almost exactly 2×?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `kv_cache_bytes(preset("gpt-oss-120b"), 131072)` against the same with
+# `layer_types=None, sliding_window=None`: half the layers are local with $w = 128$, so
+# their share is $128/131072 < 0.1\%$ of a global layer's, and the total is half the
+# full-attention cache plus almost nothing. The limit $L/L_\text{global} = 36/18 = 2$ is
+# reached already.
+# ```
+#
+# 4. `SlidingWindowCache` returns its ring in slot order, not position order. Why does
+#    attention not care? Where would it start to matter?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# Softmax attention is a weighted sum over a *set* of keys: permuting the keys and values
+# together permutes the terms of the sum and changes nothing (positions enter only through
+# RoPE, already applied to the stored keys, and through the mask, built from `pos`). It
+# matters for anything that assumes contiguous keys: the `causal=True` shortcut (hence the
+# explicit `position_mask` for rings), a kernel that skips blocks by index, or a cache that
+# is sliced by position.
+# ```
+#
+# 5. Rerun the Shakespeare comparison with `FULL = True` on a GPU (eight layers of width
+#    128, 256-character windows, $w = 32$, 2,000 steps, three seeds). Does full attention
+#    pull ahead once the models learn to use more than a few characters of context? Look at
+#    the per-position curves beyond position 32.
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Compare the per-position losses of the three models beyond $w$: a gap there is the first
+# sign that a model uses context the window hides from a single layer. With eight local
+# layers of $w = 32$ the field is 249 characters, nearly the whole window, so expect the
+# 3:1 model to close most of any gap.
+# ```
