@@ -1,0 +1,595 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · One FFN became hundreds: mixture of experts
+#
+# Every change in the last few chapters refined a part of the block. The mixture of experts
+# (MoE) changes what a block *is*. In a dense model every parameter takes part in every
+# token, so parameters and compute grow together: a model twice as large costs twice as
+# much per token. An MoE layer replaces the one FFN with $E$ FFNs, the **experts**, and a
+# small **router** that sends each token to only $k$ of them {cite}`shazeer2017outrageously`.
+# The total parameter count grows with $E$; the work per token grows with $k$.
+#
+# For a token $x$ with router weights $W_r \in \mathbb{R}^{E \times d}$:
+#
+# $$s = \mathrm{softmax}(W_r x), \qquad \mathcal{T} = \operatorname{top-}k(s), \qquad
+# y = \sum_{i \in \mathcal{T}} \frac{s_i}{\sum_{j \in \mathcal{T}} s_j}\,\mathrm{FFN}_i(x).$$
+#
+# The router is one $E \times d$ matrix, so it costs almost nothing. Since 2024 the
+# frontier open models are nearly all built this way, and the sparsity has kept growing:
+#
+# | Model | Total | Active | Active share | Experts | Top-$k$ | Shared |
+# |---|---|---|---|---|---|---|
+# | Mixtral 8×7B (2023) {cite}`jiang2024mixtral` | 46.7B | 12.9B | 27.6% | 8 | 2 | 0 |
+# | Qwen3-235B-A22B (2025) {cite}`yang2025qwen3` | 235B | 22B | 9.4% | 128 | 8 | 0 |
+# | gpt-oss-120b (2025) {cite}`openai2025gptoss` | 117B | 5.1B | 4.4% | 128 | 4 | 0 |
+# | DeepSeek-V3 (2024) {cite}`deepseekai2024deepseekv3` | 671B | 37B | 5.5% | 256 | 8 | 1 |
+# | Kimi K2.5 (2026) | 1T | 32B | 3.2% | 384 | 8 | 1 |
+# | Qwen3-Coder-Next (2026) | 80B | 3B | 3.8% | 512 | 10 | 1 |
+#
+# This chapter checks the first four rows to the last parameter, looks inside the router,
+# counts why many small experts beat a few large ones, trains a small MoE to watch its
+# routing collapse and two ways of preventing it, and ends with the cost that the table does
+# not show: moving tokens to their experts.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+
+from companion.calc import count_params, flops_per_token
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.model import DecoderLM
+from companion.moe import (
+    MoEFeedForward,
+    TopKRouter,
+    expert_load,
+    experts_grouped,
+    load_balancing_loss,
+    update_selection_bias,
+)
+from companion.plotting import PALETTE, animate, use_style
+from companion.presets import preset
+from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.training import lm_loss, make_adamw, seed_everything, train
+
+FULL = False  # True: a deeper MoE, more experts, longer runs, more seeds (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+seed_everything(0)
+torch.set_num_threads(1)  # tiny models: one thread, steady on a shared machine
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## Parameters without FLOPs
+#
+# `companion`'s MoE layer is `MoEFeedForward`: a `TopKRouter`, a stack of routed experts,
+# and optionally one **shared expert** that every token passes through, as in DeepSeek's
+# models {cite}`dai2024deepseekmoe`. Its forward pass is short:
+
+# %%
+Code(inspect.getsource(MoEFeedForward.forward), language="python")
+
+# %% [markdown]
+# `ModelConfig` puts this layer in place of the dense FFN when `n_experts > 0`, and
+# `companion.calc.count_params` counts total and **active** parameters, the ones a single
+# token's forward pass touches: everything except the routed experts it was not sent to.
+# All four models come from `companion.presets`, which copies their released configs.
+
+# %%
+MODELS = {
+    "Mixtral 8×7B": preset("mixtral-8x7b"),
+    "Qwen3-235B-A22B": preset("qwen3-235b-a22b"),
+    "gpt-oss-120b": preset("gpt-oss-120b"),
+    "DeepSeek-V3": preset("deepseek-v3"),
+}
+counts = {name: count_params(cfg) for name, cfg in MODELS.items()}
+print(
+    f"{'model':<16} {'total':>17} {'active':>16} {'share':>6} {'E':>4} {'k':>3} "
+    f"{'shared':>6} {'experts/total':>13}"
+)
+for name, cfg in MODELS.items():
+    c = counts[name]
+    print(
+        f"{name:<16} {c.total:>17,} {c.active:>16,} {c.active / c.total:>6.1%} "
+        f"{cfg.n_experts:>4} {cfg.experts_per_token:>3} {int(cfg.shared_d_ff > 0):>6} "
+        f"{c.breakdown['experts'] / c.total:>13.1%}"
+    )
+gpt_oss = counts["gpt-oss-120b"]
+print(f"gpt-oss-120b active without the embedding table: {gpt_oss.active_without_embeddings:,}")
+# the published figures, to the last parameter
+assert counts["Mixtral 8×7B"].total == 46_702_792_704
+assert counts["Mixtral 8×7B"].active == 12_879_925_248
+assert counts["Qwen3-235B-A22B"].total == 235_093_634_560
+assert counts["Qwen3-235B-A22B"].active == 22_190_763_520
+assert gpt_oss.total == 116_829_156_672
+assert gpt_oss.active_without_embeddings == 5_132_849_472  # the model card leaves it out
+assert counts["DeepSeek-V3"].total == 671_026_419_200
+assert counts["DeepSeek-V3"].active == 37_552_297_472
+shares = {name: c.active / c.total for name, c in counts.items()}
+assert 0.27 < shares["Mixtral 8×7B"] < 0.28 and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
+assert 0.05 < shares["DeepSeek-V3"] < 0.06
+assert all(c.breakdown["experts"] / c.total > 0.95 for c in counts.values())
+
+# %% [markdown]
+# The four counts match the published ones exactly. Two conventions matter: the input
+# embedding counts as active (a token reads one row of it, but the DeepSeek and Qwen reports
+# count the whole table), and OpenAI's 5.1B for gpt-oss-120b leaves the embedding out,
+# which `active_without_embeddings` reproduces. With the embedding, gpt-oss is 4.9% active
+# rather than 4.4%. In all four models, more than 95% of the parameters are routed experts.
+#
+# Active parameters are what a token costs. `flops_per_token` counts two FLOPs per weight
+# a token passes through, plus attention over a context (here 4,096 tokens). A dense model
+# with the same parameters would run every expert for every token, which adds two FLOPs for
+# each expert weight the router skipped:
+
+# %%
+CONTEXT = 4096
+print(f"{'model':<16} {'MoE GFLOP/token':>15} {'all experts on':>15} {'ratio':>6}")
+ratios = {}
+for name, cfg in MODELS.items():
+    c = counts[name]
+    moe_flops = flops_per_token(cfg, CONTEXT)
+    dense_flops = moe_flops + 2 * (c.total - c.active)  # every skipped expert weight runs too
+    ratios[name] = dense_flops / moe_flops
+    print(f"{name:<16} {moe_flops / 1e9:>15.1f} {dense_flops / 1e9:>15.1f} {ratios[name]:>5.1f}×")
+assert 3 < ratios["Mixtral 8×7B"] < 4 and ratios["DeepSeek-V3"] > 14 and ratios["gpt-oss-120b"] > 18
+
+# %% [markdown]
+# DeepSeek-V3 stores 671B
+# parameters and spends about 94 GFLOPs per token on them, some fifteen times less than the
+# same weights would cost if they were all used. That gap, parameters without FLOPs, is the
+# reason for everything else in this chapter. It is not free: all 671B must sit in memory
+# somewhere, and the next sections show what it takes to make the router use them well.
+#
+# ## The router
+#
+# A router is a linear map from the token to one logit per expert, a scoring function, and
+# a top-$k$. Mixtral and Qwen3 score with a softmax over the $E$ logits; DeepSeek-V3 uses an
+# independent sigmoid per expert {cite}`deepseekai2024deepseekv3`. In both, the $k$ chosen
+# scores are then renormalised to sum to one (`norm_topk`). Here is `TopKRouter`'s forward:
+
+# %%
+Code(inspect.getsource(TopKRouter.forward), language="python")
+
+# %% [markdown]
+# Six random tokens, eight experts, top-2, scored both ways from the same router weights:
+
+# %%
+torch.manual_seed(0)
+x_tok = torch.randn(6, 16, dtype=torch.float64)
+soft = TopKRouter(16, 8, 2, scoring="softmax")
+sig = TopKRouter(16, 8, 2, scoring="sigmoid")
+sig.load_state_dict(soft.state_dict())  # the same logits, two scoring functions
+raw = TopKRouter(16, 8, 2, scoring="sigmoid", norm_topk=False)
+raw.load_state_dict(soft.state_dict())
+w_soft, i_soft, s_soft = soft(x_tok)
+w_sig, i_sig, s_sig = sig(x_tok)
+w_raw, _, _ = raw(x_tok)
+print("token  softmax: experts, weights        sigmoid: experts, weights   unnormalised sum")
+for n in range(6):
+    print(
+        f"{n:>5}  {i_soft[n].tolist()}  {np.round(w_soft[n].tolist(), 3)}"
+        f"      {i_sig[n].tolist()}  {np.round(w_sig[n].tolist(), 3)}"
+        f"      {w_raw[n].sum().item():.3f}"
+    )
+ones = torch.ones(6, dtype=torch.float64)
+assert torch.allclose(w_soft.sum(-1), ones) and torch.allclose(w_sig.sum(-1), ones)
+assert torch.equal(i_soft, i_sig)  # both are monotone in the logit: the same experts win
+assert torch.allclose(s_soft.sum(-1), ones) and not torch.allclose(s_sig.sum(-1), ones)
+assert ((w_raw.sum(-1) > 0) & (w_raw.sum(-1) < 2)).all()  # k sigmoids: anywhere in (0, k)
+# renormalised softmax over the top-k = a softmax over the k chosen logits alone
+logits = x_tok @ soft.weight.double().T
+assert torch.allclose(w_soft, logits.gather(-1, i_soft).softmax(-1))
+
+# %% [markdown]
+# Softmax and sigmoid are both increasing functions of the logit, so on the same logits
+# they choose the same experts; only the weights differ. After renormalisation, the softmax
+# weights are exactly a softmax over the $k$ chosen logits (asserted): the $E - k$ others
+# drop out. Sigmoid scores do not compete, each lies in $(0, 1)$ on its own, and without
+# renormalisation $k$ of them can sum to anything between 0 and $k$. DeepSeek-V3
+# renormalises and then multiplies by a fixed `routed_scaling_factor` of 2.5.
+#
+# ### Two forms of the same experts
+#
+# The routed experts are stored as stacked tensors, `gate_up (E, 2F, d)` and
+# `down (E, d, F)`, and can run in two ways with one signature. `experts_reference` loops
+# over the experts and picks out each one's tokens; `experts_grouped` sorts the
+# (token, expert) pairs by expert once and runs one grouped matrix product per weight
+# matrix. Switching `impl` on the same layer must change nothing, forward and backward:
+
+# %%
+torch.manual_seed(1)
+layer = MoEFeedForward(32, 16, 4, 24, shared_d_ff=24).double()
+x_moe = torch.randn(2, 40, 32, dtype=torch.float64)
+results = {}
+for impl in ("reference", "grouped"):
+    layer.experts.impl = impl
+    layer.zero_grad()
+    out = layer(x_moe)
+    out.pow(2).sum().backward()
+    results[impl] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+(out_ref, grad_ref), (out_grp, grad_grp) = results["reference"], results["grouped"]
+diff_out = (out_ref - out_grp).abs().max().item()
+diff_grad = max((grad_ref[n] - grad_grp[n]).abs().max().item() for n in grad_ref)
+print(f"max |reference - grouped|: output {diff_out:.1e}, gradients {diff_grad:.1e}")
+print(f"gradient tensors compared: {sorted(grad_ref)}")
+assert diff_out < 1e-12 and diff_grad < 1e-10
+
+# %% [markdown]
+# In float64 the two forms agree to rounding, outputs and the gradients of every
+# parameter, the router's included: the router gets its gradient through the weights $s_i$
+# that scale each expert's output, never through the discrete top-$k$ choice.
+#
+# ## Why many small experts beat a few large ones
+#
+# DeepSeekMoE's argument is combinatorial {cite}`dai2024deepseekmoe`. Cut each expert of
+# an 8-expert, top-2 layer into $m$ narrower experts (width $F/m$) and route each token to
+# $2m$ of them: total and active parameters stay the same, and so do the FLOPs, but the
+# number of distinct sets of experts a token can use, $\binom{E}{k}$, explodes. Widths in
+# units of $F/32$, so that every size is an integer:
+
+# %%
+LAYOUTS = [  # (label, experts, top-k, expert width in units of F/32)
+    ("8 experts, top-2 (Mixtral)", 8, 2, 32),
+    ("64 experts, top-16, m = 8", 64, 16, 4),
+    ("256 experts, top-64, m = 32", 256, 64, 1),
+    ("64 experts, top-8", 64, 8, 4),
+    ("256 experts, top-8 (V3's E, k)", 256, 8, 1),
+]
+print(f"{'layout':<32} {'total':>6} {'active':>6} {'C(E, k)':>40}")
+combos = {}
+for label, e, k, width in LAYOUTS:
+    combos[label] = math.comb(e, k)
+    size = f"{combos[label]:,}" if combos[label] < 1e18 else f"{combos[label]:.2e}"
+    print(f"{label:<32} {e * width:>6} {k * width:>6} {size:>40}")
+assert math.comb(8, 2) == 28
+assert math.comb(64, 16) == 488_526_937_079_580
+assert math.comb(64, 8) == 4_426_165_368
+assert math.comb(256, 8) == 409_663_695_276_000  # ≈ 4.1 × 10^14
+assert 1.8e61 < math.comb(256, 64) < 2.0e61
+assert all(e * w == 256 for _, e, _, w in LAYOUTS)  # every layout: the same total
+assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
+
+# %% [markdown]
+# Same total, same active size: 28 combinations for Mixtral's layout, about
+# $4.9 \times 10^{14}$ at $m = 8$, and about $1.9 \times 10^{61}$ at $m = 32$. The
+# often-quoted comparison of $\binom{8}{2} = 28$ with $\binom{256}{8} \approx 4.1 \times
+# 10^{14}$ is not at equal cost: with experts 32 times narrower, top-8 uses a quarter of the
+# active parameters (last row). DeepSeek-V3 in fact uses a narrow expert (width 2,048 at
+# $d$ = 7,168, against a dense FFN width of 18,432) and adds the always-on shared expert,
+# meant to hold what every token needs, so that the routed experts need not each relearn it.
+# The count of combinations is an argument, not a measurement: it says a fine-grained layer
+# *can* specialise more flexibly. DeepSeekMoE's ablations found that it does, at equal
+# compute {cite}`dai2024deepseekmoe`.
+#
+# ## The problem MoE creates: load balance
+#
+# The router is learned, and learning reinforces itself. An expert that happens to be a
+# little better early on receives more tokens, so it gets more gradient, improves faster and
+# is chosen even more often. Left alone, a few experts take most tokens and the rest sit
+# idle: **routing collapse**. On real hardware this is doubly bad, since each device holds
+# a few experts and the busiest one sets the pace.
+#
+# Two remedies are in use. The Switch Transformer's **auxiliary loss**
+# {cite}`fedus2022switch`, going back to GShard {cite}`lepikhin2020gshard`, adds
+#
+# $$\mathcal{L}_\text{aux} = \alpha\, E \sum_{i=1}^{E} f_i\, P_i$$
+#
+# to the objective, with $f_i$ the fraction of assignments that went to expert $i$ and
+# $P_i$ its mean routing probability. The loss is smallest when both are uniform, and its
+# gradient flows through $P_i$. It works, but it is a second objective that pulls the router
+# away from what the language loss wants. DeepSeek-V3 drops it {cite}`wang2024auxiliary`:
+# each expert gets a bias $b_i$ that is added to its score **only to choose** the top-$k$
+# (the weights stay the unbiased scores), and after every step
+#
+# $$b_i \leftarrow b_i + \gamma\, \mathrm{sign}(\bar{n} - n_i),$$
+#
+# with $n_i$ the tokens expert $i$ received and $\bar{n}$ their mean: an overloaded expert
+# becomes harder to choose, an idle one easier. No gradient, no extra loss.
+
+# %%
+Code(
+    inspect.getsource(load_balancing_loss) + "\n\n" + inspect.getsource(update_selection_bias),
+    language="python",
+)
+
+# %% [markdown]
+# We train the same one-layer character model on Shakespeare three ways, with 8 experts
+# and top-2: no balancing, the auxiliary loss ($\alpha = 0.01$, the Switch Transformer's
+# value), and the selection bias ($\gamma = 3 \cdot 10^{-3}$). Everything else (the softmax
+# router, the initial weights, the batches) is the same within a seed. We record every
+# expert's load at every step and measure imbalance as the busiest expert's load over the
+# mean load: 1 is perfect balance, $E/k = 4$ is total collapse onto two experts.
+
+# %%
+text = load_shakespeare()
+chars = CharTokenizer(text)
+ids = torch.tensor(chars.encode(text))
+train_ids, _ = split_tokens(ids, 0.1)
+E, K = (32, 4) if FULL else (8, 2)
+STEPS, SEQ, BATCH, LR = (1000, 128, 64, 3e-3) if FULL else (160, 32, 32, 1e-2)
+SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
+ALPHA, GAMMA = 0.01, 3e-3
+MODES = ("no balancing", "auxiliary loss", "selection bias")
+
+
+def moe_config(selection_bias: bool) -> ModelConfig:
+    """A one-layer (four with FULL) decoder whose FFN is E experts, top-K."""
+    return ModelConfig(
+        vocab_size=chars.vocab_size,
+        d_model=128 if FULL else 48,
+        n_layers=4 if FULL else 1,
+        n_heads=8 if FULL else 3,
+        ffn="glu",
+        activation="silu",
+        norm="rmsnorm",
+        position="rope",
+        bias=False,
+        max_seq_len=SEQ,
+        init_std=0.1,
+        n_experts=E,
+        experts_per_token=K,
+        expert_d_ff=32,
+        router_selection_bias=selection_bias,
+    )
+
+
+def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float]]:
+    """Train one model; returns each step's load of the first MoE layer (steps, E) and losses."""
+    seed_everything(seed)
+    model = DecoderLM(moe_config(mode == "selection bias")).to(DEVICE)
+    moe = model.blocks[0].ffn
+    loads, lm = [], []
+
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = lm_loss(m, x, y)
+        lm.append(loss.item())  # the language-model loss alone, without the auxiliary term
+        routing = moe.last_routing
+        load = expert_load(routing.indices, E)
+        loads.append(load.cpu())
+        if mode == "auxiliary loss":
+            loss = loss + ALPHA * load_balancing_loss(routing.scores, routing.indices, E)
+        elif mode == "selection bias":  # between steps in DeepSeek-V3; here right after routing
+            update_selection_bias(moe.router.selection_bias, load, GAMMA)
+        return loss
+
+    batches = torch.Generator().manual_seed(1000 + seed)  # the same batches for every mode
+    train(
+        model,
+        lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
+        STEPS,
+        make_adamw(model, lr=LR),
+        loss_fn=loss_fn,
+    )
+    return torch.stack(loads).double(), lm
+
+
+loads, losses = {}, {}
+for seed in SEEDS:
+    for mode in MODES:
+        loads[mode, seed], losses[mode, seed] = run(mode, seed)
+
+
+def imbalance(load: torch.Tensor) -> torch.Tensor:
+    """max load / mean load, per step: 1 is balanced, E/k is collapse onto k experts."""
+    return load.max(-1).values / load.mean(-1)
+
+
+TAIL = 50  # the last 50 steps
+final = {key: imbalance(load[-TAIL:]).mean().item() for key, load in loads.items()}
+tail_loss = {key: float(np.mean(loss[-TAIL:])) for key, loss in losses.items()}
+print(f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (max/mean load, last 50 steps)")
+for seed in SEEDS:
+    print(f"{seed:>4} " + "".join(f"{final[m, seed]:>16.2f}" for m in MODES))
+print(f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)")
+for seed in SEEDS:
+    print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
+for seed in SEEDS:
+    assert final["no balancing", seed] > 2.0  # the busiest expert takes over twice its share
+    for mode in MODES[1:]:
+        assert final[mode, seed] < final["no balancing", seed] - 0.4
+        assert final[mode, seed] < 1.8
+        assert abs(tail_loss[mode, seed] - tail_loss["no balancing", seed]) < 0.05
+
+# %%
+SHOW_SEED, EVERY, SMOOTH = 0, 10, 10
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+shares = {}  # mode -> (steps, E): each expert's share of the assignments, 10-step mean
+bars = {}
+for j, (ax, mode) in enumerate(zip(axes, MODES, strict=True)):
+    load = loads[mode, SHOW_SEED]
+    share = load / load.sum(-1, keepdim=True)
+    kernel = np.ones(SMOOTH) / SMOOTH
+    shares[mode] = np.stack(
+        [np.convolve(share[:, e], kernel, mode="valid") for e in range(E)], axis=1
+    )
+    bars[mode] = ax.bar(range(E), shares[mode][0], color=PALETTE[j])
+    ax.axhline(1 / E, color="black", lw=1, ls="--", label="uniform 1/E")
+    ax.set(xlabel="expert", title=mode, ylim=(0, 0.5), xticks=range(E))
+axes[0].set_ylabel("share of token assignments")
+axes[0].legend(fontsize=8, loc="upper right")
+n_frames = len(shares[MODES[0]]) // EVERY + 1
+
+
+def draw_loads(i: int) -> None:
+    row = min(i * EVERY, len(shares[MODES[0]]) - 1)
+    for mode in MODES:
+        for bar, h in zip(bars[mode], shares[mode][row], strict=True):
+            bar.set_height(h)
+    fig.suptitle(f"Expert load, seed {SHOW_SEED}, steps {row + 1}–{row + SMOOTH}")
+
+
+HTML(animate(fig, draw_loads, n_frames, interval_ms=300))
+
+# %% [markdown]
+# At step 1 the three runs are identical (same weights, same batch), and the load is
+# already uneven: a random router does not split tokens evenly. Without balancing the
+# unevenness grows. The busiest expert ends with 2.4 to 3.3 times its fair share of the
+# assignments on every seed, and some experts receive almost nothing. Both remedies keep
+# the busiest expert within 1.4 times its share, the auxiliary loss through the gradient
+# and the selection bias without one. On the language-model loss (the auxiliary term left
+# out) the three runs end within 0.05 nats of each other on every seed, so at this scale
+# balance costs nothing measurable. Whether it helps is a question for larger models:
+# DeepSeek reports that the bias balances as well as the auxiliary loss while ending with a
+# slightly better model {cite}`wang2024auxiliary`, and DeepSeek-V3 still adds a very small
+# sequence-wise auxiliary loss as a safeguard {cite}`deepseekai2024deepseekv3`.
+#
+# The asserts above hold for each of the three seeds: without balancing the busiest expert
+# gets more than twice its share; with either remedy less than 1.8 times, and at least 0.4
+# less than without.
+#
+# ## The dispatch cost
+#
+# The table at the top counts FLOPs. It says nothing about getting each token to its
+# experts. In one process that is a gather and a scatter: `experts_grouped` sorts the
+# $N \cdot k$ (token, expert) pairs by expert, so that each expert's tokens are contiguous,
+# runs one grouped matrix product per weight matrix over the segments
+# (`torch._grouped_mm` where it runs, else one matmul per segment), and adds the weighted
+# results back to their tokens:
+
+# %%
+Code(inspect.getsource(experts_grouped), language="python")
+
+# %% [markdown]
+# The reference form does the same arithmetic with a Python loop over the $E$ experts and
+# a boolean search for each one's tokens, which costs $E$ small kernel launches and $E$
+# searches whatever the batch. The benchmark `python -m companion.bench moe` times one
+# layer (64 experts, top-8, $d = 256$) both ways, and against the loop and the grouped
+# path of transformers' `Qwen3MoeSparseMoeBlock` loaded with the same weights. A small run
+# here (times vary from machine to machine and from run to run):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings: shown, not asserted; the agreement with transformers is asserted)
+from companion.bench.moe import bench_moe, format_moe  # noqa: E402
+
+bench_rows = bench_moe([512], repeats=3)
+print(format_moe(bench_rows))
+assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
+
+# %% [markdown]
+# On a CPU the loop is not much slower than the grouped path: each expert's matmul is big
+# enough to hide the loop's overhead. On a GPU, with thousands of tokens and hundreds of
+# experts, the launches and the synchronisations of the loop dominate and the grouped
+# kernel wins by a wide margin (run the benchmark with `--device cuda`).
+#
+# In a real deployment the experts do not fit on one device. They are sharded across
+# devices (**expert parallelism**), and the gather and scatter become two all-to-all
+# exchanges per MoE layer, one to send each token to the devices that hold its experts and
+# one to bring the results back: 58 MoE layers in DeepSeek-V3, each twice. Then the
+# interconnect, not the FLOPs, often sets the speed, and an unbalanced router makes it
+# worse, since the busiest device makes all the others wait. This is one more reason why
+# DeepSeek-V3 limits each token to experts on at most 4 of the 8 expert groups
+# (`router_groups=8, router_topk_groups=4` in its preset): in deployment a group maps to a
+# set of devices, so fewer groups per token means less traffic.
+#
+# ## Summary
+#
+# - An MoE layer replaces the FFN with $E$ experts and a router that runs $k$ of them per
+#   token: parameters grow with $E$, compute with $k$. Counted from their configs, Mixtral
+#   8×7B has 46,702,792,704 parameters (12,879,925,248 active), Qwen3-235B-A22B
+#   235,093,634,560 (22,190,763,520), gpt-oss-120b 116,829,156,672 (5,132,849,472 without
+#   the embedding) and DeepSeek-V3 671,026,419,200 (37,552,297,472): the published figures,
+#   exactly. Over 95% of each is routed experts.
+# - Per token, DeepSeek-V3 spends 94 GFLOPs at a 4,096-token context; running all its
+#   experts would cost 14.5 times that (Mixtral 3.4×, gpt-oss-120b 20×).
+# - The router is a linear map, a softmax or sigmoid, and a top-$k$. Both scorings pick the
+#   same experts from the same logits; renormalised, the weights sum to 1, and a
+#   renormalised softmax equals a softmax over the chosen logits. The loop over experts
+#   and the sorted, grouped form agree exactly, forward and backward.
+# - Fine-grained experts multiply the choices at equal cost: $\binom{8}{2} = 28$ against
+#   $\binom{64}{16} \approx 4.9 \times 10^{14}$ for the same total and active sizes.
+# - Learned routing drifts toward a few experts: in our one-layer model the busiest expert
+#   took 2.4 to 3.3 times its share. The Switch/GShard auxiliary loss and DeepSeek-V3's
+#   selection bias both held it to about 1.2 to 1.4, without a measurable cost in loss.
+# - The hidden cost is dispatch: sorting tokens by expert, grouped matmuls, and across
+#   devices two all-to-alls per layer.
+#
+# ## Exercises
+#
+# 1. Qwen3-Next-80B-A3B (the architecture of Qwen3-Coder-Next) is a preset. Count its total
+#    and active parameters. How does "A3B" compare with what `count_params` reports?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `c = count_params(preset("qwen3-next-80b-a3b"))` gives 79,674,391,296 total and
+# 3,874,929,408 active (3,563,764,480 without the embedding table): "80B" and "A3B" are
+# rounded names, not counts, and the 3.8% of the opening table is 3B over 80B. With 512
+# experts, top-10 and a gated shared expert, 97% of it is routed experts.
+# ```
+#
+# 2. Route with group-limited routing: build `TopKRouter(16, 256, 8, scoring="sigmoid",
+#    n_groups=8, topk_groups=4)` and check, for a few thousand random tokens, that no token's
+#    8 experts come from more than 4 groups. How often does a token use exactly 4?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `groups = (indices // 32)`; count `len(set(row))` per token. The maximum is 4 by
+# construction (the other groups are masked to −∞ before the top-$k$). With random weights
+# about 97% of tokens use exactly 4 groups: the 8 best of 128 candidates rarely crowd into fewer.
+# ```
+#
+# 3. Make the collapse worse: rerun the training experiment with the router's initial
+#    weights multiplied by 10 (`moe.router.weight.data *= 10` after building the model). What
+#    happens to the imbalance without balancing, and does the selection bias still cope
+#    with $\gamma = 3 \cdot 10^{-3}$?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Larger logits make the softmax sharper, so an early favourite wins more decisively. The
+# bias moves by at most $\gamma$ per step, so it needs time, or a larger $\gamma$, to
+# overcome large score gaps; the auxiliary loss scales with $\alpha$ instead.
+# ```
+#
+# 4. The auxiliary loss $E \sum_i f_i P_i$ is smallest at uniform routing. Show that it
+#    equals $k$ there, and check it with `load_balancing_loss` on a routing where every
+#    expert receives the same number of tokens and every probability is $1/E$.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# With $f_i = k/E$ (each token makes $k$ assignments) and $P_i = 1/E$: $E \cdot E \cdot
+# (k/E)(1/E) = k$. In code: `probs = torch.full((N, E), 1 / E)`, `indices` such that
+# each expert appears $Nk/E$ times (e.g. `torch.arange(N * k).view(N, k) % E`); the loss
+# is `k` up to rounding.
+# ```
+#
+# 5. Run `python -m companion.bench moe --tokens 512 4096 --experts 8 --top-k 2` and then
+#    with `--experts 256 --top-k 8 --d-ff 32`. Which layout makes the reference loop pay
+#    most, and why?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# The loop's overhead grows with $E$ (one search and two small matmuls per expert), while
+# its useful work depends only on $N \cdot k$ and the expert width. With 256 narrow experts
+# each matmul is tiny and the per-expert overhead dominates; with 8 wide ones it is hidden.
+# ```

@@ -1,0 +1,621 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Past softmax: linear attention and Gated DeltaNet
+#
+# Chapters 8 and 9 kept softmax attention and rationed it: fewer key/value heads, a latent
+# per token, a window. Each full-attention layer still keeps every past position, so its cache
+# grows with the context. The 2025–2026 hybrids go further. Qwen3-Next replaces three layers
+# out of every four with a **Gated DeltaNet** {cite}`yang2024gated`, a layer whose memory is a
+# fixed-size matrix, and keeps softmax attention in the fourth.
+#
+# This chapter builds that layer up in three steps and checks each one:
+#
+# 1. Drop the softmax, and attention becomes a recurrent network whose state is one
+#    $D_k \times D_v$ matrix per head {cite}`katharopoulos2020transformers`. Three ways of
+#    computing it (token by token, one masked product, chunks) must agree.
+# 2. Replace "add the new pair" by "correct the state's prediction for this key": the
+#    **delta rule** {cite}`schlag2021linear`, one step of online regression. Adding a decay
+#    gives the gated delta rule.
+# 3. Compute it in chunks, so that a GPU runs matrix products instead of a loop over tokens
+#    {cite}`yang2024parallelizing`.
+#
+# Then we measure what a fixed-size state can remember on a recall task with no training at
+# all, price Qwen3-Next's cache in bytes, and check that a small hybrid model decodes token by
+# token exactly as it computes a full forward pass.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import dataclasses
+import inspect
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from IPython.display import HTML, Code
+
+from companion import linear_attention as la
+from companion.calc import kv_cache_bytes, kv_cache_bytes_per_token
+from companion.config import ModelConfig
+from companion.device import default_device, describe
+from companion.gated_deltanet import GatedDeltaNetCache
+from companion.linear_attention import (
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    chunk_linear_attention,
+    parallel_linear_attention,
+    recurrent_delta_rule,
+    recurrent_gated_delta_rule,
+    recurrent_linear_attention,
+)
+from companion.model import DecoderLM
+from companion.plotting import PALETTE, animate, use_style
+from companion.presets import preset
+from companion.recall_tasks import RULES, recall_pairs, recall_read, recall_scores
+from companion.training import seed_everything
+
+FULL = False  # True: longer sequences, more trials of the recall task (use a GPU)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+seed_everything(0)
+torch.set_num_threads(1)  # small tensors: one thread, and fair to other programs
+print(describe(DEVICE))
+
+
+def inputs(t: int, heads: int = 2, dim: int = 16, seed: int = 0, dtype=torch.float64) -> dict:
+    """Random q, k, v (1, T, H, D), a log-decay g ≤ 0 and a write strength β in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = {n: torch.randn(1, t, heads, dim, generator=gen, dtype=dtype) for n in "qkv"}
+    x["g"] = F.logsigmoid(torch.randn(1, t, heads, generator=gen, dtype=dtype) + 2)
+    x["beta"] = torch.rand(1, t, heads, generator=gen, dtype=dtype)
+    return {n: v.requires_grad_() for n, v in x.items()}
+
+
+def grads(out: torch.Tensor, x: dict) -> list[torch.Tensor]:
+    """Gradients of a fixed random projection of ``out`` with respect to every input."""
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    return torch.autograd.grad((out * w).sum(), list(x.values()), allow_unused=True)
+
+
+# %% [markdown]
+# ## Linear attention is an RNN
+#
+# Causal softmax attention computes, for the query at position $t$,
+#
+# $$o_t = \frac{\sum_{s \le t} \exp(q_t^\top k_s)\, v_s}{\sum_{s \le t} \exp(q_t^\top k_s)}.$$
+#
+# The exponential ties $q_t$ and $k_s$ together, so every past key must be kept and compared
+# with every new query: the KV cache. Replace $\exp(q^\top k)$ by a plain product
+# $q^\top k$ (or $\phi(q)^\top\phi(k)$ for some feature map $\phi$) and drop the normaliser.
+# Then the product regroups:
+#
+# $$o_t = \sum_{s \le t} (q_t^\top k_s)\, v_s = \Big(\sum_{s \le t} k_s v_s^\top\Big)^{\!\top} q_t
+#   = S_t^\top q_t, \qquad S_t = S_{t-1} + k_t v_t^\top.$$
+#
+# $S_t$ is a $D_k \times D_v$ matrix: the keys and values seen so far, summed as outer
+# products. It is the hidden state of an RNN {cite}`katharopoulos2020transformers`. The same
+# outputs can be computed three ways: token by token (the recurrence), as one masked
+# $T \times T$ product $\mathrm{tril}(q k^\top)\, v$ like attention, or in **chunks** of $C$
+# tokens: the masked product inside each chunk, plus a read of the state at the chunk's
+# start. `companion.linear_attention` has all three, with one signature. They must agree,
+# outputs and gradients, for any chunk size, including one that does not divide $T$.
+
+# %%
+x = inputs(100)
+qkv = [x[n] for n in "qkv"]
+o_rec, s_rec = recurrent_linear_attention(*qkv, None, True)
+g_rec = grads(o_rec, x)[:3]
+forms = {"parallel": (parallel_linear_attention, {})}
+forms |= {f"chunk C={c}": (chunk_linear_attention, {"chunk_size": c}) for c in (7, 16, 64, 128)}
+for name, (fn, kw) in forms.items():
+    o, s = fn(*qkv, None, True, **kw)
+    g_o = grads(o, x)[:3]
+    err = max((a - b).abs().max().item() for a, b in zip(g_o, g_rec, strict=True))
+    print(f"{name:<12} output diff {(o - o_rec).abs().max().item():.0e}, gradient diff {err:.0e}")
+    torch.testing.assert_close(o, o_rec, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s, s_rec, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g_o, g_rec, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+# %% [markdown]
+# All five agree with the token-by-token loop to about $10^{-14}$ in fp64, outputs and
+# gradients, with $T = 100$ and chunks of 7 (the last chunk has 2 tokens) up to 128 (one
+# chunk longer than the sequence).
+#
+# What decoding keeps is the point. A softmax layer caches $2 H_{kv} D$ numbers per token,
+# forever. A linear-attention head keeps $D_k D_v$ numbers, whatever the length. For Llama 3
+# 8B's shapes (32 layers, 8 KV heads of 128), a 131,072-token context costs 16 GiB of bf16
+# cache; the same heads as linear attention (32 query heads, a $128 \times 128$ fp32 state
+# each) need 64 MiB, at any length.
+
+# %%
+llama3 = preset("llama3-8b")
+ctx = 131_072
+kv = kv_cache_bytes(llama3, ctx)  # bf16
+state = llama3.n_layers * llama3.n_heads * llama3.head_dim**2 * 4  # one fp32 state per head
+print(f"KV cache at {ctx:,} tokens: {kv / 2**30:.0f} GiB; linear-attention states: "
+      f"{state / 2**20:.0f} MiB at any length")
+assert kv == 32 * 2 * 8 * 128 * 2 * ctx == 16 * 2**30
+assert state == 64 * 2**20
+_, s_short = recurrent_linear_attention(*(t[:, :10] for t in qkv), None, True)
+assert s_short.shape == s_rec.shape == (1, 2, 16, 16)  # 10 tokens or 100: the same state
+
+# %% [markdown]
+# The price is precision. Softmax can put nearly all its weight on one key; a sum of outer
+# products cannot. Reading $S^\top k_i$ returns $v_i (k_i^\top k_i)$ plus
+# $\sum_{j \ne i} (k_j^\top k_i)\, v_j$: every other pair leaks in through the overlap of its
+# key with $k_i$. Only orthogonal keys avoid that, and there are at most $D_k$ of them.
+#
+# ## The delta rule: a state that corrects itself
+#
+# The **delta rule** (DeltaNet) changes the write {cite}`schlag2021linear`. Before storing
+# $v_t$ under $k_t$, look at what the state already returns for $k_t$, and store only the
+# difference, scaled by a write strength $\beta_t \in (0, 1)$:
+#
+# $$S_t = S_{t-1} + \beta_t\, k_t \big(v_t - S_{t-1}^\top k_t\big)^{\!\top}
+#       = \big(I - \beta_t k_t k_t^\top\big) S_{t-1} + \beta_t\, k_t v_t^\top .$$
+#
+# (Papers that store $S$ as $D_v \times D_k$ write the same thing as
+# $S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$.) This is one step of gradient
+# descent on the regression loss $\tfrac12 \lVert S^\top k_t - v_t \rVert^2$, whose gradient
+# with respect to $S$ is $k_t (S^\top k_t - v_t)^\top$, with learning rate $\beta_t$. The state
+# is trained online, one pair per token. With a unit-norm key and $\beta = 1$ the step lands
+# exactly on the target: writing the same key twice **replaces** the first value, where
+# linear attention would add the two.
+
+# %%
+key = torch.full((1, 2, 1, 4), 0.5, dtype=torch.float64)  # one unit-norm key, written twice
+vals = torch.tensor([[[[1.0, 2.0, 3.0]]], [[[-4.0, 0.5, 2.0]]]], dtype=torch.float64)
+vals = vals.reshape(1, 2, 1, 3)
+ones = torch.ones(1, 2, 1, dtype=torch.float64)
+_, s_delta = recurrent_delta_rule(key, key, vals, ones, None, True)
+_, s_lin = recurrent_linear_attention(key, key, vals, None, True)
+read_delta, read_lin = key[0, 0, 0] @ s_delta[0, 0], key[0, 0, 0] @ s_lin[0, 0]
+print("delta rule reads", read_delta.tolist(), " linear attention reads", read_lin.tolist())
+assert torch.equal(read_delta, vals[0, 1, 0])  # the second write replaced the first, exactly
+assert torch.equal(read_lin, vals[0, 0, 0] + vals[0, 1, 0])  # ... where linear attention adds
+
+# %% [markdown]
+# Both reads are exact in floating point (the key $(\tfrac12, \tfrac12, \tfrac12, \tfrac12)$
+# has no rounding): the delta rule returns $(-4, 0.5, 2)$, the second value; linear attention
+# returns the sum $(-3, 2.5, 5)$.
+#
+# **Gated DeltaNet** adds a decay $\alpha_t = e^{g_t} \in (0, 1]$ that fades the whole state
+# before each write {cite}`yang2024gated`, as Mamba 2's gate does {cite}`dao2024transformers`:
+# $\beta_t$ decides how hard to overwrite one key, $\alpha_t$ how fast to forget everything.
+# In Qwen3-Next both are computed from the token, per head. Here is the reference, the loop
+# the fast form is tested against:
+
+# %%
+Code(inspect.getsource(la._recurrent_delta), language="python")
+
+# %% [markdown]
+# With `g` set the loop decays the state first, then makes one delta-rule step, then reads it
+# with the query. `chunk_gated_delta_rule` computes the same thing without a loop over
+# tokens (next section). It must agree with the loop, outputs, final state and gradients with
+# respect to q, k, v, g and β, for several chunk sizes and lengths that do not divide by them.
+
+# %%
+rows = []
+for t in (37, 64, 100):
+    x = inputs(t, seed=t)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    o_ref, s_ref = recurrent_gated_delta_rule(*args, None, True, use_qk_l2norm_in_kernel=True)
+    g_ref = grads(o_ref, x)
+    for c in (8, 16, 48, 64):
+        o, s = chunk_gated_delta_rule(
+            *args, None, True, chunk_size=c, use_qk_l2norm_in_kernel=True
+        )
+        g_c = grads(o, x)
+        torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
+        for a, b in zip(g_c, g_ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        rows.append(max((a - b).abs().max().item() for a, b in zip(g_c, g_ref, strict=True)))
+assert len(rows) == 12
+print(f"{len(rows)} (T, C) pairs; worst gradient difference {max(rows):.0e}")
+x = inputs(50, seed=3)  # the ungated delta rule too
+args = [x[n] for n in ("q", "k", "v", "beta")]
+torch.testing.assert_close(
+    chunk_delta_rule(*args, chunk_size=16)[0], recurrent_delta_rule(*args)[0], rtol=1e-10, atol=0
+)
+
+# %% [markdown]
+# Twelve combinations of length and chunk size, 37 tokens with chunks of 8 or 16 among them,
+# and the chunked form matches the loop to about $10^{-15}$ in every output and gradient.
+#
+# ## Why chunks: from $T$ steps to $T / C$
+#
+# The recurrence is sequential: $S_t$ needs $S_{t-1}$. A GPU is fast at large matrix
+# products and slow at thousands of tiny dependent steps. Linear attention has an easy way
+# out: the chunk states are a prefix sum of each chunk's $K^\top V$, and inside a chunk the
+# work is a masked product. The delta rule is harder, because each write depends on what the
+# state returns for its key, that is on all earlier writes of the chunk.
+#
+# The **UT / WY** trick {cite}`yang2024parallelizing` resolves that dependency inside a chunk
+# with one triangular solve. Write $\delta_r = \beta_r (v_r - P_r^\top k_r)$ for the
+# correction stored at position $r$ of a chunk. Each $\delta_r$ depends linearly on the
+# earlier $\delta_s$ through $k_r^\top k_s$, so all $C$ of them solve a unit lower-triangular
+# system $(I + L)\,\delta = \beta v - \beta K S_0$ with $L_{rs} = \beta_r k_r^\top k_s$ for
+# $s < r$ (and decay factors in the gated case). The solve, and every product inside the
+# chunks, runs for all chunks at once; only the $T/C$ state updates between chunks remain a
+# loop. The docstring of `_chunk_delta` spells out the algebra.
+#
+# How many dependent steps remain is something we can count instead of assert from the
+# algebra: autograd records every operation, so the longest chain of operations from the
+# inputs to the final state is the number of steps that must run one after another.
+
+# %%
+def graph_depth(out: torch.Tensor) -> int:
+    """Length of the longest chain of recorded operations that produced ``out``."""
+    depth, stack, seen = {}, [(out.grad_fn, False)], set()
+    while stack:  # iterative depth-first search: the graphs are thousands of nodes deep
+        fn, children_done = stack.pop()
+        if children_done:
+            parents = [n for n, _ in fn.next_functions if n is not None]
+            depth[fn] = 1 + max((depth[n] for n in parents), default=0)
+        elif fn not in seen:
+            seen.add(fn)
+            stack.append((fn, True))
+            stack += [(n, False) for n, _ in fn.next_functions if n is not None and n not in seen]
+    return depth[out.grad_fn]
+
+
+print(f"{'T':>4} {'C':>3} {'T/C':>4} | {'recurrent depth':>15} {'chunk depth':>11}")
+for t in (64, 128, 200, 256):
+    x = inputs(t)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    rec = graph_depth(recurrent_gated_delta_rule(*args, None, True)[1])
+    assert rec == 13 * t + 6  # 13 operations per token, one token after another
+    for c in (16, 64):
+        n = math.ceil(t / c)
+        chunk = graph_depth(chunk_gated_delta_rule(*args, None, True, chunk_size=c)[1])
+        assert chunk == 10 * n + 13 + (t % c != 0)  # 10 per chunk (+1: padding the tail)
+        print(f"{t:>4} {c:>3} {n:>4} | {rec:>15} {chunk:>11}")
+
+# %% [markdown]
+# The counts are exact: the loop is $13T + 6$ operations deep, 13 per token, while the chunked
+# form is $10 \lceil T/C \rceil + 13$ deep (one more when the last chunk is padded). At
+# $T = 256$ and $C = 64$ that is 3,334 dependent steps against 53. Each chunk step does more
+# work ($C \times C$ products and a triangular solve), but it does it as matrix products.
+# One timing on this machine (forward only, $T = 2048$, 4 heads of width 64):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+x = inputs(2048, heads=4, dim=64, dtype=torch.float32)
+args = [x[n].detach() for n in ("q", "k", "v", "g", "beta")]
+for name, fn, kw in (
+    ("recurrent", recurrent_gated_delta_rule, {}),
+    ("chunk C=64", chunk_gated_delta_rule, {"chunk_size": 64}),
+):
+    fn(*args, **kw)  # warm-up
+    start = time.perf_counter()
+    fn(*args, **kw)
+    print(f"{name:<10} {1e3 * (time.perf_counter() - start):7.1f} ms")
+
+# %% [markdown]
+# On a CPU the chunked form is already several times faster; on a GPU the gap is larger,
+# since a kernel launch per token dominates the loop. `python -m companion.bench deltanet`
+# times both against transformers' own chunked implementation at other lengths and on other
+# devices.
+#
+# ## How much a fixed state can hold
+#
+# A $D_k \times D_v$ matrix is a linear map from keys to values, so it can map at most $D_k$
+# linearly independent keys to arbitrary values. Past that, pairs must interfere. How do
+# the two writing rules use that room? An associative-recall task needs no training to
+# answer it: draw $N$ random unit keys and unit values, write the pairs into a state with
+# one rule, then query each key and check whether the value read back is nearest to the
+# right one of the $N$ values. Softmax attention over the whole cache is the baseline
+# (`companion.recall_tasks`, with $D_k = D_v = 64$).
+
+# %%
+D = 64
+PAIRS = [8, 16, 32, 64, 128, 256]
+TRIALS = 20 if FULL else 5
+acc = {r: [] for r in RULES}
+err = {r: [] for r in RULES}
+age = {}  # accuracy of the oldest and newest quarter of the pairs, at N = 4 D_k
+for n in PAIRS:
+    for rule in RULES:
+        scores = []
+        for trial in range(TRIALS):
+            keys, values = recall_pairs(n, D, D, torch.Generator().manual_seed(trial))
+            scores.append(recall_scores(keys, values, recall_read(keys, values, rule)))
+        correct = torch.stack([c for c, _ in scores]).double()
+        acc[rule].append(correct.mean().item())
+        err[rule].append(torch.stack([e for _, e in scores]).mean().item())
+        if n == 4 * D:
+            age[rule] = (correct[:, : n // 4].mean().item(), correct[:, -n // 4 :].mean().item())
+print(f"{'N':>4} | " + " ".join(f"{r + ' acc':>11}" for r in RULES) + " | "
+      + " ".join(f"{r + ' err':>11}" for r in RULES))
+for i, n in enumerate(PAIRS):
+    print(f"{n:>4} | " + " ".join(f"{acc[r][i]:>11.3f}" for r in RULES) + " | "
+          + " ".join(f"{err[r][i]:>11.3f}" for r in RULES))
+theory = [math.sqrt((n - 1) / D) for n in PAIRS]
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+names = {"linear": "linear attention", "delta": "delta rule (β = 1)", "softmax": "softmax, full cache"}
+for rule, color in zip(RULES, PALETTE, strict=False):
+    axes[0].plot(PAIRS, acc[rule], "o-", color=color, label=names[rule])
+    axes[1].plot(PAIRS, err[rule], "o-", color=color, label=names[rule])
+axes[1].plot(PAIRS, theory, "k--", lw=1, label=r"$\sqrt{(N-1)/D_k}$")
+for ax in axes:
+    ax.axvline(D, color="grey", lw=1, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("pairs stored, N (dotted: N = D_k = 64)")
+axes[0].set(ylabel="fraction recalled", title="Which pairs can be read back?")
+axes[1].set(ylabel="mean ‖read − value‖ (value norm 1)", title="How far off is the value read?")
+axes[1].legend()
+plt.show()
+
+# %%
+i_d = PAIRS.index(D)
+for i, n in enumerate(PAIRS):
+    assert acc["softmax"][i] == 1.0 and err["softmax"][i] < 0.15  # the full cache: all recalled
+    assert abs(err["linear"][i] / theory[i] - 1) < 0.05  # crosstalk, as the formula says
+    assert err["delta"][i] < 0.8 * err["linear"][i]  # the delta rule reads closer values
+    if n <= D // 2:
+        assert acc["linear"][i] == 1.0 and acc["delta"][i] > 0.98
+for rule in ("linear", "delta"):  # past D_k both lose pairs
+    assert acc[rule][-1] < acc[rule][i_d] - 0.08 and acc[rule][-1] < 0.8
+assert acc["linear"][-1] > acc["delta"][-1] + 0.3  # ... the delta rule many more
+assert 0.7 < acc["linear"][-1] < 0.8 and abs(acc["delta"][i_d] - 0.91) < 0.02
+assert 0.22 < acc["delta"][-1] < 0.32
+assert age["delta"][0] < 0.05 and age["delta"][1] > 0.85  # it forgets the oldest pairs
+assert all(0.65 < a < 0.85 for a in age["linear"])  # linear attention: all ages alike
+print("recall of the oldest / newest quarter at N = 256:",
+      {r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")})
+
+# %% [markdown]
+# Softmax attention with the whole cache recalls every pair at every $N$: its error grows
+# only to 0.12 at 256 pairs. The two fixed states tell a more interesting story than "the
+# delta rule is better":
+#
+# - **Linear attention's error is pure crosstalk**, and it follows $\sqrt{(N-1)/D_k}$ within
+#   5% (the dashed line): each of the $N - 1$ other pairs leaks in with weight
+#   $k_j^\top k_i$, of variance $1/D_k$. At $N = D_k$ the noise is as large as the value
+#   itself, yet nearest-value decoding still picks the right one: the noise is spread evenly
+#   over 63 other values. At $N = 4 D_k$ about a quarter of the pairs are lost.
+# - **The delta rule reads closer values at every $N$** (its error is at most 0.8 of linear
+#   attention's), but it recalls *fewer* pairs once $N$ nears $D_k$: 91% at $N = 64$, 27% at
+#   $N = 256$. Its errors are not spread evenly. Every write lands exactly on its target and
+#   partly erases older pairs along the new key, so the most recent pairs are nearly exact
+#   and the oldest are gone: at $N = 4 D_k$ it recalls nearly 90% of the newest quarter and
+#   under 5% of the oldest, while linear attention recalls about three quarters of both.
+#
+# So with $\beta = 1$ the delta rule is a memory of the recent past, which overwrites where
+# linear attention blurs. That is why it comes with learned controls. $\beta_t$ decides,
+# token by token, whether a pair is worth overwriting older ones for, and $\alpha_t$ decides
+# how fast everything fades. A trained model learns which pairs to keep; random writes with
+# $\beta = 1$ do not. What no choice of gates changes is the room: a $64 \times 64$ state
+# cannot hold 256 arbitrary pairs the way a cache of 256 keys does. Trained comparisons on
+# recall benchmarks find the same ordering: softmax first, then gated delta rules, then plain
+# linear attention {cite}`yang2024gated`.
+#
+# ## The hybrid: three Gated DeltaNet layers, one full-attention layer
+#
+# Because no fixed state matches a full cache at retrieval, Qwen3-Next does not use Gated
+# DeltaNet alone {cite}`qwen3next`. Of its 48 layers, every fourth is gated softmax attention
+# (16 query heads, 2 KV heads of 256) and the other 36 are Gated DeltaNet layers (16 key
+# heads, 32 value heads, $D_k = D_v = 128$, a causal convolution of width 4). The cache
+# then has two parts: the full layers' keys and values, growing with the context, and the
+# linear layers' fixed states: a $128 \times 128$ fp32 matrix per value head plus the last 3
+# inputs of the convolution. `companion.calc.kv_cache_bytes` prices both; the cache module
+# that `GatedDeltaNet` decodes with must hold exactly what the formula says.
+
+# %%
+qwen = preset("qwen3-next-80b-a3b")
+assert qwen.layer_kinds == ("linear", "linear", "linear", "full") * 12
+all_full = dataclasses.replace(qwen, layer_types=None)
+layer_state = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2  # fp32 state, bf16 conv
+cache = GatedDeltaNetCache(1, 2 * 16 * 128 + 32 * 128, 4, 32, 128, 128, dtype=torch.bfloat16)
+held = sum(b.numel() * b.element_size() for b in cache.buffers())
+assert held == layer_state == 2_146_304
+assert kv_cache_bytes(qwen, 0) == 36 * layer_state == 77_266_944  # the fixed part
+assert kv_cache_bytes_per_token(qwen) == 12 * 2 * 2 * 256 * 2 == 24_576  # the growing part
+assert kv_cache_bytes_per_token(all_full) == 48 * 2048 == 98_304
+print(f"{'context':>8} | {'hybrid':>9} {'of which fixed':>14} | {'all full':>9} | ratio")
+for t in (1_024, 4_096, 32_768, 262_144):
+    hybrid, full = kv_cache_bytes(qwen, t), kv_cache_bytes(all_full, t)
+    assert hybrid == 77_266_944 + 24_576 * t and full == 98_304 * t
+    print(f"{t:>8,} | {hybrid / 2**20:>7.0f}MiB {kv_cache_bytes(qwen, 0) / hybrid:>14.1%} | "
+          f"{full / 2**20:>7.0f}MiB | {full / hybrid:.2f}")
+assert kv_cache_bytes(qwen, 1048) == kv_cache_bytes(all_full, 1048)  # break-even, exactly
+assert kv_cache_bytes(qwen, 1047) > kv_cache_bytes(all_full, 1047)
+assert kv_cache_bytes(all_full, 262_144) / kv_cache_bytes(qwen, 262_144) > 3.95
+
+# %% [markdown]
+# Each Gated DeltaNet layer holds 2,146,304 bytes (2 MiB of fp32 state and 48 KiB of
+# convolution inputs), and the cache module holds exactly that. The 36 of them cost 77 MB
+# once, whatever the length; the 12 full layers add 24,576 bytes per token. Short prompts
+# pay for the fixed states: below 1,048 tokens the hybrid's cache is *larger* than that of
+# the same model with full attention everywhere, and at exactly 1,048 tokens the two are equal
+# ($77{,}266{,}944 = 1{,}048 \times 73{,}728$). At 32,768 tokens it is 3.6 times smaller,
+# and at the full 262,144-token context 6.5 GB against 25.8 GB, just under the factor 4 that
+# the 3:1 ratio gives in the limit.
+#
+# The step by step picture: every new token adds a row to each full layer's cache, while each
+# linear layer's state only changes its contents. Below, a 16×16 linear-attention state and
+# the key/value rows of a softmax layer of the same width, token by token.
+
+# %%
+STEPS = 16
+xs = inputs(STEPS, heads=1, dim=16, seed=5)
+with torch.no_grad():
+    states = [recurrent_linear_attention(*(xs[n][:, : t + 1] for n in "qkv"), None, True)[1]
+              for t in range(STEPS)]
+    kv_rows = torch.cat([xs["k"], xs["v"]], dim=-1)[0, :, 0].numpy()  # (T, 2 D)
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=[1, 2])
+lim = float(np.abs(kv_rows).max())
+
+
+def draw_memory(step: int) -> None:
+    for ax in axes:
+        ax.clear()
+        ax.grid(False)
+    s = states[step][0, 0].numpy()
+    axes[0].imshow(s, cmap="RdBu", vmin=-np.abs(s).max(), vmax=np.abs(s).max())
+    axes[0].set_title("linear state: 16×16 = 256 numbers")
+    axes[0].set(xlabel="value dim", ylabel="key dim")
+    grow = np.full((STEPS, 32), np.nan)
+    grow[: step + 1] = kv_rows[: step + 1]
+    axes[1].imshow(grow, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    axes[1].set_title(f"KV cache: {step + 1} rows × 32 = {32 * (step + 1)} numbers")
+    axes[1].set(xlabel="key dims | value dims", ylabel="token")
+    fig.suptitle(f"after token {step + 1}: a fixed state vs a growing cache")
+
+
+HTML(animate(fig, draw_memory, STEPS, interval_ms=500))
+
+# %% [markdown]
+# Finally the hybrid as a whole. `DecoderLM` accepts `"linear"` in `layer_types`: such a
+# layer is a `GatedDeltaNet` (short convolution, L2-normalised q and k, the chunked gated
+# delta rule, gated RMSNorm), and `new_cache` gives it a `GatedDeltaNetCache` instead of a
+# KV cache. A small 3:1 model must decode token by token, from a prefill of 8 tokens, with
+# the same logits as one forward pass over the whole sequence; the linear layers' caches
+# must not grow while it does.
+
+# %%
+tiny = ModelConfig(
+    vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
+    norm="rmsnorm", position="rope", ffn="glu", activation="silu", bias=False,
+    layer_types=("linear", "linear", "linear", "full"),
+    linear_key_heads=2, linear_value_heads=4, linear_key_dim=8, linear_value_dim=8,
+)
+torch.manual_seed(0)
+model = DecoderLM(tiny).double().eval()
+ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    full_logits = model(ids)
+    cache = model.new_cache(2, 24)
+    sizes = [sum(b.numel() for b in layer.buffers()) for layer in cache.layers]
+    steps = [model(ids[:, :8], cache=cache)]
+    steps += [model(ids[:, t : t + 1], cache=cache) for t in range(8, 24)]
+cached_logits = torch.cat(steps, dim=1)
+print("cache kinds:", [type(c).__name__ for c in cache.layers])
+print(f"max |cached − full| logit difference: {(cached_logits - full_logits).abs().max():.1e}")
+torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-6)
+assert [type(c).__name__ for c in cache.layers] == ["GatedDeltaNetCache"] * 3 + ["KVCache"]
+assert sizes[:3] == [2 * (2 * 2 * 8 + 4 * 8) * 3 + 2 * 4 * 8 * 8] * 3  # conv + state, B = 2
+assert [sum(b.numel() for b in c.buffers()) for c in cache.layers] == sizes
+assert cache.length == 24
+
+# %% [markdown]
+# Cached decoding reproduces the full forward pass to about $10^{-7}$, the precision of
+# fp32, in which the layer keeps its state and gated norm even in an fp64 model: the
+# recurrent state carries everything the linear layers need from the past, and the
+# convolution's last three inputs carry the rest. Each linear layer's cache holds 896
+# numbers for two sequences, before and after 24 tokens.
+#
+# Whether such hybrids match full attention in quality is not settled. No public ablation
+# trains a hybrid and a full-attention model with the same data, budget and post-training
+# at frontier scale. What exists is a revealed preference: Qwen moved the hybrid from an
+# experimental release into its main line. Treat "3:1 linear hybrids match full attention"
+# as a hypothesis several labs are betting on, not as a result. The families differ, too:
+# Gated DeltaNet is one of several fixed-state layers, alongside retention
+# {cite}`sun2023retentive` and selective state spaces {cite}`gu2023mamba`, which Gated
+# DeltaNet's gate generalises.
+#
+# ## Summary
+#
+# - Without the softmax, causal attention is an RNN: $S_t = S_{t-1} + k_t v_t^\top$,
+#   $o_t = S_t^\top q_t$. Recurrent, parallel (masked $q k^\top$) and chunked forms agree to
+#   $10^{-10}$ in fp64, outputs and gradients. The state is $D_k D_v$ numbers per head at
+#   any length: 64 MiB for Llama 3 8B's heads, against a 16 GiB KV cache at 131,072 tokens.
+# - The delta rule writes $\beta_t k_t (v_t - S_{t-1}^\top k_t)^\top$: one SGD step on
+#   $\lVert S^\top k_t - v_t\rVert^2$. With a unit key and $\beta = 1$ a second write to the
+#   same key replaces the first, exactly; linear attention adds them. Gated DeltaNet adds a
+#   decay $e^{g_t}$. The chunked form matches the loop for 12 combinations of $T$ and $C$.
+# - Chunking (UT / WY) turns $T$ sequential steps into $\lceil T/C \rceil$: the autograd
+#   graph is $13T + 6$ operations deep for the loop, $10\lceil T/C\rceil + 13$ for chunks.
+# - On untrained recall with $D_k = 64$: softmax recalls everything; linear attention's
+#   error is crosstalk, $\sqrt{(N-1)/D_k}$ within 5%; the delta rule's error is lower but
+#   concentrated on old pairs, which it overwrites. Both lose pairs past $D_k$.
+# - Qwen3-Next's 36 Gated DeltaNet layers hold 77,266,944 bytes at any length; its 12 full
+#   layers add 24,576 bytes per token. Break-even with all-full attention at exactly 1,048 tokens;
+#   3.95 times smaller at 262,144. A small 3:1 `DecoderLM` decodes exactly like its forward.
+#
+# ## Exercises
+#
+# 1. Show that the delta rule with orthonormal keys and $\beta = 1$ stores $N = D_k$ pairs
+#    exactly, and that linear attention does too. What breaks both as soon as the keys stop
+#    being orthogonal?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `keys = torch.eye(64, dtype=torch.float64)`, random `values`; `recall_read(keys, values,
+# rule)` returns `values` for both rules (the crosstalk terms $k_j^\top k_i$ are all zero,
+# and the delta rule's correction $S^\top k_t$ is zero at each write). With non-orthogonal
+# keys linear attention gains crosstalk and the delta rule's writes erase part of older
+# pairs along each new key.
+# ```
+#
+# 2. Rerun the recall experiment with $\beta = 0.5$ for every pair (call `chunk_delta_rule`
+#    yourself on `keys[None, :, None]`). How do accuracy and age dependence change?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# A smaller $\beta$ writes each pair only halfway, so new pairs are read back less exactly,
+# but old pairs are erased more slowly: the curve of recall against age flattens, between
+# the delta rule at $\beta = 1$ and linear attention (which is the limit of no erasing).
+# ```
+#
+# 3. Run the delta rule over the same $N \le D_k$ pairs several times in a row (concatenate
+#    the keys and values with themselves). Why does the error fall towards zero?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# Each pass is one sweep of the Kaczmarz method on the linear system $K S = V$: repeated
+# sweeps of projections converge to a solution when one exists, and with $N \le D_k$ random
+# keys (linearly independent) one does. Past $D_k$ there is no exact solution, and the
+# sweeps settle on a compromise instead.
+# ```
+#
+# 4. How much memory does the hybrid Qwen3-Next save at 8 sequences of 131,072 tokens, in
+#    bf16? Which part dominates?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# `kv_cache_bytes(qwen, 131072, batch=8)` is $8 \times (77{,}266{,}944 + 24{,}576 \times
+# 131{,}072) = 26.4$ GB, against $8 \times 98{,}304 \times 131{,}072 = 103$ GB for full
+# attention everywhere. The full layers' keys and values are 98% of the hybrid's cache: the
+# fixed states are negligible at this length.
+# ```
+#
+# 5. Time `python -m companion.bench deltanet --lengths 512 2048 8192` and, if you have a
+#    GPU, add `--device cuda`. How does the ratio recurrent / chunk change with $T$?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Both forms are linear in $T$, so on a CPU the ratio stays roughly constant; what the
+# chunked form removes is per-step overhead, which is much larger per launch on a GPU, so
+# the ratio there is far larger.
+# ```
