@@ -510,9 +510,10 @@ assert results[0.3][2] > 0.5 > 10 * results[0.0][2]  # and only its drafts are a
 # built-in draft model {cite}`leviathan2023fast`. On greedy continuations of 16 held-out
 # prompts, the trained module's draft equals the trunk's own choice most of the time. (The
 # rate flatters it: greedy text from a model this small repeats itself, and repeated text
-# is easy to draft. On real models DeepSeek-V3 reports 85 to 90% for its second token.)
-# DeepSeek-V3 discards its module after training or keeps it for this purpose; newer
-# models (GLM-4.5 onwards, Step 3.5 Flash) ship several MTP layers for speculation.
+# is easy to draft. DeepSeek-V3 reports 85 to 90% for its second token
+# {cite}`deepseekai2024deepseekv3`, a figure quoted here, not measured.) DeepSeek-V3 can
+# drop its module after training or keep it for this purpose; Step 3.5 Flash and GLM-4.7
+# ship three MTP layers and keep them at inference for speculation.
 #
 # ## 7 · Width versus depth
 #
