@@ -1,0 +1,552 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 · Build a model: the calculator and the spec sheet
+#
+# Twelve chapters took the 2017 block apart one piece at a time: positions, norms, the
+# gated FFN, the KV cache, windows, experts, linear attention, a handful of small changes.
+# This chapter puts the pieces back together as arithmetic. A model's configuration (a
+# dozen integers and a few choices) fixes how many parameters it stores, how many one
+# token uses, how many bytes each cached token costs and how many FLOPs each token takes.
+# We write the formulas, check them to the integer against `companion.calc` (which is
+# itself tested against the released checkpoints' counts), print the spec sheet of
+# fourteen released models from GPT-2 to Olmo 3, and build a small calculator you can turn
+# the dials of. We end with the one budgeting rule that survived the whole period, the
+# $6N$ rule, and what it means once $N$ is the *active* count.
+
+# %%
+# Setup: on Colab, install the companion package (no effect elsewhere).
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    REPO = "https://github.com/transformer-2017-2026/book"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+    )
+
+# %%
+import inspect
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML, Code
+
+from companion import calc
+from companion.calc import count_params, flops_per_token, kv_cache_bytes, kv_cache_bytes_per_token
+from companion.config import ConfigError, ModelConfig
+from companion.device import default_device, describe
+from companion.plotting import PALETTE, animate, use_style
+from companion.presets import PRESETS, preset, spec_row
+from companion.training import seed_everything
+
+FULL = False  # nothing here trains: the switch only picks the device (all arithmetic)
+DEVICE = default_device() if FULL else torch.device("cpu")
+use_style()
+seed_everything(0)
+torch.set_num_threads(1)
+print(describe(DEVICE))
+
+# %% [markdown]
+# ## The formulas
+#
+# Name the shapes: $L$ layers of width $d$, $n_q$ query heads and $n_\mathrm{kv}$ key/value
+# heads of width $d_h$, a dense FFN of width $d_\mathrm{ff}$, or $N$ routed experts of
+# width $d_e$ of which $k$ run per token, plus $N_\mathrm{shared}$ always-on ones. A
+# bias-free attention layer has a query and an output projection of $d \cdot n_q d_h$
+# each and a key and a value projection of $d \cdot n_\mathrm{kv} d_h$ each; a SwiGLU FFN
+# has three matrices (chapter 7). Summed over layers:
+#
+# $$P_\text{attn} = 2\,L\,d\,d_h(n_q + n_\text{kv}), \qquad P_\text{ffn}^\text{dense} = 3\,L\,d\,d_\text{ff}, \qquad P_\text{ffn}^\text{moe} = 3\,L\,d\,d_e(N + N_\text{shared}),$$
+#
+# $$P_\text{active} = P_\text{attn} + 3\,L\,d\,d_e(k + N_\text{shared}), \qquad \text{FLOPs/token} \approx 2 P_\text{active} + 4 L\, n_q d_h s.$$
+#
+# The embedding table adds $Vd$ once if the output head reuses it (tied, chapter 12) and
+# twice if not. The last term is attention's own work: $2 s\, n_q d_h$ for the scores of a
+# query against $s$ keys and as much again for the weighted sum of values, work no weight
+# matrix accounts for. `companion.calc` does the same sums layer by layer, and handles
+# what the short formulas leave out: norms, biases, routers, latent attention, sliding and
+# linear layers.
+
+# %%
+Code(inspect.getsource(calc._standard_attention) + "\n\n" + inspect.getsource(calc._moe), language="python")
+
+# %% [markdown]
+# Check the dense formula on Llama 3 8B {cite}`grattafiori2024llama`. Beyond the two
+# matrices per layer, the model stores an untied embedding and output head ($2Vd$) and its
+# RMSNorm gains: two per layer and one before the head, $d$ numbers each. With those the
+# formula is not an approximation but the exact count.
+
+# %%
+def shapes(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
+    """(L, d, d_h, n_q, n_kv, V) of a config, the letters of the formulas."""
+    return cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.vocab_size
+
+
+llama3 = preset("llama3-8b")
+L, d, d_h, n_q, n_kv, V = shapes(llama3)
+p_attn = 2 * L * d * d_h * (n_q + n_kv)
+p_ffn = 3 * L * d * llama3.d_ff
+embeddings = (1 if llama3.tie_embeddings else 2) * V * d
+norms = (2 * L + 1) * d
+pc = count_params(llama3)
+print(f"attention {p_attn:>15,}\nFFN       {p_ffn:>15,}\nembedding {embeddings:>15,}")
+print(f"norms     {norms:>15,}\nsum       {p_attn + p_ffn + embeddings + norms:>15,}")
+print(f"calc      {pc.total:>15,}")
+assert p_attn + p_ffn + embeddings + norms == pc.total == 8_030_261_248
+assert pc.breakdown["attention"] == p_attn and pc.breakdown["ffn"] == p_ffn
+assert round(p_ffn / pc.total, 3) == 0.702  # 70.2% of the model is FFN
+
+# %% [markdown]
+# Seventy per cent of Llama 3 8B is FFN, 16.7% attention, 13.1% the two vocabulary tables
+# (a 128,256-token vocabulary is expensive at $d = 4096$), and 266,240 numbers, 0.003%,
+# are norm gains.
+#
+# Now an MoE: Mixtral 8x7B {cite}`jiang2024mixtral`, eight experts of width 14,336, two per
+# token, no shared expert. The active formula leaves out three things, and we can name
+# them exactly: the two vocabulary tables (untied, both counted as active, as the released
+# reports count them), the norm gains, and the **router**, a $d \times N$ matrix per layer
+# that every token multiplies by whichever experts it then picks.
+
+# %%
+mixtral = preset("mixtral-8x7b")
+L, d, d_h, n_q, n_kv, V = shapes(mixtral)
+N, k, d_e = mixtral.n_experts, mixtral.experts_per_token, mixtral.moe_d_ff
+p_attn = 2 * L * d * d_h * (n_q + n_kv)
+p_total_formula = p_attn + 3 * L * d * d_e * N
+p_active_formula = p_attn + 3 * L * d * d_e * k
+pm = count_params(mixtral)
+residual_total = pm.total - p_total_formula
+residual_active = pm.active - p_active_formula
+router = L * N * d
+omitted = 2 * V * d + (2 * L + 1) * d + router
+print(f"formula total {p_total_formula:>16,}   calc total  {pm.total:>16,}")
+print(f"formula active{p_active_formula:>16,}   calc active {pm.active:>16,}")
+print(f"residual {residual_active:,} = embeddings {2 * V * d:,} + norms {(2 * L + 1) * d:,} "
+      f"+ router {router:,}")
+assert residual_active == residual_total == omitted == 263_458_816
+assert pm.active == 12_879_925_248 and pm.total == 46_702_792_704
+assert pm.active_breakdown["router"] == router == 1_048_576
+
+# %% [markdown]
+# The formula misses 263,458,816 parameters, 2.0% of the active count, and all but
+# 1,314,816 of them are the two vocabulary tables; the router is one million numbers
+# against thirteen billion. Both residuals, total and active, are the same number, since
+# nothing the formula omits is routed.
+#
+# The FLOP formula deserves the same care. `calc.flops_per_token` charges two FLOPs per
+# weight of every matrix a token goes *through*: the output head is a matrix product, but
+# the input embedding is a lookup, and a norm gain is an element-wise multiply. So the
+# short formula, which doubles all of $P_\text{active}$, overcounts by exactly
+# $2(Vd + \text{norms})$, 5.4% for Llama 3 8B at its full 8,192-token context:
+
+# %%
+s = 8192
+L, d, d_h, n_q, n_kv, V = shapes(llama3)
+short = 2 * pc.active + 4 * L * n_q * d_h * s
+exact = flops_per_token(llama3, s)
+print(f"short formula {short / 1e9:.2f} GFLOP, calc {exact / 1e9:.2f} GFLOP per token at s = {s:,}")
+assert short - exact == 2 * (V * d + pc.breakdown["norms"])
+assert round(short / exact - 1, 3) == 0.054
+assert round(4 * L * n_q * d_h * s / exact, 3) == 0.222  # attention's own work: 22% at 8k
+
+# %% [markdown]
+# At 8k tokens attention's weight-free work is already 22% of the total; at 128k it would
+# dominate. That is the second reason, after the cache, why long context is expensive.
+#
+# ## The spec sheet
+#
+# Every preset in `companion.presets` copies a released `config.json`, and `spec_row`
+# writes one as a row of text. Here are all fourteen, in order of release.
+
+# %%
+RELEASED = {  # name -> (label, release date as a fractional year)
+    "gpt2": ("GPT-2 small", 2019.1),
+    "gpt2-xl": ("GPT-2 XL", 2019.85),
+    "llama2-7b": ("Llama 2 7B", 2023.55),
+    "mistral-7b": ("Mistral 7B", 2023.7),
+    "mixtral-8x7b": ("Mixtral 8x7B", 2023.95),
+    "llama3-8b": ("Llama 3 8B", 2024.3),
+    "llama3.1-8b": ("Llama 3.1 8B", 2024.55),
+    "smollm2-135m": ("SmolLM2 135M", 2024.85),
+    "deepseek-v3": ("DeepSeek-V3", 2024.98),
+    "gemma3-27b": ("Gemma 3 27B", 2025.2),
+    "qwen3-235b-a22b": ("Qwen3-235B-A22B", 2025.32),
+    "gpt-oss-120b": ("gpt-oss-120b", 2025.6),
+    "qwen3-next-80b-a3b": ("Qwen3-Next-80B-A3B", 2025.7),
+    "olmo3-32b": ("Olmo 3 32B", 2025.88),
+}
+assert sorted(RELEASED) == sorted(PRESETS)
+rows = {name: spec_row(preset(name)) for name in RELEASED}
+for name, row in rows.items():
+    print(f"{RELEASED[name][0]} ({int(RELEASED[name][1])})")
+    for field in ("norm", "position", "ffn", "attention"):
+        print(f"    {field:<10}{row[field]}")
+    print(f"    {'vocab':<10}{row['vocab']:<10} context {row['context']}")
+
+# %% [markdown]
+# Read down the `norm` lines and the 2019 convention, LayerNorm before each sublayer, gives
+# way to RMSNorm in 2023 and never comes back; the placement then moves again in 2025
+# (Gemma's sandwich, Olmo's post-branch) with QK-norm added. The `ffn` lines go from a GELU
+# MLP to SwiGLU to experts; the `attention` lines from full multi-head attention to
+# grouped queries, latent attention, windows and, in the last hybrid, three Gated DeltaNet
+# layers per softmax layer. The vocabulary grows fivefold.
+#
+# The rows agree with a hand-made spec sheet of the same models in the seed article
+# wherever that sheet gives a number from the config, which the cell below checks field
+# by field. Three differences are matters of what one calls "the context": the configs
+# store `max_position_embeddings`, which is 32,768 for Mistral 7B (the paper trained at
+# 8,192 with a 4,096 window {cite}`jiang2023mistral`), 163,840 for DeepSeek-V3 (YaRN's
+# factor 40 on 4,096; the report quotes 128k {cite}`deepseekai2024deepseekv3`) and 40,960
+# for Qwen3-235B (32,768 plus room for a reply {cite}`yang2025qwen3`). And Gemma 3's
+# embedding table has 262,208 rows, 64 more than the 262,144-token vocabulary usually
+# quoted {cite}`gemmateam2025gemma3`.
+
+# %%
+vocab = {name: int(rows[name]["vocab"].replace(",", "")) for name in rows}
+assert vocab["gpt2-xl"] == 50_257 and vocab["llama2-7b"] == vocab["mistral-7b"] == 32_000
+assert vocab["llama3-8b"] == 128_256 and vocab["deepseek-v3"] == 129_280
+assert vocab["qwen3-235b-a22b"] == 151_936 and vocab["gpt-oss-120b"] == 201_088
+assert vocab["gemma3-27b"] == 262_208 == 262_144 + 64
+attention = {name: rows[name]["attention"] for name in rows}
+assert attention["gpt2-xl"] == "MHA 25" and attention["llama2-7b"] == "MHA 32"
+assert attention["mistral-7b"] == "GQA 32:8, SWA 4096"
+assert attention["deepseek-v3"] == "MLA r=512, 128 heads"
+assert attention["qwen3-235b-a22b"] == "GQA 64:4"
+assert attention["gpt-oss-120b"] == "GQA 64:8, SWA 128 at 1:1, sinks"
+assert attention["gemma3-27b"] == "GQA 32:16, SWA 1024 at 5:1"
+assert attention["olmo3-32b"] == "GQA 40:8, SWA 4096 at 3:1"
+assert rows["deepseek-v3"]["ffn"].startswith("MoE 256+1, top-8")
+assert rows["qwen3-235b-a22b"]["ffn"].startswith("MoE 128, top-8")
+assert rows["gpt-oss-120b"]["ffn"].startswith("MoE 128, top-4")
+context = {name: int(rows[name]["context"].replace(",", "")) for name in rows}
+assert context["gpt2-xl"] == 1_024 and context["llama2-7b"] == 4_096
+assert (context["llama3-8b"], context["llama3.1-8b"]) == (8_192, 131_072)  # 8k -> 128k
+assert context["gpt-oss-120b"] == context["gemma3-27b"] == 131_072
+assert context["olmo3-32b"] == 65_536 and context["qwen3-next-80b-a3b"] == 262_144
+assert context["mistral-7b"] == 32_768 and context["deepseek-v3"] == 163_840 == 40 * 4096
+
+# %% [markdown]
+# The same presets through the calculator: total and active parameters, and the KV cache
+# one token adds (bf16, while the context is shorter than every window). Plotted by
+# release date, they show the **sparse turn**: from Mixtral on, the total and the active
+# count part ways, and from DeepSeek-V3 on, the per-token cache of the largest models
+# *falls*.
+
+# %%
+names = list(RELEASED)
+years = np.array([RELEASED[n][1] for n in names])
+totals = np.array([count_params(preset(n)).total for n in names], dtype=float)
+actives = np.array([count_params(preset(n)).active for n in names], dtype=float)
+kv = np.array([kv_cache_bytes_per_token(preset(n)) for n in names], dtype=float)
+print(f"{'model':<20}{'total':>10}{'active':>10}{'KV KiB/token':>14}")
+for n, t, a, c in zip(names, totals, actives, kv, strict=True):
+    print(f"{RELEASED[n][0]:<20}{t / 1e9:>9.2f}B{a / 1e9:>9.2f}B{c / 1024:>14.1f}")
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+sparse = totals > actives
+ax1.scatter(years, totals, color=PALETTE[0], label="total", zorder=3)
+ax1.scatter(years[sparse], actives[sparse], color=PALETTE[1], marker="s", label="active (MoE)", zorder=3)
+for x, t, a in zip(years[sparse], totals[sparse], actives[sparse], strict=True):
+    ax1.plot([x, x], [a, t], color="0.6", lw=1)
+for n, x, t in zip(names, years, totals, strict=True):
+    ax1.annotate(RELEASED[n][0], (x, t), fontsize=7, xytext=(3, 3), textcoords="offset points")
+ax1.set(yscale="log", xlabel="release", ylabel="parameters", title="stored vs used per token")
+ax1.legend(loc="upper left")
+ax2.scatter(years, kv / 1024, color=PALETTE[2], zorder=3)
+for n, x, c in zip(names, years, kv, strict=True):
+    ax2.annotate(RELEASED[n][0], (x, c / 1024), fontsize=7, xytext=(3, 3), textcoords="offset points")
+ax2.set(yscale="log", xlabel="release", ylabel="KiB per cached token (bf16)", title="KV cache per token")
+plt.show()
+
+ratio = dict(zip(names, totals / actives, strict=True))
+assert round(ratio["deepseek-v3"], 1) == 17.9 and round(ratio["qwen3-235b-a22b"], 1) == 10.6
+assert round(ratio["qwen3-next-80b-a3b"], 1) == 20.6
+kib = dict(zip(names, kv / 1024, strict=True))
+assert kib["llama2-7b"] == 512 and kib["llama3-8b"] == 128 and kib["deepseek-v3"] == 68.625
+assert kib["qwen3-next-80b-a3b"] == 24 and kib["gpt-oss-120b"] == 72
+assert max(kib[n] for n in ("deepseek-v3", "gpt-oss-120b", "qwen3-next-80b-a3b")) < kib["llama3-8b"]
+assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
+
+# %% [markdown]
+# DeepSeek-V3 stores 17.9 times the parameters it uses per token and Qwen3-Next 20.6 times.
+# Per cached token, the dense Llama 2 7B needs 512 KiB and Llama 3 8B, with grouped
+# queries, 128 KiB; DeepSeek-V3, a model 84 times larger, needs 68.6 KiB thanks to its
+# latent cache (chapter 8), gpt-oss-120b 72 KiB, and the hybrid Qwen3-Next 24 KiB, because
+# three layers in four keep a fixed-size state instead of a cache (chapter 11). Qwen3-235B
+# is the exception that shows the dial: four KV heads, but 94 layers, so 188 KiB.
+#
+# ## The calculator
+#
+# One function builds a configuration from a preset and a few dials, through
+# `ModelConfig.replace` (which validates every field again), and another prints what
+# `companion.calc` makes of it. "Width" changes $d$ with the head count and head width
+# held, so it scales the FFN-facing parts and the vocabulary tables; changing the layer
+# count keeps a preset's repeating layer pattern.
+
+# %%
+def build(name: str, layers=None, width=None, kv_heads=None, experts=None, top_k=None) -> ModelConfig:
+    """A preset with some dials turned; None keeps the preset's value."""
+    cfg = preset(name)
+    changes: dict[str, object] = {"head_size": cfg.head_dim}
+    if layers is not None:
+        kinds = cfg.layer_kinds
+        period = next(p for p in range(1, len(kinds) + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
+        changes["n_layers"] = layers
+        if cfg.layer_types is not None:
+            changes["layer_types"] = tuple(kinds[i % period] for i in range(layers))
+    if width is not None:
+        changes["d_model"] = width
+    if kv_heads is not None and not cfg.is_mla:
+        # the largest divisor of the query heads not above the dial
+        changes["n_kv_heads"] = max(h for h in range(1, kv_heads + 1) if cfg.n_heads % h == 0)
+    if experts is not None and cfg.n_experts:
+        changes["n_experts"] = experts
+        changes["router_groups"] = cfg.router_groups if experts % cfg.router_groups == 0 else 1
+        changes["router_topk_groups"] = min(cfg.router_topk_groups, changes["router_groups"])
+    if top_k is not None and cfg.n_experts:
+        changes["experts_per_token"] = min(top_k, changes.get("n_experts", cfg.n_experts))
+    return cfg.replace(**changes)
+
+
+def report(cfg: ModelConfig, context: int) -> dict[str, float]:
+    """Print and return parameters, active parameters, KV cache and FLOPs/token of ``cfg``."""
+    pc = count_params(cfg)
+    out = {
+        "params_B": pc.total / 1e9,
+        "active_B": pc.active / 1e9,
+        "kv_GiB": kv_cache_bytes(cfg, context) / 2**30,
+        "gflops_token": flops_per_token(cfg, context) / 1e9,
+    }
+    print(f"parameters   {out['params_B']:10.2f} B   (active {out['active_B']:.2f} B)")
+    print(f"KV cache     {out['kv_GiB']:10.2f} GiB at {context:,} tokens (bf16, one sequence)")
+    print(f"forward      {out['gflops_token']:10.2f} GFLOP per token at that context")
+    return out
+
+
+base = report(build("llama3-8b"), 8192)
+mqa = report(build("llama3-8b", kv_heads=1), 8192)
+assert round(base["params_B"], 2) == 8.03 and base["kv_GiB"] == 1.0
+assert mqa["kv_GiB"] == 1 / 8 and round(base["params_B"] - mqa["params_B"], 3) == 0.235
+assert round(1 - mqa["gflops_token"] / base["gflops_token"], 2) == 0.02
+
+# %% [markdown]
+# At its 8k context one Llama 3 8B sequence caches exactly 1 GiB; with a single KV head
+# (multi-query attention) an eighth of that, for 235 million fewer parameters and 2% fewer
+# FLOPs. In Jupyter, the panel below turns the same dials (the
+# static book shows the controls, which need a running kernel):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import ipywidgets as widgets  # noqa: E402
+
+dials = {
+    "layers": widgets.IntSlider(32, 1, 128, description="layers"),
+    "width": widgets.IntSlider(4096, 256, 16384, 256, description="width d"),
+    "kv_heads": widgets.IntSlider(8, 1, 128, description="KV heads"),
+    "experts": widgets.IntSlider(8, 2, 512, description="experts"),
+    "top_k": widgets.IntSlider(2, 1, 16, description="top-k"),
+    "context": widgets.IntSlider(8192, 1024, 262144, 1024, description="context"),
+}
+choice = widgets.Dropdown(options=list(RELEASED), value="llama3-8b", description="preset")
+
+
+def reset(change) -> None:
+    """Move the dials to the chosen preset's own values."""
+    cfg = preset(change["new"])
+    dials["layers"].value, dials["width"].value = cfg.n_layers, cfg.d_model
+    dials["kv_heads"].value = cfg.kv_heads
+    dials["experts"].value = cfg.n_experts or 8
+    dials["top_k"].value = cfg.experts_per_token or 2
+    dials["context"].value = min(cfg.max_seq_len, 262144)
+
+
+choice.observe(reset, names="value")
+
+
+def panel(name, layers, width, kv_heads, experts, top_k, context) -> None:
+    try:
+        report(build(name, layers, width, kv_heads, experts, top_k), context)
+    except ConfigError as err:
+        print("not a valid model:", err)
+
+
+widgets.interactive(panel, name=choice, **dials)
+
+# %% [markdown]
+# To see which numbers move together without a kernel, the animation turns one dial: the
+# number of KV heads of Llama 3 8B, from 32 (full multi-head attention, like Llama 2)
+# down to 1, at the 8k context. Each bar is relative to the 32-head model.
+
+# %%
+steps = [32, 16, 8, 4, 2, 1]
+sweep = [build("llama3-8b", kv_heads=h) for h in steps]
+rel = np.array(
+    [
+        [count_params(c).total, kv_cache_bytes(c, 8192), flops_per_token(c, 8192)]
+        for c in sweep
+    ],
+    dtype=float,
+)
+rel /= rel[0]
+fig, ax = plt.subplots(figsize=(6.4, 3.6))
+labels = ["parameters", "KV cache", "FLOPs/token"]
+
+
+def draw(i: int) -> None:
+    ax.clear()
+    ax.bar(labels, rel[i], color=PALETTE[:3])
+    for x, v in enumerate(rel[i]):
+        ax.text(x, v + 0.02, f"{v:.3f}", ha="center")
+    ax.set(ylim=(0, 1.15), ylabel="relative to 32 KV heads", title=f"Llama 3 8B with {steps[i]} KV heads")
+
+
+HTML(animate(fig, draw, len(steps), interval_ms=700))
+
+# %%
+print("KV heads:", steps)
+print("params   ", np.round(rel[:, 0], 3))
+print("KV cache ", np.round(rel[:, 1], 4))
+print("FLOPs    ", np.round(rel[:, 2], 3))
+assert np.allclose(rel[:, 1], np.array(steps) / 32)  # the cache is linear in n_kv
+L, d, d_h = llama3.n_layers, llama3.d_model, llama3.head_dim
+assert count_params(sweep[0]).total - count_params(sweep[-1]).total == 2 * L * d * d_h * 31
+assert round(1 - rel[-1, 0], 2) == 0.12 and round(1 - rel[-1, 2], 2) == 0.10
+
+# %% [markdown]
+# The cache falls in proportion, to 1/32; the parameters by 12% (the $K$ and $V$
+# projections, $2Ld\,d_h$ per head removed) and the FLOPs by 10%, since attention's
+# weight-free term depends on the query heads, not the KV heads. That asymmetry is why
+# grouped-query attention spread: it is almost free in compute and parameters and buys
+# its savings where decoding is bound, in memory traffic (chapter 8).
+#
+# ## The 6N rule
+#
+# One forward pass costs about $2N$ FLOPs per token for $N$ parameters used; the backward
+# pass costs about twice that (a gradient for the activations and one for the weights),
+# so training costs about $6N$ FLOPs per token {cite}`kaplan2020scaling`
+# {cite}`hoffmann2022training`. With experts, $N$ is the active count. Llama 3 8B was
+# trained on about 15 trillion tokens {cite}`grattafiori2024llama`, DeepSeek-V3 on 14.8
+# trillion {cite}`deepseekai2024deepseekv3`:
+
+# %%
+budgets = {"llama3-8b": 15e12, "deepseek-v3": 14.8e12}
+compute = {}
+for name, tokens in budgets.items():
+    pc = count_params(preset(name))
+    compute[name] = 6 * pc.active * tokens
+    naive = 6 * pc.total * tokens
+    print(f"{RELEASED[name][0]:<12} 6·N_active·D = {compute[name]:.2e} FLOPs   (with N_total: {naive:.2e})")
+assert f"{compute['llama3-8b']:.2e}" == "7.23e+23"
+assert f"{compute['deepseek-v3']:.2e}" == "3.33e+24"
+assert round(compute["deepseek-v3"] / compute["llama3-8b"], 1) == 4.6
+
+# %% [markdown]
+# DeepSeek-V3 has 84 times the parameters of Llama 3 8B but took only 4.6 times the
+# training compute: a sparse model is budgeted by what each token touches. Counting its
+# total instead would overstate the run 17.9-fold. (The report gives 2.788 million H800
+# GPU-hours for the whole run; turning FLOPs into hours needs a utilisation we cannot
+# compute here, so we stop at the FLOPs.) The rule leaves out attention's $4Ln_qd_hs$ per
+# token, which at long context and small width is not small, as the FLOP cell above showed.
+#
+# ## What didn't change
+#
+# Lay the 2019 and 2025 rows of the spec sheet side by side and almost every cell has
+# changed. The shape of the thing has not. Every model above still alternates a step that
+# mixes information across positions with a step that works on each position alone, joined
+# by residual additions, and in every one of them at least some layers are softmax
+# attention: even Qwen3-Next keeps one full-attention layer in four, because exact
+# retrieval of an earlier token is what the linear layers give up (chapter 11). Every one
+# is a decoder-only next-token predictor trained with cross-entropy; multi-token prediction
+# adds heads, not a new objective. And the $6N$ budget still holds, with one new word in it:
+# active.
+#
+# What the nine years bought, measured with the calculator, is mostly efficiency: fewer
+# cached bytes per token, fewer FLOPs per stored parameter, longer contexts. The
+# differences in what these models can do track their size and their training data far
+# more closely than any row of the spec sheet.
+#
+# ## Summary
+#
+# - Four short formulas ($P_\text{attn}$, $P_\text{ffn}$, $P_\text{active}$, FLOPs/token)
+#   plus the embeddings and norm gains give Llama 3 8B's 8,030,261,248 parameters exactly.
+#   For Mixtral 8x7B the active formula misses 263,458,816 parameters (2.0%): the two
+#   vocabulary tables, the norms and a 1,048,576-weight router.
+# - Doubling $P_\text{active}$ overcounts FLOPs by $2(Vd + \text{norms})$ (5.4% for Llama 3
+#   8B): the input embedding is a lookup. At 8k tokens attention's own term is 22%.
+# - The spec sheet of fourteen presets matches the published vocabularies (50,257 →
+#   262,208), head layouts and windows; "context" differs where configs store
+#   `max_position_embeddings` rather than the trained length.
+# - The sparse turn: DeepSeek-V3 stores 17.9× what it uses per token, Qwen3-Next 20.6×, and
+#   DeepSeek-V3, gpt-oss-120b and Qwen3-Next cache less per token (24–72 KiB) than the
+#   dense Llama 3 8B (128 KiB); Qwen3-235B's 94 layers cost it 188 KiB.
+# - Cutting Llama 3 8B from 32 KV heads to 1 cuts the cache 32× but parameters only 12% and FLOPs 10%.
+# - Training ≈ $6 N_\text{active} D$: 7.23e23 FLOPs for Llama 3 8B on 15T tokens, 3.33e24
+#   for DeepSeek-V3 on 14.8T, 4.6× more for 84× the parameters.
+#
+# ## Exercises
+#
+# 1. Extend the dense check to Llama 2 7B, which uses full multi-head attention and an FFN
+#    of width 11,008. Does the same formula, with the same extra terms, give its count
+#    exactly?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# Yes: with `shapes(preset("llama2-7b"))`, $2Ld\,d_h(n_q+n_\text{kv}) + 3Ld\,d_\text{ff} +
+# 2Vd + (2L+1)d = 6{,}738{,}415{,}616$, equal to `count_params(...).total`.
+# ```
+#
+# 2. Qwen3-235B-A22B has QK-norm. Compute the residual between `count_params(...).active`
+#    and the active formula and explain every term.
+#
+# ```{admonition} Solution
+# :class: dropdown
+# The residual is $2Vd + (2L+1)d + LNd + 2L\,d_h$: the untied tables, the block norms, a
+# $d \times 128$ router per layer and, new, two head-width gains per layer for the query and
+# key norms (chapter 6). It has no shared expert, so the MoE term is $3Ld\,d_e k$.
+# ```
+#
+# 3. Use `build` and `report` to find the smallest number of experts for which a
+#    DeepSeek-V3-shaped model with top-8 routing stores more than 10 times its active
+#    parameters.
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Loop `experts` over multiples of 8 and compare `count_params(cfg).total /
+# count_params(cfg).active`. The dense first three layers, the attention and the
+# embeddings form a floor under the active count that more experts do not raise.
+# ```
+#
+# 4. The 6N rule ignores attention's $4Ln_qd_hs$. For Llama 3 8B, at what context $s$ does
+#    this term equal $2N_\text{active}$? And for gpt-oss-120b, whose sliding layers cap
+#    $s$ at 128?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# For Llama 3 8B, $s = 2N/(4Ln_qd_h) \approx 30{,}600$ tokens. For gpt-oss, only the 18
+# full layers grow with $s$; compare `flops_per_token(cfg, s)` with `2 * active` for growing
+# `s`. Its small active count makes attention dominate much sooner.
+# ```
+#
+# 5. Gemma 3 27B ties its embeddings and has a 262,208-row table. What fraction of its
+#    parameters is that table, and how much would untying it add?
+#
+# ```{admonition} Solution
+# :class: dropdown
+# $Vd = 262{,}208 \times 5376 = 1{,}409{,}630{,}208$, 5.2% of its 27.0B; untying adds as
+# much again (`count_params(preset("gemma3-27b").replace(tie_embeddings=False))`).
+# ```
