@@ -45,6 +45,12 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
+# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
+# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+from companion.numerics import pin_cpu_path
+
+pin_cpu_path()
+
 # %%
 import inspect
 import math
@@ -643,8 +649,8 @@ plt.show()
 # about 60 steps. By the end, on the training batches (fresh windows at every step, so not
 # a matter of memorisation), every one of the nine gated runs is below its MLP partner, by
 # 0.018 to 0.043 nats. On the held-out plays the picture is weaker: the gated variants are
-# ahead by 0.013 (SwiGLU) to 0.025 (ReGLU) nats on average, as large as the spread between
-# seeds (standard deviations of 0.013 to 0.024 nats), and one run, SwiGLU on seed 1, ends
+# ahead by 0.013 (SwiGLU) to 0.026 (ReGLU) nats on average, as large as the spread between
+# seeds (standard deviations of 0.014 to 0.024 nats), and one run, SwiGLU on seed 1, ends
 # 0.002 nats *behind* the MLP. The three gated variants also swap places from seed to
 # seed. So: a consistent hint in the direction Shazeer reported, which three seeds at this
 # scale cannot turn into a held-out result, and no evidence at all for SwiGLU over GeGLU or
@@ -674,7 +680,7 @@ plt.show()
 #   the same 4,608 weights, on every seed.
 # - On Shakespeare, four FFNs in 31,440-parameter models, three seeds: every gated run ends
 #   below its MLP partner on the training batches (by 0.018–0.043 nats), but on held-out text
-#   the gap (0.013–0.025 on average) is within the seed-to-seed spread, one SwiGLU run loses,
+#   the gap (0.013–0.026 on average) is within the seed-to-seed spread, one SwiGLU run loses,
 #   and the gated variants have no stable ranking among themselves.
 #
 # ## Exercises
