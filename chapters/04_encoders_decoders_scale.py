@@ -165,7 +165,7 @@ print("".join("_" if i == MASK else chars.decode([i]) for i in shown.tolist()))
 # unigram loss for hundreds of steps: exercise 1).
 
 # %%
-SEQ, BATCH, STEPS = (32, 256, 3000) if FULL else (16, 64, 600)
+SEQ, BATCH, STEPS = (32, 256, 3000) if FULL else (16, 128, 600)
 TRUNK_D = 128 if FULL else 48
 LR = 1e-2
 
