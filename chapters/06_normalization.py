@@ -46,8 +46,9 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
-# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
-# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+# Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
+# before torch loads, so the printed digits match the stored ones on any
+# x86-64 CPU with AVX2 (companion.numerics says why and what it costs).
 from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
@@ -242,7 +243,8 @@ shift_ln = (layer_norm_reference(shifted, None, None) - ln).abs().max().item()
 shift_rms = (rms_norm_reference(shifted, None) - rms).abs().max().item()
 scale_rms = (rms_norm_reference(3.0 * x, None) - rms).abs().max().item()
 print(
-    f"3x+2 changes LayerNorm by < 1e-4: {shift_ln < 1e-4}, RMSNorm by {shift_rms:.2f}; "
+    f"3x+2 changes LayerNorm by < 1e-4: {shift_ln < 1e-4}, "
+    f"RMSNorm by {shift_rms:.2f}; "
     f"3x changes RMSNorm by < 1e-5: {scale_rms < 1e-5}"
 )
 assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1

@@ -56,8 +56,9 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
-# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
-# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+# Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
+# before torch loads, so the printed digits match the stored ones on any
+# x86-64 CPU with AVX2 (companion.numerics says why and what it costs).
 from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
@@ -247,7 +248,8 @@ for impl in ("reference", "grouped"):
 (out_ref, grad_ref), (out_grp, grad_grp) = results["reference"], results["grouped"]
 diff_out = (out_ref - out_grp).abs().max().item()
 diff_grad = max((grad_ref[n] - grad_grp[n]).abs().max().item() for n in grad_ref)
-print(f"max |reference - grouped|: output < 1e-12: {diff_out < 1e-12}, gradients < 1e-10: {diff_grad < 1e-10}")
+print(f"max |reference - grouped|: output < 1e-12: {diff_out < 1e-12}, "
+      f"gradients < 1e-10: {diff_grad < 1e-10}")
 print(f"gradient tensors compared: {sorted(grad_ref)}")
 assert diff_out < 1e-12 and diff_grad < 1e-10
 

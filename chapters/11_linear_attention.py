@@ -48,8 +48,9 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
-# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
-# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+# Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
+# before torch loads, so the printed digits match the stored ones on any
+# x86-64 CPU with AVX2 (companion.numerics says why and what it costs).
 from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
@@ -144,7 +145,8 @@ for name, (fn, kw) in forms.items():
     g_o = grads(o, x)[:3]
     err = max((a - b).abs().max().item() for a, b in zip(g_o, g_rec, strict=True))
     out_err = (o - o_rec).abs().max().item()
-    print(f"{name:<12} max |output diff| < 1e-12: {out_err < 1e-12}, gradient diff < 1e-12: {err < 1e-12}")
+    print(f"{name:<12} max |output diff| < 1e-12: {out_err < 1e-12}, "
+          f"gradient diff < 1e-12: {err < 1e-12}")
     assert out_err < 1e-12 and err < 1e-12
     torch.testing.assert_close(o, o_rec, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_rec, rtol=1e-10, atol=1e-10)
@@ -247,8 +249,10 @@ for t in (37, 64, 100):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
         rows.append(max((a - b).abs().max().item() for a, b in zip(g_c, g_ref, strict=True)))
 assert len(rows) == 12
-print(f"{len(rows)} (T, C) pairs; worst gradient difference < 1e-12: {max(rows) < 1e-12}")
-assert max(rows) < 1e-12
+worst = max(rows)
+print(f"{len(rows)} (T, C) pairs; worst gradient difference < 1e-12: "
+      f"{worst < 1e-12}")
+assert worst < 1e-12
 x = inputs(50, seed=3)  # the ungated delta rule too
 args = [x[n] for n in ("q", "k", "v", "beta")]
 torch.testing.assert_close(
@@ -530,7 +534,8 @@ with torch.no_grad():
     steps += [model(ids[:, t : t + 1], cache=cache) for t in range(8, 24)]
 cached_logits = torch.cat(steps, dim=1)
 print("cache kinds:", [type(c).__name__ for c in cache.layers])
-print(f"max |cached − full| logit difference < 1e-6: {(cached_logits - full_logits).abs().max() < 1e-6}")
+cache_err = (cached_logits - full_logits).abs().max()
+print(f"max |cached − full| logit difference < 1e-6: {cache_err < 1e-6}")
 torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-6)
 assert [type(c).__name__ for c in cache.layers] == ["GatedDeltaNetCache"] * 3 + ["KVCache"]
 assert sizes[:3] == [2 * (2 * 2 * 8 + 4 * 8) * 3 + 2 * 4 * 8 * 8] * 3  # conv + state, B = 2

@@ -43,8 +43,9 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
-# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
-# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+# Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
+# before torch loads, so the printed digits match the stored ones on any
+# x86-64 CPU with AVX2 (companion.numerics says why and what it costs).
 from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
@@ -160,7 +161,8 @@ full_logits, chunk_logits, head_bytes = N * V * 4, C * V * 4, V * D * 4
 print(f"loss: full {ref[0]:.5f}, chunked {chunk[0]:.5f}")
 for name, a, b in (("hidden", ref[1], chunk[1]), ("head", ref[2], chunk[2])):
     rel = ((a - b).abs().max() / a.abs().max()).item()
-    print(f"grad of {name}: max |difference| / max |grad| < 1e-5: {rel < 1e-5}")
+    print(f"grad of {name}: max |difference| / max |grad| < 1e-5: "
+          f"{rel < 1e-5}")
     assert rel < 1e-5
 print(f"full logits {full_logits / MiB:.0f} MiB, one chunk's {chunk_logits / MiB:.0f} MiB")
 print(f"peak: reference {ref[3] / MiB:.1f} MiB, chunked {chunk[3] / MiB:.1f} MiB")
@@ -269,7 +271,8 @@ def with_bias(proj: str, rope=None, bias: torch.Tensor | None = None) -> torch.T
 b_rand = torch.randn(32, dtype=torch.float64)
 gap = {p: (with_bias(p, bias=b_rand) - with_bias(p)).abs().max().item() for p in ("q_proj", "k_proj", "v_proj")}
 shift = with_bias("v_proj", bias=b_rand) - with_bias("v_proj")
-print(f"max change of the output: query bias {gap['q_proj']:.2f}, value bias {gap['v_proj']:.2f}, "
+print(f"max change of the output: query bias {gap['q_proj']:.2f}, "
+      f"value bias {gap['v_proj']:.2f}, "
       f"key bias < 1e-12: {gap['k_proj'] < 1e-12}")
 assert gap["k_proj"] < 1e-12 and gap["q_proj"] > 1e-2
 assert torch.allclose(shift, (mha.out_proj.weight @ b_rand).expand_as(shift), atol=1e-12)  # W_o b_v
@@ -336,7 +339,9 @@ out_ref, w = naive_attention(q, k, v, sinks=sinks, causal=True)
 out_sdpa = sdpa_attention(q, k, v, sinks=sinks, causal=True)
 row_sums = w.sum(-1)  # (B, H, T)
 print("mean weight on real keys, per head:", [f"{s:.3f}" for s in row_sums.mean((0, 2)).tolist()])
-print(f"naive vs SDPA with the sink key: max difference < 1e-5: {(out_ref - out_sdpa).abs().max() < 1e-5}")
+sink_err = (out_ref - out_sdpa).abs().max()
+print("naive vs SDPA with the sink key: max difference < 1e-5:",
+      bool(sink_err < 1e-5))
 assert (row_sums < 1).all() and torch.allclose(out_ref, out_sdpa, atol=1e-5)
 scores = (q @ k.transpose(-2, -1) / 4).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -torch.inf)
 expected = torch.sigmoid(torch.logsumexp(scores, -1) - sinks.view(1, 4, 1))
@@ -419,7 +424,8 @@ with torch.no_grad():
     ref_plain = plain(x, causal=True)
 print(f"gate closed: max |output| < 1e-10 · max |plain output|: "
       f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};  "
-      f"gate open: max |gated - plain| < 1e-10: {(outs['open'] - ref_plain).abs().max() < 1e-10}")
+      f"gate open: max |gated - plain| < 1e-10: "
+      f"{(outs['open'] - ref_plain).abs().max() < 1e-10}")
 assert outs["closed"].abs().max() < 1e-10 * ref_plain.abs().max()
 assert torch.allclose(outs["open"], ref_plain, atol=1e-10)
 next_cfg = preset("qwen3-next-80b-a3b")

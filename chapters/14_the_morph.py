@@ -41,8 +41,9 @@ if "google.colab" in sys.modules:
         [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
     )
 
-# Fix the CPU's numerical path (MKL branch, ATen kernels, threads) before torch loads, so
-# the printed digits match the stored ones on any x86-64 CPU; companion.numerics says why.
+# Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
+# before torch loads, so the printed digits match the stored ones on any
+# x86-64 CPU with AVX2 (companion.numerics says why and what it costs).
 from companion.numerics import pin_cpu_path
 
 pin_cpu_path()

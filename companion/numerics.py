@@ -1,7 +1,7 @@
 """The CPU's numerical path, fixed so that stored outputs reproduce on any x86-64 CPU with AVX2.
 
 Every chapter calls :func:`pin_cpu_path` in its first code cell, before torch loads, and the
-Makefile exports the same variables (``python -m companion.numerics`` prints them), so
+Makefile exports the same variables (``python companion/numerics.py`` prints them), so
 the tests, ``make notebooks`` and a reader's kernel all run one path. This module imports
 neither torch nor numpy at import time.
 
@@ -102,8 +102,12 @@ def read_path() -> dict[str, object]:
 
 def pinned_path() -> dict[str, object]:
     """What :func:`read_path` returns once :func:`pin_cpu_path` has taken effect."""
-    return {"mkl_branch": "COMPATIBLE", "aten_capability": "AVX2", "threads": THREADS,
-            "onednn": False}
+    return {
+        "mkl_branch": PINNED_ENV["MKL_CBWR"],
+        "aten_capability": PINNED_ENV["ATEN_CPU_CAPABILITY"].upper(),
+        "threads": THREADS,
+        "onednn": False,
+    }
 
 
 def pin_cpu_path() -> None:

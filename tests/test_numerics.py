@@ -55,11 +55,17 @@ def _env(**overrides: str | None) -> dict[str, str]:
     return env
 
 
-def _run(code: str, env: dict[str, str]) -> dict:
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter; it must exit 0."""
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+    return out
+
+
+def _run(code: str, env: dict[str, str]) -> dict:
+    out = _python(code, env)
     assert out.stderr == "", out.stderr  # no warning that the pin failed
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -128,10 +134,7 @@ def test_late_pin_warns_and_names_what_differs() -> None:
         "import torch; torch.ones(4, 4) @ torch.ones(4, 4); (torch.ones(99) * 2).sum()\n"
         "from companion.numerics import pin_cpu_path; pin_cpu_path()\n"
     )
-    env = _env(ATEN_CPU_CAPABILITY="default")
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                         text=True)
-    assert out.returncode == 0, out.stderr
+    out = _python(code, _env(ATEN_CPU_CAPABILITY="default"))
     assert "not the pinned one" in out.stderr and "aten_capability" in out.stderr, out.stderr
     assert "loaded before pin_cpu_path" in out.stderr
 
@@ -144,6 +147,4 @@ def test_bad_mode_names_the_variable_and_the_choices(monkeypatch: pytest.MonkeyP
 
 def test_importing_the_package_loads_neither_torch_nor_numpy() -> None:
     code = "import sys, companion.numerics; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], env=_env(), cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert _python(code, _env()).stdout.strip() == "[]"
