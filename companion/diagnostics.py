@@ -29,7 +29,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .rope import apply_rope
 from .training import lm_loss
 
 __all__ = [
@@ -163,21 +162,17 @@ def identity_path_jacobian(
     return IdentityPath(norm=(sq / sq[-1]).sqrt(), trace=tr / sq[-1])
 
 
-def _logit_max(attn: nn.Module, x: Tensor, kwargs: dict) -> Tensor:
+def _logit_max(attn: nn.Module, args: tuple, kwargs: dict) -> Tensor:
     """max ``|q·k|·scale`` over heads and the positions a query may see, for one attention call."""
-    q, k, _, _ = attn.project(x, kwargs.get("context"))  # (B, H, T, D), (B, H_kv, S, D)
-    rope = kwargs.get("rope")
-    if rope is not None:
-        q = apply_rope(q, *rope, layout=attn.rope_layout)
-        k = apply_rope(k, *rope, layout=attn.rope_layout)
+    positions = args[1] if len(args) > 1 else kwargs.get("positions")
+    q, k, _, mask, causal, *_ = attn.attention_inputs(args[0], positions, mask=kwargs.get("mask"))
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # GQA: one key head per query head
     scale = attn.scale if attn.scale is not None else q.shape[-1] ** -0.5
     logits = (q.float() @ k.float().transpose(-2, -1)).abs() * scale  # (B, H, T, S)
     t, s = logits.shape[-2:]
-    if kwargs.get("causal"):
+    if causal:
         allowed = torch.ones(t, s, dtype=torch.bool, device=logits.device).tril(s - t)
         logits = logits.masked_fill(~allowed, 0.0)
-    mask = kwargs.get("mask")
     if isinstance(mask, Tensor) and mask.dtype == torch.bool:
         logits = logits.masked_fill(~mask, 0.0)
     return logits.amax()
@@ -188,8 +183,8 @@ class AttentionLogitTracker:
 
     Use as a context manager around training: ``with AttentionLogitTracker(model) as t:``;
     afterwards ``t.history`` is ``(calls, L)``: one row per forward pass. The logits are
-    recomputed from each attention module's input (``project``, then RoPE if given), under
-    ``no_grad``, so training is unchanged. Cached decoding is not supported.
+    recomputed from each attention module's input (``attention_inputs``: projections, RoPE,
+    mask), under ``no_grad``, so training is unchanged. Cached decoding is not supported.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -199,10 +194,10 @@ class AttentionLogitTracker:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def _hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if kwargs.get("cache") is not None:
+        if (args[2] if len(args) > 2 else kwargs.get("cache")) is not None:
             raise ValueError("AttentionLogitTracker does not support cached decoding")
         with torch.no_grad():
-            self._current.append(_logit_max(module, args[0], kwargs).item())
+            self._current.append(_logit_max(module, args, kwargs).item())
         if len(self._current) == len(self.attns):
             self._rows.append(self._current)
             self._current = []

@@ -3,8 +3,9 @@
 Shape legend: B batch, T tokens, V vocabulary, d model width, L blocks.
 ``Encoder.forward(input_ids (B, T), attention_mask (B, T), token_type_ids (B, T))``
 returns hidden states ``(B, T, d)``; :meth:`Encoder.mlm_logits` adds the masked-LM head,
-``(B, T, V)``. The blocks are :class:`companion.block.TransformerBlock` with
-``causal=False``: every token sees every other (non-padding) token.
+``(B, T, V)``. The blocks are :class:`companion.block.TransformerBlock` built with
+``causal=False`` (:func:`companion.builders.build_block`): every token sees every other
+(non-padding) token.
 
 BERT's own layout is Post-LN, GELU, separate q/k/v projections with biases and a LayerNorm
 on the embeddings; :func:`companion.minilm.bert_config` builds that config. The encoder
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .block import TransformerBlock
+from .builders import build_block
 from .config import ModelConfig, check_token_ids
 from .ffn import ACTIVATIONS
 from .masks import padding_mask
@@ -84,9 +85,7 @@ class Encoder(nn.Module):
         self.type_emb = nn.Embedding(type_vocab_size, cfg.d_model) if type_vocab_size else None
         self.emb_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg, causal=False, layer=i) for i in range(cfg.n_layers)
-        )
+        self.blocks = nn.ModuleList(build_block(cfg, i, causal=False) for i in range(cfg.n_layers))
         self.final_norm = (  # Post-LN blocks end in a norm; other placements leave the stream raw
             nn.Identity()
             if cfg.norm_placement == "post"

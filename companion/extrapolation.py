@@ -240,28 +240,30 @@ def per_position_loss_scaled(
 
 @torch.no_grad()
 def rope_used_per_layer(model: DecoderLM, input_ids: Tensor) -> list[str]:
-    """Which RoPE table each layer's attention received in a forward pass on ``input_ids``:
+    """Which RoPE table each layer's attention read in a forward pass on ``input_ids``:
     ``"global"``, ``"local"`` or ``"none"`` (recorded by hooks, not predicted)."""
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     tables = model.rope_tables(positions)
     seen: list[str] = []
 
-    def record(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
-        rope = kwargs.get("rope")
-        if rope is None:
-            seen.append("none")
-            return
-        for name, (cos, sin) in tables.items():
-            if (
-                cos.shape == rope[0].shape
-                and torch.equal(cos, rope[0])
-                and torch.equal(sin, rope[1])
-            ):
-                seen.append(name)
-                return
-        seen.append("other")
+    def start(_module: torch.nn.Module, _args: tuple) -> None:
+        seen.append("none")  # until the layer reads a table
 
-    hooks = [b.attn.register_forward_pre_hook(record, with_kwargs=True) for b in model.blocks]
+    def record(_module: torch.nn.Module, _args: tuple, out: tuple[Tensor, Tensor]) -> None:
+        cos, sin = out
+        seen[-1] = "other"
+        for name, (want_cos, want_sin) in tables.items():
+            if torch.equal(cos, want_cos) and torch.equal(sin, want_sin):
+                seen[-1] = name
+                return
+
+    hooks, ropes = [], {}
+    for block in model.blocks:
+        hooks.append(block.attn.register_forward_pre_hook(start))
+        rope = getattr(block.attn, "rope", None)
+        if rope is not None:
+            ropes[id(rope)] = rope  # layers share a table: one hook per module
+    hooks += [rope.register_forward_hook(record) for rope in ropes.values()]
     try:
         model(input_ids)
     finally:

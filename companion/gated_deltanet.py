@@ -55,7 +55,8 @@ class GatedDeltaNetCache(nn.Module):
     """What decoding keeps per layer, fixed in size whatever the length so far.
 
     ``conv_state (B, C_conv, K − 1)``: the last K − 1 conv inputs (zeros before the start);
-    ``recurrent_state (B, H, D_k, D_v)`` in fp32; ``length`` counts the tokens seen.
+    ``recurrent_state (B, H, D_k, D_v)`` in fp32. Like the KV caches it keeps no count:
+    the caller knows the positions (:class:`companion.model.DecodeCache`).
     """
 
     def __init__(
@@ -71,7 +72,6 @@ class GatedDeltaNetCache(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.length = 0
         self.register_buffer(
             "conv_state", torch.zeros(batch, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
         )
@@ -84,7 +84,6 @@ class GatedDeltaNetCache(nn.Module):
         """Forget everything: zero both states."""
         self.conv_state.zero_()
         self.recurrent_state.zero_()
-        self.length = 0
 
 
 class GatedDeltaNet(nn.Module):
@@ -135,10 +134,16 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(value_dim, eps=norm_eps)
         self.out_proj = nn.Linear(n_value_heads * value_dim, d_model, bias=False)
 
-    def make_cache(
-        self, batch: int, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    def new_cache(
+        self,
+        batch: int,
+        max_len: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> GatedDeltaNetCache:
-        """An empty cache for ``batch`` sequences, on this layer's device by default."""
+        """An empty cache for ``batch`` sequences, on this layer's device by default. Its
+        size is fixed, whatever ``max_len`` (accepted so every token mixer is called alike)."""
         w = self.conv1d.weight
         return GatedDeltaNetCache(
             batch,
@@ -162,8 +167,18 @@ class GatedDeltaNet(nn.Module):
         z = z.reshape(b_, t, self.hv, self.dv)
         return mixed.transpose(1, 2), z, b.reshape(b_, t, self.hv), a.reshape(b_, t, self.hv)
 
-    def forward(self, x: Tensor, cache: GatedDeltaNetCache | None = None) -> Tensor:
-        """``x (B, T, d)``; with a cache, continue from its states and update them in place."""
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        cache: GatedDeltaNetCache | None = None,
+        *,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """``x (B, T, d)``; with a cache, continue from its states and update them in place.
+        A recurrence is causal by construction and needs no positions; it takes no mask."""
+        if mask is not None:
+            raise ValueError("Gated DeltaNet layers take no attention mask: pass unpadded batches")
         b_, t, _ = x.shape
         mixed, z, b, a = self._split(x)
         if cache is None:
@@ -200,6 +215,5 @@ class GatedDeltaNet(nn.Module):
             )
         if cache is not None:
             cache.recurrent_state.copy_(state)
-            cache.length += t
         o = self.norm(o, z)  # (B, T, H, D_v)
         return self.out_proj(o.reshape(b_, t, self.hv * self.dv))

@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import IMPLS, attention, naive_attention
+from .flex import BlockMask, causal_window_block_mask
 from .kv_cache import KVCache, SlidingWindowCache, position_mask
 from .masks import combine_masks
 from .norms import RMSNorm
-from .rope import LAYOUTS, apply_rope
+from .rope import LAYOUTS, RotaryEmbedding, apply_rope
 
 __all__ = ["QK_NORMS", "MultiHeadAttention"]
 
@@ -48,6 +49,9 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         sinks: bool = False,
         output_gate: bool = False,
+        causal: bool = False,
+        window: int | None = None,
+        rope: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_kv_heads or n_heads
@@ -67,6 +71,9 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.d_model, self.impl, self.dropout, self.scale = d_model, impl, dropout, scale
         self.fused_qkv, self.rope_layout, self.qk_norm = fused_qkv, rope_layout, qk_norm
+        # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
+        self.causal, self.window, self.rope = causal, window, rope
+        self._block_masks: dict[tuple, BlockMask] = {}  # FlexAttention masks, by length
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.output_gate = output_gate
         # with an output gate, q's projection also makes each head's gate: [q_h, gate_h]
@@ -125,62 +132,90 @@ class MultiHeadAttention(nn.Module):
         b, s, _ = t.shape
         return t.view(b, s, n, self.head_dim).transpose(1, 2)  # (B, n, S, D)
 
-    def _qkv_for_attention(
+    def new_cache(
+        self,
+        batch: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> Cache:
+        """An empty cache for ``batch`` sequences of up to ``max_len`` positions: a ring
+        buffer of W slots if this layer's window W is shorter, else ``max_len`` slots."""
+        w = self.out_proj.weight
+        args = (batch, self.n_kv_heads)
+        kw = {"dtype": dtype or w.dtype, "device": device or w.device}
+        if self.window is not None and self.window < max_len:
+            return SlidingWindowCache(*args, self.window, self.head_dim, **kw)
+        return KVCache(*args, max_len, self.head_dim, **kw)
+
+    def attention_inputs(
         self,
         x: Tensor,
-        context: Tensor | None,
-        mask: Tensor | None,
-        causal: bool,
-        rope: tuple[Tensor, Tensor] | None,
-        cache: Cache | None,
-        positions: Tensor | None,
-        window: int | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None]:
-        """q, k, v (RoPE applied, cache read), the mask and causal flag attention needs, and
-        the output gate's logits."""
+        positions: Tensor | None = None,
+        cache: Cache | None = None,
+        *,
+        mask: Tensor | None = None,
+        context: Tensor | None = None,
+        block_mask: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | BlockMask | None, bool, Tensor | None]:
+        """q, k, v (RoPE applied, cache written and read), the mask and causal flag attention
+        needs, and the output gate's logits. ``block_mask``: a causal layer's mask as a
+        FlexAttention BlockMask (built once per length) where no other mask is needed."""
         q, k, v, gate = self.project(x, context)
-        if rope is not None:
-            q = apply_rope(q, *rope, layout=self.rope_layout)
-            k = apply_rope(k, *rope, layout=self.rope_layout)
-        if cache is not None:
-            if positions is None:
+        if positions is None:
+            if cache is not None:
                 raise ValueError("decoding with a cache needs the query positions (T,)")
-            k, v, k_pos = cache.update(k, v)
-            if isinstance(cache, KVCache) and window is None and mask is None:
-                # keys 0..S-1 in order: the end-aligned triangle; one new token sees them all
-                causal = q.shape[2] > 1
-            else:
-                mask, causal = combine_masks(mask, position_mask(positions, k_pos, window)), False
+            if self.rope is not None or self.window is not None:
+                positions = torch.arange(x.shape[1], device=x.device)
+        if self.rope is not None:
+            cos, sin = self.rope(positions)
+            q = apply_rope(q, cos, sin, layout=self.rope_layout)
+            k = apply_rope(k, cos, sin, layout=self.rope_layout)
+        causal = self.causal
+        if cache is not None:
+            k, v, k_pos = cache.update(positions, k, v)
+            mask, causal = combine_masks(mask, position_mask(positions, k_pos, self.window)), False
+        elif block_mask and mask is None and self.causal and context is None:
+            mask, causal = self._flex_mask(x.shape[1], x.device), False
+        elif self.window is not None:
+            mask = combine_masks(mask, position_mask(positions, positions, self.window))
         return q, k, v, mask, causal, gate
+
+    def _flex_mask(self, t: int, device: torch.device) -> BlockMask:
+        """This layer's causal (windowed) BlockMask for T tokens, built once per length."""
+        key = (t, device)
+        if key not in self._block_masks:
+            self._block_masks[key] = causal_window_block_mask(t, None, self.window, device)
+        return self._block_masks[key]
 
     def forward(
         self,
         x: Tensor,
-        *,
-        context: Tensor | None = None,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: Cache | None = None,
         positions: Tensor | None = None,
-        window: int | None = None,
+        cache: Cache | None = None,
+        *,
+        mask: Tensor | None = None,
+        context: Tensor | None = None,
     ) -> Tensor:
-        """``(B, T, d)``. With a ``cache``, the new keys are stored and the mask is built from
-        ``positions`` (and ``window``)."""
-        q, k, v, mask, causal, gate = self._qkv_for_attention(
-            x, context, mask, causal, rope, cache, positions, window
+        """``(B, T, d)`` for the tokens at ``positions (T,)`` (default 0..T-1). With a
+        ``cache`` the new keys are stored at their positions and the mask comes from the
+        positions the cache holds (and this layer's window)."""
+        flex = self.impl == "flex"
+        q, k, v, mask, causal, gate = self.attention_inputs(
+            x, positions, cache, mask=mask, context=context, block_mask=flex
         )
         p = self.dropout if self.training else 0.0
         # FlexAttention wants a BlockMask per shape; a decode step's shape changes every
         # token, so cached decoding runs on SDPA.
-        impl = "sdpa" if self.impl == "flex" and cache is not None else self.impl
+        impl = "sdpa" if flex and cache is not None else self.impl
         b, h, t, d = q.shape
-        if t == 1 and mask is None and not causal and self.n_kv_heads < h and self.sinks is None:
+        if t == 1 and not causal and self.n_kv_heads < h and self.sinks is None:
             # one query token: the G query heads of a group read the same keys, so fold them
             # into the query axis and run plain attention per K/V head (no repeated K/V)
             g = h // self.n_kv_heads
             q = q.view(b, self.n_kv_heads, g, d)
-            o = attention(q, k, v, impl=impl, scale=self.scale, dropout_p=p)
+            o = attention(q, k, v, impl=impl, mask=mask, scale=self.scale, dropout_p=p)
             o = o.reshape(b, h, 1, -1)
         else:
             o = attention(
@@ -202,16 +237,13 @@ class MultiHeadAttention(nn.Module):
     def attention_weights(
         self,
         x: Tensor,
+        positions: Tensor | None = None,
         *,
-        context: Tensor | None = None,
         mask: Tensor | None = None,
-        causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
+        context: Tensor | None = None,
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights, from the reference implementation."""
-        q, k, v, mask, causal, _ = self._qkv_for_attention(
-            x, context, mask, causal, rope, None, None, None
-        )
+        q, k, v, mask, causal, _ = self.attention_inputs(x, positions, mask=mask, context=context)
         return naive_attention(
             q, k, v, mask=mask, causal=causal, scale=self.scale, sinks=self.sinks
         )[1]

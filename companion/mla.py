@@ -35,7 +35,7 @@ from .attention import IMPLS, attention, naive_attention
 from .kv_cache import position_mask
 from .masks import combine_masks
 from .norms import RMSNorm
-from .rope import LAYOUTS, apply_rope, yarn_mscale
+from .rope import LAYOUTS, RotaryEmbedding, apply_rope, yarn_mscale
 
 __all__ = [
     "FORMS",
@@ -69,10 +69,10 @@ class LatentCache(nn.Module):
     """The normalised latent and the RoPE'd shared key of every position so far.
 
     One row per token, ``[c | k_rope]`` (C + R numbers, as FlashMLA and vLLM store it), in a
-    buffer preallocated for ``max_len`` positions; ``update`` writes the next T rows and
-    returns everything cached with the positions, like :class:`companion.kv_cache.KVCache`.
-    The absorbed form reads the rows as its keys and their first C channels as its values,
-    so a decode step copies nothing.
+    buffer preallocated for ``max_len`` positions; ``update`` writes rows at their positions
+    and returns the whole buffer with the position each row holds (``-1``: empty), like
+    :class:`companion.kv_cache.KVCache`. The absorbed form reads the rows as its keys and
+    their first C channels as its values, so a decode step copies nothing.
     """
 
     def __init__(
@@ -86,23 +86,17 @@ class LatentCache(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.max_len, self.length = max_len, 0
+        self.max_len = max_len
         width = kv_lora_rank + qk_rope_head_dim
         self.register_buffer("kv", torch.zeros(batch, max_len, width, dtype=dtype, device=device))
-        self.register_buffer("pos", torch.arange(max_len, device=device), persistent=False)
+        self.register_buffer("pos", torch.full((max_len,), -1, device=device), persistent=False)
 
-    def update(self, kv_new: Tensor) -> tuple[Tensor, Tensor]:
-        """Write ``(B, T, C+R)`` at the next T slots; return all rows ``(B, S, C+R)`` and
-        their positions ``(S,)``."""
-        start, t = self.length, kv_new.shape[1]
-        if start + t > self.max_len:
-            raise ValueError(
-                f"latent cache is full: {start} + {t} tokens exceed max_len={self.max_len}; "
-                "make the cache with a larger max_len"
-            )
-        self.kv[:, start : start + t] = kv_new
-        self.length = end = start + t
-        return self.kv[:, :end], self.pos[:end]
+    def update(self, input_pos: Tensor, kv_new: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``(B, T, C+R)`` at rows ``input_pos (T,)``; return all rows ``(B, S, C+R)``
+        and their positions ``(S,)``."""
+        self.kv.index_copy_(1, input_pos, kv_new.to(self.kv.dtype))
+        self.pos.index_copy_(0, input_pos, input_pos)
+        return self.kv, self.pos
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -131,6 +125,9 @@ class MultiHeadLatentAttention(nn.Module):
         form: str = "naive",
         impl: str = "sdpa",
         dropout: float = 0.0,
+        causal: bool = False,
+        window: int | None = None,
+        rope: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -160,6 +157,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
         self.rope_layout, self.form, self.impl, self.dropout = rope_layout, form, impl, dropout
+        # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
+        self.causal, self.window, self.rope = causal, window, rope
         self.scale = 1.0 / math.sqrt(self.qk_head_dim) if scale is None else scale
         q_out = n_heads * self.qk_head_dim
         if q_lora_rank == 0:
@@ -189,6 +188,7 @@ class MultiHeadLatentAttention(nn.Module):
         self,
         batch: int,
         max_len: int,
+        *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> LatentCache:
@@ -245,51 +245,51 @@ class MultiHeadLatentAttention(nn.Module):
         kv = kv[:, None]
         return torch.cat([q_lat, q_rope], dim=-1), kv, kv[..., : self.kv_lora_rank]
 
-    def _inputs(
+    def attention_inputs(
         self,
         x: Tensor,
-        mask: Tensor | None,
-        causal: bool,
-        rope: tuple[Tensor, Tensor] | None,
-        cache: LatentCache | None,
-        positions: Tensor | None,
-        window: int | None,
+        positions: Tensor | None = None,
+        cache: LatentCache | None = None,
+        *,
+        mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
-        """q, k, v of this layer's form (cache read) and the mask and causal flag to use."""
-        q_nope, q_rope, kv = self.project(x, rope)
-        if cache is not None:
-            if positions is None:
+        """q, k, v of this layer's form (cache written and read) and the mask and causal
+        flag to use."""
+        if positions is None:
+            if cache is not None:
                 raise ValueError("decoding with a cache needs the query positions (T,)")
-            kv, k_pos = cache.update(kv)
-            if window is None and mask is None:
-                causal = x.shape[1] > 1  # keys 0..S-1 in order: the end-aligned triangle
-            else:
-                mask, causal = combine_masks(mask, position_mask(positions, k_pos, window)), False
+            if self.rope is not None or self.window is not None:
+                positions = torch.arange(x.shape[1], device=x.device)
+        q_nope, q_rope, kv = self.project(x, None if self.rope is None else self.rope(positions))
+        causal = self.causal
+        if cache is not None:
+            kv, k_pos = cache.update(positions, kv)
+            mask, causal = combine_masks(mask, position_mask(positions, k_pos, self.window)), False
+        elif self.window is not None:
+            mask = combine_masks(mask, position_mask(positions, positions, self.window))
         make = self.naive_qkv if self.form == "naive" else self.absorbed_qkv
         return (*make(q_nope, q_rope, kv), mask, causal)
 
     def forward(
         self,
         x: Tensor,
+        positions: Tensor | None = None,
+        cache: LatentCache | None = None,
         *,
         mask: Tensor | None = None,
-        causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: LatentCache | None = None,
-        positions: Tensor | None = None,
-        window: int | None = None,
     ) -> Tensor:
         """``(B, T, d)``, called like :class:`companion.mha.MultiHeadAttention`. With a
-        ``cache`` the new latents are stored and the mask comes from ``positions`` (and
-        ``window``)."""
-        q, k, v, mask, causal = self._inputs(x, mask, causal, rope, cache, positions, window)
+        ``cache`` the new latents are stored at their positions and the mask comes from the
+        positions the cache holds (and this layer's window)."""
+        q, k, v, mask, causal = self.attention_inputs(x, positions, cache, mask=mask)
         p = self.dropout if self.training else 0.0
         impl = "sdpa" if self.impl == "flex" and cache is not None else self.impl
         b, h, t, _ = q.shape
-        if t == 1 and mask is None and not causal and k.shape[1] == 1:
+        if t == 1 and not causal and k.shape[1] == 1:
             # absorbed decode step: every head reads the same latent keys, so fold the heads
             # into the query axis and run one head's attention (no repeated latents)
-            o = attention(q.reshape(b, 1, h, -1), k, v, impl=impl, scale=self.scale, dropout_p=p)
+            q = q.reshape(b, 1, h, -1)
+            o = attention(q, k, v, impl=impl, mask=mask, scale=self.scale, dropout_p=p)
             o = o.reshape(b, h, 1, -1)
         else:
             o = attention(
@@ -301,13 +301,8 @@ class MultiHeadLatentAttention(nn.Module):
         return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
 
     def attention_weights(
-        self,
-        x: Tensor,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
+        self, x: Tensor, positions: Tensor | None = None, *, mask: Tensor | None = None
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights, from the reference implementation."""
-        q, k, v, mask, causal = self._inputs(x, mask, causal, rope, None, None, None)
+        q, k, v, mask, causal = self.attention_inputs(x, positions, mask=mask)
         return naive_attention(q, k, v, mask=mask, causal=causal, scale=self.scale)[1]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .block import TransformerBlock
+from .builders import build_block
 from .config import ModelConfig
 from .model import DecoderLM
 from .norms import RMSNorm, build_norm
@@ -49,7 +49,7 @@ class MTPModule(nn.Module):
         d = cfg.d_model
         self.h_norm, self.e_norm = RMSNorm(d, eps=cfg.norm_eps), RMSNorm(d, eps=cfg.norm_eps)
         self.proj = nn.Linear(2 * d, d, bias=False)
-        self.block = TransformerBlock(cfg, causal=True, layer=0)
+        self.block = build_block(cfg, 0)
         self.norm = build_norm(cfg.norm, d, cfg.norm_eps, cfg.bias, cfg.norm_offset)
         for p in self.parameters():  # the trunk's initialisation scale
             if p.ndim == 2:
@@ -64,8 +64,7 @@ class MTPModule(nn.Module):
             )
         e = model.tok_emb(next_ids)  # the trunk's embedding table, shared
         x = self.proj(torch.cat([self.h_norm(hidden), self.e_norm(e)], dim=-1))  # (B, T, d)
-        positions = torch.arange(x.shape[1], device=x.device)
-        x = self.block(x, rope=model.rope_tables(positions)["global"])
+        x = self.block(x)  # positions 0..T-1, the trunk's RoPE table
         return model.lm_head(self.norm(x))  # the trunk's output head, shared
 
 

@@ -3,8 +3,8 @@
 Shape legend: B batch, S source tokens, T target tokens, V shared vocabulary, d model width,
 L blocks per stack, H heads. ``forward(src (B, S), tgt_in (B, T)) -> logits (B, T, V)``.
 
-The parts come from ``companion``: an encoder stack of ``TransformerBlock(causal=False)``,
-a decoder stack of ``TransformerBlock(causal=True, cross_attention=True)``, sinusoidal (or
+The parts come from ``companion``: an encoder stack of ``build_block(cfg, causal=False)``,
+a decoder stack of ``build_block(cfg, cross_attention=True)`` (causal), sinusoidal (or
 learned) positions and one embedding table that serves the source, the target and, with
 ``cfg.tie_embeddings``, the pre-softmax projection. Masks are 1/0 (or bool) ``(B, S)`` and
 ``(B, T)`` tensors, 1 on real tokens.
@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .block import TransformerBlock
+from .builders import build_block
 from .config import ModelConfig, check_token_ids
 from .masks import padding_mask
 from .norms import build_norm
@@ -75,11 +75,9 @@ class Seq2SeqTransformer(nn.Module):
         elif cfg.position == "learned":
             self.pos_emb = LearnedPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(
-            TransformerBlock(cfg, causal=False) for _ in range(cfg.n_layers)
-        )
+        self.encoder = nn.ModuleList(build_block(cfg, causal=False) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(
-            TransformerBlock(cfg, causal=True, cross_attention=True) for _ in range(cfg.n_layers)
+            build_block(cfg, causal=True, cross_attention=True) for _ in range(cfg.n_layers)
         )
         # Post-LN blocks end in a norm; Pre-LN stacks need one after the last block.
         pre = cfg.norm_placement == "pre"

@@ -26,9 +26,7 @@ def _count_work(model: DecoderLM, prompt: torch.Tensor, new: int, use_cache: boo
     seen = {"rows": 0, "pairs": 0}
 
     def hook(_module, args, kwargs):
-        t = args[0].shape[1]
-        pos = kwargs.get("positions")
-        pos = torch.arange(t) if pos is None else pos
+        t, pos = args[0].shape[1], args[1]  # the block passes the positions, cache or not
         seen["rows"] += t
         seen["pairs"] += int((pos + 1).sum())
 

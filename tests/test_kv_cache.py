@@ -5,6 +5,7 @@ import torch
 
 from companion.attention import naive_attention
 from companion.kv_cache import KVCache, SlidingWindowCache, position_mask
+from companion.model import DecodeCache
 
 
 def _full(q, k, v, window):
@@ -22,8 +23,8 @@ def test_chunked_decoding_equals_full_attention(window, chunks):
     cache = KVCache(2, 2, 20, 8) if window is None else SlidingWindowCache(2, 2, window, 8)
     outs, start = [], 0
     for t in chunks:
-        kk, vv, kpos = cache.update(k[:, :, start : start + t], v[:, :, start : start + t])
         qpos = torch.arange(start, start + t)
+        kk, vv, kpos = cache.update(qpos, k[:, :, start : start + t], v[:, :, start : start + t])
         mask = position_mask(qpos, kpos, window)
         outs.append(naive_attention(q[:, :, start : start + t], kk, vv, mask=mask)[0])
         start += t
@@ -33,10 +34,19 @@ def test_chunked_decoding_equals_full_attention(window, chunks):
 
 
 def test_full_cache_overflow_is_a_clear_error():
-    cache = KVCache(1, 1, 4, 2)
-    cache.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+    cache = DecodeCache([KVCache(1, 1, 4, 2)], max_len=4)
+    cache.length = 3
     with pytest.raises(ValueError, match=r"3 \+ 2 tokens exceed max_len=4"):
-        cache.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+        cache.positions(2)
+    assert cache.positions(1).tolist() == [3]
+
+
+def test_a_slot_holds_its_position_and_empty_slots_are_minus_one():
+    cache = KVCache(1, 1, 6, 2)
+    k = torch.arange(4.0).view(1, 1, 2, 2)
+    kk, _, kpos = cache.update(torch.tensor([2, 3]), k, k)
+    assert kpos.tolist() == [-1, -1, 2, 3, -1, -1]
+    assert torch.equal(kk[:, :, 2:4], k) and kk.shape == (1, 1, 6, 2)
 
 
 def test_position_mask_window_counts_the_query_itself():

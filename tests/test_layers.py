@@ -89,20 +89,15 @@ def _copy_projections(fused: MultiHeadAttention, split: MultiHeadAttention) -> N
 @pytest.mark.parametrize("impl", ["reference", "sdpa", "tiled"])
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
 def test_fused_and_separate_projections_agree(impl, cross):
+    causal = not cross
     torch.manual_seed(0)
-    fused = MultiHeadAttention(16, 4, fused_qkv=True, impl=impl)
-    split = MultiHeadAttention(16, 4, fused_qkv=False, impl="reference")
+    fused = MultiHeadAttention(16, 4, fused_qkv=True, impl=impl, causal=causal)
+    split = MultiHeadAttention(16, 4, fused_qkv=False, impl="reference", causal=causal)
     _copy_projections(fused, split)
     x = torch.randn(2, 7, 16)
     ctx = torch.randn(2, 9, 16) if cross else None
-    causal = not cross
-    torch.testing.assert_close(
-        fused(x, context=ctx, causal=causal),
-        split(x, context=ctx, causal=causal),
-        atol=1e-5,
-        rtol=1e-5,
-    )
-    w = fused.attention_weights(x, context=ctx, causal=causal)
+    torch.testing.assert_close(fused(x, context=ctx), split(x, context=ctx), atol=1e-5, rtol=1e-5)
+    w = fused.attention_weights(x, context=ctx)
     assert w.shape == (2, 4, 7, 9 if cross else 7)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 7))
 
@@ -118,17 +113,17 @@ def test_mha_errors_name_the_problem():
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placement):
-    from companion.block import TransformerBlock
+    from companion.builders import build_block
     from companion.config import ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=10, d_model=16, n_heads=2, norm_placement=placement)
-    enc = TransformerBlock(cfg, causal=False).eval()
+    enc = build_block(cfg, causal=False).eval()
     x = torch.randn(1, 6, 16)
     x2 = x.clone()
     x2[:, -1] = torch.randn(16)
     assert not torch.allclose(enc(x)[:, 0], enc(x2)[:, 0])  # the first token sees the last
-    dec = TransformerBlock(cfg, causal=True, cross_attention=True).eval()
+    dec = build_block(cfg, causal=True, cross_attention=True).eval()
     ctx = torch.randn(1, 4, 16)
     out = dec(x, context=ctx)
     assert out.shape == (1, 6, 16)

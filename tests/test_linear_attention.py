@@ -233,12 +233,16 @@ def test_layer_cached_decoding_equals_transformers_cache():
 
     cfg, ref, ours = _hf_pair(1, 2)
     x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(2))
-    hf_cache, cache = DynamicCache(config=cfg), ours.make_cache(2)
+    hf_cache, cache = DynamicCache(config=cfg), ours.new_cache(2)
     with torch.no_grad():
         for lo, hi in ((0, 9), (9, 10), (10, 11), (11, 12)):
             want = ref(x[:, lo:hi], cache=hf_cache)
             torch.testing.assert_close(ours(x[:, lo:hi], cache=cache), want, atol=1e-5, rtol=1e-5)
-    assert cache.length == 12
+    # the cache keeps no count of its own (DecodeCache does): after all 12 tokens its state
+    # is transformers' state
+    torch.testing.assert_close(
+        cache.recurrent_state, hf_cache.get_recurrent_state(0), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("impl", ["chunk", "recurrent"])
@@ -249,7 +253,7 @@ def test_layer_prefill_then_steps_equals_full_forward(impl, prefill):
     x = torch.randn(3, 18, 24)
     with torch.no_grad():
         want = layer(x)
-        cache = layer.make_cache(3)
+        cache = layer.new_cache(3, 18)  # a fixed-size state: max_len is ignored
         outs = [layer(x[:, :prefill], cache=cache)]
         outs += [layer(x[:, i : i + 1], cache=cache) for i in range(prefill, 18)]
     torch.testing.assert_close(torch.cat(outs, dim=1), want, atol=1e-5, rtol=1e-5)

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from companion.bench.mla import bench_mla, format_mla
+from companion.config import ModelConfig
 from companion.kv_cache import position_mask
 from companion.mla import LatentCache, MultiHeadLatentAttention, bytes_per_token, softmax_scale
-from companion.rope import apply_rope, rope_cos_sin, rope_frequencies
+from companion.model import DecoderLM
+from companion.rope import RotaryEmbedding, apply_rope, rope_cos_sin, rope_frequencies
 
 D, H, C, DN, R, DV = 32, 4, 16, 8, 4, 6
 DIMS = {"kv_lora_rank": C, "qk_nope_head_dim": DN, "qk_rope_head_dim": R, "v_head_dim": DV}
@@ -84,6 +86,9 @@ def _rope(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rope_cos_sin(positions, *rope_frequencies(R))
 
 
+ROPE = RotaryEmbedding(R)  # the layers' table: the same cos/sin as _rope, bit for bit
+
+
 def _hf_pair(case: dict, form: str):
     transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
@@ -116,6 +121,8 @@ def _hf_pair(case: dict, form: str):
         rope_layout="interleaved" if case["rope_interleave"] else "half",
         scale=softmax_scale(DN + R, case["scaling"]),
         form=form,
+        causal=True,
+        rope=RotaryEmbedding(R, 10000.0, case["scaling"], max_len=128),
     )
     ours.load_state_dict(convert_hf_attention(hf.state_dict()))
     return hf, DeepseekV3RotaryEmbedding(cfg), ours
@@ -135,10 +142,7 @@ def test_matches_transformers_deepseek_v3(name, form):
     cos, sin = rotary(x, positions[None].expand(2, -1))
     additive = torch.full((7, 7), float("-inf")).triu(1)[None, None]
     want = hf(x, (cos, sin), additive)[0]
-    inv_freq, attn_scale = rope_frequencies(
-        R, 10000.0, case["scaling"], max_position_embeddings=128
-    )
-    got = ours(x, causal=True, rope=rope_cos_sin(positions, inv_freq, attn_scale))
+    got = ours(x, positions)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     g = torch.randn_like(want)
     (g_want,) = torch.autograd.grad((want * g).sum(), x)
@@ -168,13 +172,12 @@ def test_interleaved_layout_is_transformers_rope_interleave_up_to_a_permutation(
 @pytest.mark.parametrize("impl", ["reference", "sdpa", "tiled"])
 @pytest.mark.parametrize("q_lora_rank", [0, 8], ids=["direct-q", "latent-q"])
 def test_absorbed_equals_naive_forward_and_backward(impl, q_lora_rank):
-    naive, absorbed = _twins(q_lora_rank, impl=impl)
+    naive, absorbed = _twins(q_lora_rank, impl=impl, causal=True, rope=ROPE)
     torch.manual_seed(1)
     x = torch.randn(2, 9, D, requires_grad=True)
     mask = torch.rand(2, 1, 9, 9) > 0.3  # arbitrary, with the causal triangle on top
-    rope = _rope(torch.arange(9))
-    a = naive(x, mask=mask, causal=True, rope=rope)
-    b = absorbed(x, mask=mask, causal=True, rope=rope)
+    a = naive(x, mask=mask)  # positions 0..8
+    b = absorbed(x, mask=mask)
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     g = torch.randn_like(a)
     inputs_a, inputs_b = [x, *naive.parameters()], [x, *absorbed.parameters()]
@@ -184,8 +187,8 @@ def test_absorbed_equals_naive_forward_and_backward(impl, q_lora_rank):
     for name, ga, gb in zip(names, grads_a, grads_b, strict=True):
         torch.testing.assert_close(gb, ga, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     torch.testing.assert_close(
-        absorbed.attention_weights(x, mask=mask, causal=True, rope=rope),
-        naive.attention_weights(x, mask=mask, causal=True, rope=rope),
+        absorbed.attention_weights(x, mask=mask),
+        naive.attention_weights(x, mask=mask),
     )
 
 
@@ -193,34 +196,31 @@ def test_absorbed_equals_naive_forward_and_backward(impl, q_lora_rank):
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("chunks", [[10], [1] * 10, [4, 1, 1, 4]], ids=str)
 def test_cached_decoding_equals_full_forward(form, window, chunks):
-    m = _mla(form, q_lora_rank=8)
+    full = _mla(form, q_lora_rank=8, rope=ROPE)  # no window, not causal: the mask says all
+    m = _mla(form, q_lora_rank=8, causal=True, window=window, rope=ROPE)
+    m.load_state_dict(full.state_dict())
     torch.manual_seed(1)
     x = torch.randn(2, 10, D)
     pos = torch.arange(10)
     full_mask = position_mask(pos, pos, window)
-    want = m(x, mask=full_mask, rope=_rope(pos))
+    want = full(x, mask=full_mask)
     cache, outs, start = m.new_cache(2, 10), [], 0
     for t in chunks:
         p = pos[start : start + t]
-        outs.append(
-            m(x[:, start : start + t], rope=_rope(p), cache=cache, positions=p, window=window)
-        )
+        outs.append(m(x[:, start : start + t], p, cache))
         start += t
     torch.testing.assert_close(torch.cat(outs, dim=1), want, atol=1e-5, rtol=1e-5)
     assert cache.kv.shape == (2, 10, C + R)  # per token: the latent and one RoPE key
 
 
 def test_one_cache_serves_both_forms():
-    naive, absorbed = _twins()
+    naive, absorbed = _twins(causal=True, rope=ROPE)
     torch.manual_seed(1)
     x, pos = torch.randn(1, 8, D), torch.arange(8)
-    want = naive(x, causal=True, rope=_rope(pos))
+    want = naive(x)
     cache = naive.new_cache(1, 8)
-    head = naive(x[:, :5], rope=_rope(pos[:5]), cache=cache, positions=pos[:5])  # prefill
-    tail = [
-        absorbed(x[:, i : i + 1], rope=_rope(pos[i : i + 1]), cache=cache, positions=pos[i : i + 1])
-        for i in range(5, 8)
-    ]
+    head = naive(x[:, :5], pos[:5], cache)  # prefill
+    tail = [absorbed(x[:, i : i + 1], pos[i : i + 1], cache) for i in range(5, 8)]
     torch.testing.assert_close(torch.cat([head, *tail], dim=1), want, atol=1e-5, rtol=1e-5)
 
 
@@ -271,8 +271,14 @@ def test_errors_name_the_problem():
     cache = m.new_cache(1, 2)
     with pytest.raises(ValueError, match="needs the query positions"):
         m(torch.zeros(1, 1, D), cache=cache)
+    # a layer cache keeps no count: the model's DecodeCache names an overflow
+    cfg = ModelConfig(
+        vocab_size=10, d_model=D, n_heads=H, n_layers=1, position="rope", max_seq_len=8, **DIMS
+    )
+    model = DecoderLM(cfg).eval()
+    assert isinstance(model.blocks[0].attn, MultiHeadLatentAttention)
     with pytest.raises(ValueError, match=r"0 \+ 3 tokens exceed max_len=2"):
-        m(torch.zeros(1, 3, D), cache=cache, positions=torch.arange(3))
+        model(torch.zeros(1, 3, dtype=torch.long), cache=model.new_cache(1, 2))
 
 
 def test_bench_smoke():

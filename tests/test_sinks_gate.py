@@ -69,23 +69,20 @@ def test_mha_with_sinks_and_gate_decodes_like_the_full_forward():
     from companion.kv_cache import KVCache
 
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, n_kv_heads=2, sinks=True, output_gate=True).eval()
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2, sinks=True, output_gate=True, causal=True).eval()
     torch.nn.init.normal_(mha.sinks)
     x = torch.randn(1, 6, 32)
-    full = mha(x, causal=True)
+    full = mha(x)
     cache = KVCache(1, 2, 6, 8)
-    steps = [
-        mha(x[:, i : i + 1], causal=True, cache=cache, positions=torch.tensor([i]))
-        for i in range(6)
-    ]
+    steps = [mha(x[:, i : i + 1], torch.tensor([i]), cache) for i in range(6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=1e-5)
     assert mha.qkv.weight.shape == (2 * 32 + 2 * 16, 32)  # q and its gate, then k, v
 
 
 def test_output_gate_scales_each_channel_by_a_sigmoid():
     torch.manual_seed(0)
-    gated = MultiHeadAttention(16, 2, output_gate=True, bias=False).eval()
-    plain = MultiHeadAttention(16, 2, bias=False).eval()
+    gated = MultiHeadAttention(16, 2, output_gate=True, bias=False, causal=True).eval()
+    plain = MultiHeadAttention(16, 2, bias=False, causal=True).eval()
     w = gated.qkv.weight.detach().view(-1, 16)
     q_and_gate, kv = w[:32].view(2, 16, 16), w[32:]  # per head: [q_h (8 rows), gate_h (8 rows)]
     plain.qkv.weight.data = torch.cat([q_and_gate[:, :8].reshape(16, 16), kv])
@@ -94,6 +91,6 @@ def test_output_gate_scales_each_channel_by_a_sigmoid():
     gate = torch.sigmoid(x @ q_and_gate[:, 8:].reshape(16, 16).T)
     inner = {}
     plain.out_proj.register_forward_hook(lambda m, a, o: inner.setdefault("o", a[0]))
-    plain(x, causal=True)
+    plain(x)
     expected = gated.out_proj(inner["o"] * gate)
-    torch.testing.assert_close(gated(x, causal=True), expected)
+    torch.testing.assert_close(gated(x), expected)

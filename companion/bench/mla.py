@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..mla import LatentCache, MultiHeadLatentAttention
-from ..rope import rope_cos_sin, rope_frequencies
+from ..rope import RotaryEmbedding
 from .common import median_seconds, positive_int
 
 __all__ = ["MLA_SHAPE", "add_parser", "bench_mla", "format_mla"]
@@ -35,15 +35,11 @@ MLA_SHAPE = {
 
 
 def _decode_step(
-    module: MultiHeadLatentAttention,
-    cache: LatentCache,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
-    pos: torch.Tensor,
+    module: MultiHeadLatentAttention, cache: LatentCache, x: torch.Tensor, pos: torch.Tensor
 ) -> torch.Tensor:
-    """Decode the token ``x`` at position ``pos`` after rewinding the cache to just before it."""
-    cache.length = int(pos[0])
-    return module(x, rope=rope, cache=cache, positions=pos)
+    """Decode the token ``x`` at position ``pos`` (the cache holds the positions before it;
+    the step rewrites the same row each time)."""
+    return module(x, pos, cache)
 
 
 def bench_mla(
@@ -57,24 +53,26 @@ def bench_mla(
     shape = dict(MLA_SHAPE if shape is None else shape)
     d, h = shape.pop("d_model"), shape.pop("n_heads")
     torch.manual_seed(0)
-    naive = MultiHeadLatentAttention(d, h, **shape, form="naive").to(device).eval()
-    absorbed = MultiHeadLatentAttention(d, h, **shape, form="absorbed").to(device).eval()
+    rope = RotaryEmbedding(shape["qk_rope_head_dim"], max_len=max(lengths))
+    fixed = {"causal": True, "rope": rope}
+    naive = MultiHeadLatentAttention(d, h, **shape, **fixed, form="naive").to(device).eval()
+    absorbed = MultiHeadLatentAttention(d, h, **shape, **fixed, form="absorbed").to(device).eval()
     absorbed.load_state_dict(naive.state_dict())
-    inv_freq, attn_scale = rope_frequencies(shape["qk_rope_head_dim"])
     c, r = shape["kv_lora_rank"], shape["qk_rope_head_dim"]
     per_head = h * (shape["qk_nope_head_dim"] + r + shape["v_head_dim"])  # K and V widths
     rows = []
     for s in lengths:
         cache = naive.new_cache(1, s, dtype=torch.float32, device=device)
         with torch.no_grad():
-            cache.update(torch.randn(1, s - 1, c + r, device=device))
+            cache.update(
+                torch.arange(s - 1, device=device), torch.randn(1, s - 1, c + r, device=device)
+            )
         x = torch.randn(1, 1, d, device=device)
         pos = torch.tensor([s - 1], device=device)
-        rope = rope_cos_sin(pos, inv_freq.to(device), attn_scale)
         outs = {}
         row: dict[str, float] = {"S": s}
         for name, module in (("naive", naive), ("absorbed", absorbed)):
-            step = functools.partial(_decode_step, module, cache, x, rope, pos)
+            step = functools.partial(_decode_step, module, cache, x, pos)
             with torch.no_grad():
                 row[f"{name}_ms"] = 1e3 * median_seconds(step, device, repeats)
                 outs[name] = step()

@@ -1,0 +1,176 @@
+"""Generation from a decoder-only model: prefill, one decode step, the loop, sampling
+(chapters 02, 08).
+
+Shape legend: B batch, T prompt tokens, V vocabulary. The functions work on any model with
+``DecoderLM``'s interface (``forward_at``, ``new_cache``, ``check_input_ids``, ``cfg``):
+
+- :func:`prefill` reads the prompt in one batched forward and fills the cache;
+- :func:`decode_one_token` runs the model's own blocks on one token at a position
+  tensor ``input_pos (1,)``: every step has the same shapes, because each layer cache is
+  a preallocated buffer written at ``input_pos`` and read through a mask (gpt-fast's
+  design), so ``torch.compile`` compiles it once and reuses it at every position;
+- :func:`decode_n_tokens` loops it; :func:`sample` picks the next ids.
+
+``compile=True`` is opt-in. The compiled step's guards (the checks that its inputs still
+have the shapes and dtypes it was compiled for) are evaluated on the first step only and
+skipped on the rest, where the installed torch can (``skip_guard_eval_unsafe``; about 1 ms a
+step for a 30-layer model): the loop changes nothing but the values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["decode_n_tokens", "decode_one_token", "generate", "prefill", "sample"]
+
+
+def sample(
+    logits: Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Next ids ``(B, 1)`` from logits ``(B, V)``: argmax at temperature 0, else sampled
+    from the softmax of ``logits / temperature`` (over the ``top_k`` largest, if given)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+def prefill(model: nn.Module, input_ids: Tensor, cache: nn.Module) -> Tensor:
+    """Read the prompt ``(B, T)`` into an empty ``cache``: the last position's logits
+    ``(B, V)``."""
+    return model(input_ids, cache=cache, last_only=True)[:, -1]
+
+
+def decode_one_token(
+    model: nn.Module, token: Tensor, input_pos: Tensor, cache: nn.Module
+) -> Tensor:
+    """Logits ``(B, V)`` of one token per sequence, ``token (B, 1)`` at position
+    ``input_pos (1,)``, through the model's own blocks; its keys are written into the cache."""
+    return model.forward_at(token, input_pos, cache, last_only=True)[:, -1]
+
+
+_compiled_step = None
+
+
+def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_token
+    global _compiled_step
+    if not compile:
+        return decode_one_token
+    if _compiled_step is None:
+        _compiled_step = torch.compile(decode_one_token, dynamic=False)
+    return _compiled_step
+
+
+def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
+    """Skip ``torch.compile``'s guard checks for the compiled step, if this torch can."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    if not compile or stance is None:
+        return contextlib.nullcontext()
+    if "skip_guard_eval_unsafe" not in inspect.signature(stance).parameters:
+        return contextlib.nullcontext()
+    return stance(skip_guard_eval_unsafe=True)
+
+
+def decode_n_tokens(
+    model: nn.Module,
+    token: Tensor,
+    cache: nn.Module,
+    n: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    compile: bool = False,
+) -> list[Tensor]:
+    """Up to ``n`` more ids, each ``(B, 1)``, continuing from ``token`` (the last id chosen,
+    not yet in the cache). Stops early once every sequence has produced ``eos_token_id``."""
+    step = _step(compile)
+    out: list[Tensor] = []
+    done = token == eos_token_id if eos_token_id is not None else None
+    input_pos = torch.tensor([cache.length], device=token.device)
+    for i in range(n):
+        if eos_token_id is not None and bool(done.all()):
+            break
+        guards = _guards_checked_once(compile) if i > 0 else contextlib.nullcontext()
+        with guards:
+            logits = step(model, token, input_pos, cache)
+        cache.length += 1
+        input_pos += 1
+        token = sample(logits.float(), temperature, top_k, generator).to(token.dtype)
+        if done is not None:
+            token = token.masked_fill(done, eos_token_id)
+            done |= token == eos_token_id
+        out.append(token)
+    return out
+
+
+def generate(
+    model: nn.Module,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    eos_token_id: int | None = None,
+    compile: bool = False,
+) -> Tensor:
+    """Prompt plus up to ``max_new_tokens`` ids ``(B, T + new)``: :func:`prefill`, then
+    :func:`decode_n_tokens`. Without the cache (or past ``max_seq_len`` with absolute
+    positions) each step re-reads the whole sequence (its last ``max_seq_len`` tokens)."""
+    cfg = model.cfg
+    model.check_input_ids(input_ids)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and not 1 <= top_k <= cfg.vocab_size:
+        raise ValueError(f"top_k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}")
+    total = input_ids.shape[1] + max_new_tokens
+    sliding_context = cfg.position in ("learned", "sinusoidal")
+    if total > cfg.max_seq_len and not sliding_context:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceed "
+            f"max_seq_len={cfg.max_seq_len}"
+        )
+    if max_new_tokens == 0:
+        return input_ids
+    kw = {"temperature": temperature, "top_k": top_k, "generator": generator}
+    with torch.no_grad():
+        if use_cache and total <= cfg.max_seq_len:
+            cache = model.new_cache(input_ids.shape[0], total)
+            first = sample(prefill(model, input_ids, cache).float(), **kw).to(input_ids.dtype)
+            rest = decode_n_tokens(
+                model,
+                first,
+                cache,
+                max_new_tokens - 1,
+                eos_token_id=eos_token_id,
+                compile=compile,
+                **kw,
+            )
+            return torch.cat([input_ids, first, *rest], dim=1)
+        ids = input_ids
+        done = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
+        for _ in range(max_new_tokens):
+            logits = model(ids[:, -cfg.max_seq_len :], last_only=True)[:, -1]
+            nxt = sample(logits.float(), **kw).to(ids.dtype)
+            if eos_token_id is not None:
+                nxt = nxt.masked_fill(done, eos_token_id)
+                done |= nxt == eos_token_id
+            ids = torch.cat([ids, nxt], dim=1)
+            if eos_token_id is not None and bool(done.all()):
+                break
+        return ids

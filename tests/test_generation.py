@@ -1,0 +1,147 @@
+"""Generation (chapter 08): prefill, the fixed-shape decode step (eager and compiled) and the
+loop equal the uncached forward, token for token and logit for logit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from companion.config import ModelConfig
+from companion.generation import decode_n_tokens, decode_one_token, generate, prefill, sample
+from companion.model import DecoderLM
+
+LLAMA_LIKE = dict(
+    vocab_size=61,
+    d_model=48,
+    n_layers=3,
+    n_heads=6,
+    n_kv_heads=2,
+    d_ff=80,
+    max_seq_len=40,
+    norm="rmsnorm",
+    position="rope",
+    ffn="glu",
+    activation="silu",
+    bias=False,
+    rope_theta=500.0,
+    # weights large enough that greedy decoding varies: at the default 0.02 every sequence
+    # repeats its last prompt token, which any decode path would reproduce
+    init_std=0.2,
+)
+VARIANTS = {
+    "gqa": {},
+    "mha-untied": {"n_kv_heads": 6, "tie_embeddings": False},
+    "qkv-bias-scale": {"qkv_bias": True, "attn_scale": 0.3},
+    "qk-norm-partial-rope": {"qk_norm": "head", "partial_rotary_factor": 0.5},
+}
+# windows and sinks (gpt-oss-like): the sliding layers decode from a ring buffer of 4 slots
+SLIDING = {
+    "sliding_window": 4,
+    "layer_types": ("sliding", "full", "sliding"),
+    "attn_sinks": True,
+}
+# Qwen3-Next-like: Gated DeltaNet layers (a fixed-size state) around a gated attention layer
+HYBRID = {
+    "layer_types": ("linear", "full", "linear"),
+    "linear_key_heads": 2,
+    "linear_value_heads": 4,
+    "linear_key_dim": 8,
+    "linear_value_dim": 6,
+    "attn_output_gate": True,
+    "qk_norm": "head",
+}
+
+
+def _model(**changes: object) -> DecoderLM:
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(**{**LLAMA_LIKE, **changes})).eval()
+    with torch.no_grad():  # random norm gains (and sinks), so that a wrong one shows up
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif name.endswith("sinks"):
+                p.normal_()
+    return model
+
+
+@pytest.mark.parametrize("changes", VARIANTS.values(), ids=VARIANTS.keys())
+def test_cached_generation_equals_the_uncached_forward(changes):
+    model = _model(**changes)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, 20, use_cache=False)
+    assert torch.equal(model.generate(ids, 20), want)
+    assert torch.equal(generate(model, ids, 20), want)
+
+
+@pytest.mark.parametrize("changes", [SLIDING, HYBRID], ids=["sliding-sinks", "deltanet-hybrid"])
+def test_windowed_and_hybrid_models_generate_the_uncached_tokens(changes):
+    model = _model(**changes)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(model.generate(ids, 20), model.generate(ids, 20, use_cache=False))
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, SLIDING, HYBRID], ids=["gqa", "sliding-sinks", "deltanet-hybrid"]
+)
+def test_decode_step_logits_equal_the_full_forward(changes):
+    model = _model(**changes)
+    ids = torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(2))
+    cache = model.new_cache(1, 9)
+    with torch.no_grad():
+        full = model(ids)
+        last = prefill(model, ids[:, :5], cache)
+        torch.testing.assert_close(last, full[:, 4], atol=1e-5, rtol=1e-5)
+        assert cache.length == 5
+        for p in range(5, 9):
+            got = decode_one_token(model, ids[:, p : p + 1], torch.tensor([p]), cache)
+            torch.testing.assert_close(got, full[:, p], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_n_tokens_continues_the_cache_and_stops_at_eos():
+    model = _model()
+    ids = torch.randint(0, 61, (1, 5), generator=torch.Generator().manual_seed(3))
+    want = model.generate(ids, 10, use_cache=False)[0, 5:].tolist()
+    with torch.no_grad():
+        cache = model.new_cache(1, 15)
+        first = sample(prefill(model, ids, cache))
+        rest = decode_n_tokens(model, first, cache, 9)
+    assert torch.cat([first, *rest], dim=1)[0].tolist() == want
+    assert cache.length == 14  # the last id is chosen, not yet read
+    eos = want[4]
+    assert 0 < want.index(eos) < 9  # first produced mid-way: the loop must stop there
+    with torch.no_grad():
+        cache = model.new_cache(1, 15)
+        first = sample(prefill(model, ids, cache))
+        rest = decode_n_tokens(model, first, cache, 9, eos_token_id=eos)
+    assert torch.cat([first, *rest], dim=1)[0].tolist() == want[: want.index(eos) + 1]
+
+
+def test_sample_is_argmax_at_zero_temperature_and_top_k_restricts():
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(4))
+    argmax = logits.argmax(dim=-1, keepdim=True)
+    assert torch.equal(sample(logits), argmax)
+    assert torch.equal(sample(logits, 1.0, top_k=1), argmax)
+    top3 = logits.topk(3, dim=-1).indices
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        got = sample(logits, 2.0, top_k=3, generator=gen)
+        assert got.shape == (4, 1) and (got == top3).any(dim=-1).all()
+    a = sample(logits, 1.0, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(a, sample(logits, 1.0, generator=torch.Generator().manual_seed(6)))
+
+
+def test_generation_past_the_context_is_refused():
+    with pytest.raises(ValueError, match="max_seq_len=40"):
+        generate(_model(), torch.zeros(1, 30, dtype=torch.long), 11)
+
+
+def test_compiled_decode_step_generates_the_uncached_tokens():
+    """The opt-in torch.compile path (one layer, to keep compilation to a few seconds). A
+    second call with other shapes must not reuse the first graph: only the steps after a
+    call's first one skip the guard checks."""
+    model = _model(n_layers=1)
+    gen = torch.Generator().manual_seed(1)
+    for batch, prompt, new in ((1, 5, 6), (2, 3, 4)):
+        ids = torch.randint(0, 61, (batch, prompt), generator=gen)
+        want = model.generate(ids, new, use_cache=False)
+        assert torch.equal(model.generate(ids, new, compile=True), want)
