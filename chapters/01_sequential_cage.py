@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 
 from companion.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
-from companion.block import TransformerBlock
+from companion.builders import build_block
 from companion.config import ModelConfig
 from companion.device import default_device, describe
 from companion.model import DecoderLM
@@ -182,9 +182,7 @@ assert abs(n_lstm / n_transformer - 1) < 0.1
 seed_everything(0)
 lengths = [16, 32, 64, 128, 256]
 lstm_layer = LSTM(32, 32)
-block = TransformerBlock(
-    ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=4, attn_impl="reference"), causal=True
-)
+block = build_block(ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=4, attn_impl="reference"))
 depth_lstm, depth_attn = [], []
 for t in lengths:
     xt = torch.randn(1, t, 32)
@@ -228,7 +226,7 @@ def fastest(fn, x, reps: int = 5) -> float:
 seed_everything(0)
 time_lengths = [64, 128, 256, 512, 1024] + ([2048, 4096] if FULL else [])
 lstm_t = LSTM(64, 64).to(DEVICE)
-block_t = TransformerBlock(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4), causal=True)
+block_t = build_block(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4))
 block_t = block_t.to(DEVICE)
 forms = {
     "LSTM, reference loop": lambda x: lstm_t(x),
@@ -360,7 +358,7 @@ rnn64, lstm64, lstm_open = RNN(64, 64).double(), LSTM(64, 64).double(), LSTM(64,
 with torch.no_grad():
     for bias in (lstm_open.core.bias_ih_l0, lstm_open.core.bias_hh_l0):
         bias[64:128] += 1.5  # the forget gate's slice: +3 in total
-attn_block = TransformerBlock(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4), causal=True)
+attn_block = build_block(ModelConfig(vocab_size=VOCAB, d_model=64, n_heads=4))
 reach = {
     "vanilla RNN": gradient_reach(lambda x: rnn64(x)[0]),
     "LSTM": gradient_reach(lambda x: lstm64(x)[0]),

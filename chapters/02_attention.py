@@ -256,7 +256,7 @@ Code(
 )
 
 # %%
-mha = MultiHeadAttention(d_model=64, n_heads=4)
+mha = MultiHeadAttention(d_model=64, n_heads=4, causal=True)
 xb = torch.randn(2, 10, 64)  # (B, T, d)
 qh, kh, vh, _ = mha.project(xb)  # the 4th output is the output gate (chapter 12)
 print(
@@ -265,7 +265,7 @@ print(
     "-> q, k, v per head",
     tuple(qh.shape),
     "-> out",
-    tuple(mha(xb, causal=True).shape),
+    tuple(mha(xb).shape),
 )
 assert qh.shape == (2, 4, 10, 16)
 assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64

@@ -245,7 +245,7 @@ plt.show()
 
 # %%
 Code(
-    inspect.getsource(TransformerBlock._residual)
+    inspect.getsource(TransformerBlock.residual)
     + "\n"
     + inspect.getsource(TransformerBlock.forward),
     language="python",

@@ -51,6 +51,7 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
+import copy
 import inspect
 import math
 
@@ -104,7 +105,9 @@ x = torch.randn(1, 8, 32)  # (B, T, d): eight tokens, no position signal
 perm = torch.randperm(8)
 with torch.no_grad():
     out, out_shuffled = attn(x), attn(x[:, perm])
-    causal, causal_shuffled = attn(x, causal=True), attn(x[:, perm], causal=True)
+    causal_attn = copy.deepcopy(attn)  # the same weights, with the causal mask on
+    causal_attn.causal = True
+    causal, causal_shuffled = causal_attn(x), causal_attn(x[:, perm])
 gap = (out_shuffled - out[:, perm]).abs().max().item()
 causal_gap = (causal_shuffled - causal[:, perm]).abs().max().item()
 print(f"permutation {perm.tolist()}")

@@ -371,7 +371,7 @@ assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
 # whole difference is one method of the block:
 
 # %%
-Code(inspect.getsource(TransformerBlock._residual), language="python")
+Code(inspect.getsource(TransformerBlock.residual), language="python")
 
 # %% [markdown]
 # The experiment: the same 8-layer, 32-wide character model (two heads, 32-character

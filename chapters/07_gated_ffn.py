@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
-from companion.block import TransformerBlock
+from companion.builders import build_block
 from companion.config import ModelConfig
 from companion.device import default_device, describe
 from companion.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
@@ -101,9 +101,9 @@ def n_params(module: torch.nn.Module) -> int:
 # the 2017 FFN has an up-projection $d \to 4d$ and a down-projection $4d \to d$ ($8d^2$).
 # So two thirds of a block's weights are FFN weights, and chapter 3 found that its units
 # behave like a key-value memory {cite}`geva2021transformer`. The same holds in a 2023
-# model. Here is a block of Llama 2 7B {cite}`touvron2023llama2`, built with `companion`'s
-# own `TransformerBlock` on PyTorch's **meta** device: its tensors have shapes but no
-# storage, so a 200-million parameter block costs no memory and no time.
+# model. Here is a block of Llama 2 7B {cite}`touvron2023llama2`, built by `companion`'s
+# `build_block(cfg)` on PyTorch's **meta** device: its tensors have shapes but no storage,
+# so a 200-million parameter block costs no memory and no time.
 
 # %%
 llama2 = ModelConfig(
@@ -121,7 +121,7 @@ llama2 = ModelConfig(
     tie_embeddings=False,
 )
 with torch.device("meta"):  # shapes only: nothing is allocated or initialised for real
-    block = TransformerBlock(llama2)
+    block = build_block(llama2)
 for name, p in block.named_parameters():
     print(f"{name:<22} {str(tuple(p.shape)):>15} {p.numel():>12,}")
 n_attn, n_ffn, n_block = n_params(block.attn), n_params(block.ffn), n_params(block)

@@ -477,8 +477,9 @@ Code(inspect.getsource(SlidingWindowCache.update), language="python")
 # them still need keys that the last of them will overwrite, so they read the old ring and
 # the new keys side by side before the ring is updated.
 #
-# `DecoderLM.new_cache` gives every sliding layer whose window is shorter than the planned
-# length a `SlidingWindowCache` and every other layer a plain `KVCache`. We take a small
+# `DecoderLM.new_cache` asks each layer's attention for its cache: a sliding layer whose
+# window is shorter than the planned length returns a `SlidingWindowCache`, every other
+# layer a plain `KVCache`. We take a small
 # random model with the 3:1 pattern and a window of 8, prefill 12 tokens (more than the
 # window, so the prefill branch overwrites), decode 28 more one at a time, and compare every
 # logit with one full forward pass over all 40:

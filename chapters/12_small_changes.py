@@ -74,7 +74,7 @@ from companion.model import DecoderLM
 from companion.mtp import MTPModule, mtp_losses, trunk_forward
 from companion.plotting import PALETTE, animate, use_style
 from companion.presets import PRESETS, preset
-from companion.rope import rope_cos_sin, rope_frequencies
+from companion.rope import RotaryEmbedding
 from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, make_adamw, seed_everything
 
@@ -253,18 +253,21 @@ assert [n for n, c in PRESETS.items() if c.tie_embeddings] == ["gpt2", "gpt2-xl"
 
 # %%
 torch.manual_seed(0)
-mha = MultiHeadAttention(32, 4, bias=True, fused_qkv=False, impl="reference").double()
+mha = MultiHeadAttention(32, 4, bias=True, fused_qkv=False, impl="reference", causal=True).double()
 x = torch.randn(2, 7, 32, dtype=torch.float64)
 
 
 def with_bias(proj: str, rope=None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The causal output after setting one projection's bias (zero if None)."""
+    """The causal output after setting one projection's bias (zero if None), with the
+    RoPE table ``rope`` given to the layer for this call (None: no positions)."""
     layer = getattr(mha, proj)
     old = layer.bias.detach().clone()
+    mha.rope = rope
     with torch.no_grad():
         layer.bias.copy_(torch.zeros_like(old) if bias is None else bias)
-        out = mha(x, causal=True, rope=rope)
+        out = mha(x)
         layer.bias.copy_(old)
+    mha.rope = None
     return out
 
 
@@ -277,8 +280,7 @@ print(f"max change of the output: query bias {gap['q_proj']:.2f}, "
 assert gap["k_proj"] < 1e-12 and gap["q_proj"] > 1e-2
 assert torch.allclose(shift, (mha.out_proj.weight @ b_rand).expand_as(shift), atol=1e-12)  # W_o b_v
 
-inv, sc = rope_frequencies(8, 10000.0)
-rope = rope_cos_sin(torch.arange(7), inv, sc)
+rope = RotaryEmbedding(8, 10000.0, max_len=7)  # head width 8, positions 0..6
 gap_rope = (with_bias("k_proj", rope, b_rand) - with_bias("k_proj", rope)).abs().max().item()
 print(f"with RoPE, the key bias moves the output by up to {gap_rope:.2f}")
 assert gap_rope > 1e-2
@@ -407,8 +409,9 @@ HTML(animate(fig, draw_sink, len(relevant), interval_ms=500))
 # %%
 torch.manual_seed(0)
 d, H, Dh = 32, 4, 8
-plain = MultiHeadAttention(d, H, bias=False, qkv_bias=True, impl="reference").double()
-gated = MultiHeadAttention(d, H, bias=False, qkv_bias=True, output_gate=True, impl="reference").double()
+kw = {"bias": False, "qkv_bias": True, "impl": "reference", "causal": True}
+plain = MultiHeadAttention(d, H, **kw).double()
+gated = MultiHeadAttention(d, H, **kw, output_gate=True).double()
 q_rows = 2 * H * Dh
 with torch.no_grad():
     w_q = gated.qkv.weight[:q_rows].view(H, 2, Dh, d)  # per head: [query rows, gate rows]
@@ -420,8 +423,8 @@ with torch.no_grad():
     outs = {}
     for name, logit in (("closed", -30.0), ("open", 30.0)):
         b_q[:, 1] = logit
-        outs[name] = gated(x, causal=True)
-    ref_plain = plain(x, causal=True)
+        outs[name] = gated(x)
+    ref_plain = plain(x)
 print(f"gate closed: max |output| < 1e-10 · max |plain output|: "
       f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};  "
       f"gate open: max |gated - plain| < 1e-10: "
