@@ -81,6 +81,15 @@ def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
     return stance(skip_guard_eval_unsafe=True)
 
 
+def _mark_finished(token: Tensor, done: Tensor | None, eos_token_id: int | None) -> Tensor:
+    """Sequences already finished keep writing ``eos_token_id``; ``done`` is updated in place."""
+    if done is None:
+        return token
+    token = token.masked_fill(done, eos_token_id)
+    done |= token == eos_token_id
+    return token
+
+
 def decode_n_tokens(
     model: nn.Module,
     token: Tensor,
@@ -100,17 +109,16 @@ def decode_n_tokens(
     done = token == eos_token_id if eos_token_id is not None else None
     input_pos = torch.tensor([cache.length], device=token.device)
     for i in range(n):
-        if eos_token_id is not None and bool(done.all()):
+        if done is not None and bool(done.all()):
             break
-        guards = _guards_checked_once(compile) if i > 0 else contextlib.nullcontext()
-        with guards:
+        # built per step: making a stance applies it at once, so it must not exist before
+        # the first step has checked the compiled step's guards
+        with _guards_checked_once(compile) if i > 0 else contextlib.nullcontext():
             logits = step(model, token, input_pos, cache)
         cache.length += 1
         input_pos += 1
         token = sample(logits.float(), temperature, top_k, generator).to(token.dtype)
-        if done is not None:
-            token = token.masked_fill(done, eos_token_id)
-            done |= token == eos_token_id
+        token = _mark_finished(token, done, eos_token_id)
         out.append(token)
     return out
 
@@ -163,14 +171,13 @@ def generate(
             )
             return torch.cat([input_ids, first, *rest], dim=1)
         ids = input_ids
-        done = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
+        done = None
+        if eos_token_id is not None:
+            done = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
             logits = model(ids[:, -cfg.max_seq_len :], last_only=True)[:, -1]
             nxt = sample(logits.float(), **kw).to(ids.dtype)
-            if eos_token_id is not None:
-                nxt = nxt.masked_fill(done, eos_token_id)
-                done |= nxt == eos_token_id
-            ids = torch.cat([ids, nxt], dim=1)
-            if eos_token_id is not None and bool(done.all()):
+            ids = torch.cat([ids, _mark_finished(nxt, done, eos_token_id)], dim=1)
+            if done is not None and bool(done.all()):
                 break
         return ids
