@@ -63,13 +63,21 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
-from companion.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
-from companion.builders import build_block
-from companion.config import ModelConfig
 from companion.device import default_device, describe
-from companion.model import DecoderLM
+from companion.layers.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
+from companion.layers.rnn import (
+    GRU,
+    LSTM,
+    RNN,
+    RecurrentLM,
+    autograd_depth,
+    distant_recall,
+    lstm_cell,
+)
+from companion.models.builders import build_block
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
-from companion.rnn import GRU, LSTM, RNN, RecurrentLM, autograd_depth, distant_recall, lstm_cell
 from companion.training import cosine_lr, make_adamw, seed_everything, train
 
 FULL = False  # True: longer sequences, more samples and a bigger model pair (use a GPU)
@@ -102,7 +110,7 @@ print(describe(DEVICE))
 Code(inspect.getsource(lstm_cell) + "\n" + inspect.getsource(LSTM.forward), language="python")
 
 # %% [markdown]
-# `companion.rnn.LSTM` holds a `torch.nn.LSTM` and reads its weights, so the written-out loop
+# `companion.layers.rnn.LSTM` holds a `torch.nn.LSTM` and reads its weights, so the written-out loop
 # (`impl="reference"`) and PyTorch's fused kernel (`impl="torch"`) share every parameter.
 # They must agree on the outputs, the final state and the gradients. The same holds for the
 # GRU, whose two gates (reset $r$, update $z$) blend the old state and a candidate directly,
@@ -130,7 +138,7 @@ for layer in (LSTM(16, 24), GRU(16, 24)):
 # ### Two models of the same size
 #
 # For the experiments below we pit a one-layer LSTM language model (embedding → LSTM →
-# linear head) against a one-layer causal Transformer (`companion.model.DecoderLM`: token
+# linear head) against a one-layer causal Transformer (`companion.models.decoder.DecoderLM`: token
 # and position embeddings, one block of four-head attention and a feed-forward network).
 # We size the LSTM so that both have about the same number of parameters. An LSTM with
 # input width $E$ and hidden width $H$ has $4H(E + H) + 8H$ parameters in its cell: the four
@@ -174,7 +182,7 @@ assert abs(n_lstm / n_transformer - 1) < 0.1
 # We can count the chain without a clock. PyTorch's autograd records every operation and
 # what it consumed; the longest path through that record from the output back to the inputs
 # is the number of operations that *must* run one after another.
-# `companion.rnn.autograd_depth` measures it. We compare the LSTM's reference loop with one
+# `companion.layers.rnn.autograd_depth` measures it. We compare the LSTM's reference loop with one
 # Transformer block whose attention is also written out in small operations
 # (`attn_impl="reference"`).
 
@@ -565,7 +573,7 @@ Code(inspect.getsource(AdditiveAttention.forward), language="python")
 # A task whose correct alignment we know: reverse a sequence of 10 random symbols. Output
 # word $i$ must come from source position $9 - i$, so a decoder that has learned to look in
 # the right place shows an *anti-diagonal* map. We train a small encoder-decoder
-# (`companion.additive_attention.AttentionSeq2Seq`, GRUs of width 64) for 200 steps.
+# (`companion.layers.additive_attention.AttentionSeq2Seq`, GRUs of width 64) for 200 steps.
 
 # %%
 REV_LEN, REV_VOCAB, REV_STEPS = 10, 12, 200

@@ -56,16 +56,33 @@ import torch
 from IPython.display import HTML, Code
 from torch.utils.flop_counter import FlopCounterMode
 
-from companion.attention import naive_attention, sdpa_attention
-from companion.config import ModelConfig
+from companion.analysis.peak_memory import PeakMemory
 from companion.device import default_device, describe
-from companion.flash import online_softmax_trace, tiled_attention, tiled_attention_forward
-from companion.masks import causal_mask
-from companion.memory import PeakMemory
-from companion.mha import MultiHeadAttention
-from companion.model import DecoderLM
+from companion.layers.mha import MultiHeadAttention
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops.attention import (
+    attention_weights,
+    masked_scores,
+    naive_attention,
+    sdpa_attention,
+)
+from companion.ops.masks import causal_mask
+from companion.ops.tiled import (
+    key_tiles,
+    online_softmax_trace,
+    tile_scores,
+    tiled_attention,
+    tiled_attention_forward,
+)
 from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
-from companion.text import CharTokenizer, load_bpe, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_bpe,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: a bigger model, longer training and longer sequences (use a GPU)
@@ -128,11 +145,19 @@ print(
 )
 
 # the package's reference implementation computes exactly this
-ref_out, ref_w = naive_attention(q[None, None], k[None, None], v[None, None])
+ref_out = naive_attention(q[None, None], k[None, None], v[None, None])
+ref_w = attention_weights(q[None, None], k[None, None])
 assert torch.allclose(ref_out[0, 0], out, atol=1e-6) and torch.allclose(ref_w[0, 0], weights)
 
 # %%
-Code(inspect.getsource(naive_attention), language="python")
+Code(
+    inspect.getsource(masked_scores)
+    + "\n"
+    + inspect.getsource(attention_weights)
+    + "\n"
+    + inspect.getsource(naive_attention),
+    language="python",
+)
 
 # %%
 fig, ax = plt.subplots(figsize=(5.2, 4.4))
@@ -226,14 +251,15 @@ plt.show()
 # %%
 T = len(ids)
 print(causal_mask(T)[:5, :5].int())
-out_c, w_c = naive_attention(q[None, None], k[None, None], v[None, None], causal=True)
+out_c = naive_attention(q[None, None], k[None, None], v[None, None], causal=True)
+w_c = attention_weights(q[None, None], k[None, None], causal=True)
 assert w_c[0, 0].triu(1).abs().max() == 0  # no weight on the future
 
 # change the last token's vector: no earlier output may move
 x2 = x.clone()
 x2[-1] += 10.0
 q2, k2, v2 = x2 @ W_q, x2 @ W_k, x2 @ W_v
-out_c2, _ = naive_attention(q2[None, None], k2[None, None], v2[None, None], causal=True)
+out_c2 = naive_attention(q2[None, None], k2[None, None], v2[None, None], causal=True)
 assert torch.allclose(out_c2[0, 0, :-1], out_c[0, 0, :-1])
 assert not torch.allclose(out_c2[0, 0, -1], out_c[0, 0, -1])
 print("outputs before the changed token unchanged; the last one changed")
@@ -245,20 +271,24 @@ print("outputs before the changed token unchanged; the last one changed")
 # the width $d$ into $H$ heads of width $D = d/H$, runs attention in each independently, and
 # concatenates the results before a final projection $W_O$. The parameter count is the same
 # as one wide head ($4d^2$ plus biases); what changes is that each head gets its own
-# softmax. Here is the module, with one fused matrix producing $q$, $k$ and $v$:
+# softmax. Here are the module's three steps, with one fused matrix producing $q$, $k$ and
+# $v$: `project` maps the stream, `heads` splits the width, `attend` runs the heads and
+# concatenates them; the forward pass ends with the output projection $W_O$ (`out_proj`).
 
 # %%
 Code(
     inspect.getsource(MultiHeadAttention.project)
     + "\n"
-    + inspect.getsource(MultiHeadAttention.forward),
+    + inspect.getsource(MultiHeadAttention.heads)
+    + "\n"
+    + inspect.getsource(MultiHeadAttention.attend),
     language="python",
 )
 
 # %%
 mha = MultiHeadAttention(d_model=64, n_heads=4, causal=True)
 xb = torch.randn(2, 10, 64)  # (B, T, d)
-qh, kh, vh, _ = mha.project(xb)  # the 4th output is the output gate (chapter 12)
+qh, kh, vh = (mha.heads(t, 4) for t in mha.project(xb))
 print(
     "x",
     tuple(xb.shape),
@@ -417,7 +447,7 @@ widgets.interactive(show_head, layer=widgets.IntSlider(2, 1, 2), head=widgets.In
 # The score matrix has one entry per (query, key) pair: $n^2$ of them per head. Doubling the
 # context quadruples the work and — if the matrix is stored — the memory. We measure both
 # for the reference implementation, which stores it. Peak memory is counted by
-# `companion.memory.PeakMemory` (every tensor allocated inside the block, so the count is
+# `companion.analysis.peak_memory.PeakMemory` (every tensor allocated inside the block, so the count is
 # exact and repeatable), the work by PyTorch's `FlopCounterMode`; the wall time (fastest of
 # five runs) depends on the machine, so it is shown but not asserted.
 
@@ -532,13 +562,21 @@ def draw_block(i: int) -> None:
 HTML(animate(fig, draw_block, len(trace), interval_ms=900))
 
 # %% [markdown]
-# `companion.flash` applies this to tiles of queries *and* keys. Here is its forward loop; the
+# `companion.ops.tiled` applies this to tiles of queries *and* keys. Here is its forward loop; the
 # backward pass (not shown) recomputes each tile from the saved log-sum-exp
 # $m + \log \ell$ instead of storing the weights, as FlashAttention-2 does
-# {cite}`dao2023flashattention2`.
+# {cite}`dao2023flashattention2`. `key_tiles` skips the tiles wholly in the future of a
+# causal query block, and `tile_scores` computes one tile's masked scores.
 
 # %%
-Code(inspect.getsource(tiled_attention_forward), language="python")
+Code(
+    inspect.getsource(key_tiles)
+    + "\n"
+    + inspect.getsource(tile_scores)
+    + "\n"
+    + inspect.getsource(tiled_attention_forward),
+    language="python",
+)
 
 # %% [markdown]
 # The claim "exact, not an approximation" is an assertion: outputs and gradients of the
@@ -549,7 +587,7 @@ Code(inspect.getsource(tiled_attention_forward), language="python")
 torch.manual_seed(0)
 qq, kk, vv = (torch.randn(2, 4, 300, 32, requires_grad=True) for _ in range(3))
 forms = {
-    "reference": lambda a, b, c: naive_attention(a, b, c, causal=True)[0],
+    "reference": lambda a, b, c: naive_attention(a, b, c, causal=True),
     "sdpa": lambda a, b, c: sdpa_attention(a, b, c, causal=True),
     "tiled": lambda a, b, c: tiled_attention(a, b, c, causal=True, block_q=64, block_k=64),
 }

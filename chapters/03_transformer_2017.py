@@ -60,32 +60,32 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
-from companion.block import TransformerBlock
-from companion.config import ModelConfig
-from companion.decoding import beam_search, greedy_decode
 from companion.device import default_device, describe
-from companion.plotting import PALETTE, animate, heatmap, use_style
-from companion.positions import sinusoid_shift_matrix, sinusoidal_table
-from companion.seq2seq import (
+from companion.layers.block import TransformerBlock
+from companion.layers.positions import sinusoid_shift_matrix, sinusoidal_table
+from companion.models.beam_search import beam_search, greedy_decode
+from companion.models.config import ModelConfig
+from companion.models.seq2seq import (
     PAPER_BASE_PARAMS,
     Seq2SeqTransformer,
     base_param_breakdown,
     transformer_base_config,
 )
-from companion.tasks import IGNORE
-from companion.training import (
-    inverse_sqrt_lr,
-    label_smoothed_cross_entropy,
-    seed_everything,
-    train,
-)
-from companion.translation import (
+from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.tasks.synthetic import IGNORE
+from companion.tasks.translation import (
     BOS,
     EOS,
     PAD,
     NumberTranslation,
     aligned_words,
     number_to_words,
+)
+from companion.training import (
+    inverse_sqrt_lr,
+    label_smoothed_cross_entropy,
+    seed_everything,
+    train,
 )
 
 FULL = False  # True: a wider, deeper model trained longer, with the paper's dropout (use a GPU)
@@ -103,7 +103,7 @@ print(describe(DEVICE))
 # Nothing about it is a lookup table: a "4" becomes *four*, *forty* or part of *fourteen*
 # depending on its place and on its neighbour, the words *hundred*, *thousand* and *and*
 # appear or not depending on zeros further along, and the output is up to twice as long as
-# the input. `companion.translation` holds out a seeded 10% of all numbers below a million:
+# the input. `companion.tasks.translation` holds out a seeded 10% of all numbers below a million:
 # training never sees them, and the test set is drawn only from them.
 
 # %%

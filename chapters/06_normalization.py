@@ -65,29 +65,28 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 from matplotlib.ticker import NullFormatter
 
-from companion import diagnostics
-from companion.block import TransformerBlock
-from companion.config import ModelConfig
-from companion.device import default_device, describe
-from companion.diagnostics import (
+from companion.analysis import diagnostics
+from companion.analysis.diagnostics import (
     AttentionLogitTracker,
     StreamTracker,
     attention_logit_max,
     block_grad_norms,
-    count_aten_ops,
-    count_reductions,
     identity_path_jacobian,
     residual_norms,
     residual_write_weights,
     stream_states,
     token_cosine,
 )
-from companion.model import DecoderLM
-from companion.norms import layer_norm_reference, rms_norm_reference
+from companion.analysis.op_counts import count_aten_ops, count_reductions
+from companion.checkpoints.smollm2 import load_smollm2
+from companion.device import default_device, describe
+from companion.layers.block import TransformerBlock
+from companion.layers.norms import layer_norm_reference, rms_norm_reference
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, loglog_fit, use_style
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
-from companion.weights import load_smollm2
 
 FULL = False  # True: every training run on four seeds, and the QK-norm run in bf16 (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
@@ -117,7 +116,7 @@ print(describe(DEVICE))
 # $\sqrt{\ell}$.
 #
 # To watch the stream we do not need to change the model: a forward *hook* on each block
-# sees its output as it passes. This is all `companion.diagnostics` does:
+# sees its output as it passes. This is all `companion.analysis.diagnostics` does:
 
 # %%
 Code(inspect.getsource(diagnostics.capture_stream), language="python")
@@ -213,7 +212,7 @@ plt.show()
 #
 # RMSNorm drops the mean and the shift:
 # $\mathrm{RMS}(x) = \gamma \odot x / \sqrt{\tfrac1d \sum_j x_j^2 + \epsilon}$. The
-# reference versions in `companion.norms`:
+# reference versions in `companion.layers.norms`:
 
 # %%
 Code(

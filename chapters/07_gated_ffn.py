@@ -63,20 +63,20 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
-from companion.builders import build_block
-from companion.config import ModelConfig
 from companion.device import default_device, describe
-from companion.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
-from companion.glu_tasks import (
+from companion.layers.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
+from companion.models.builders import build_block
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.plotting import PALETTE, animate, use_style
+from companion.tasks.products import (
     exact_product_glu,
     mse,
     product_surface,
     product_task,
     train_regression,
 )
-from companion.model import DecoderLM
-from companion.plotting import PALETTE, animate, use_style
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: wider and deeper language models, longer runs, more seeds (use a GPU)
@@ -395,7 +395,7 @@ plt.show()
 # $\phi(x) - \phi(-x) = x\,F(x) + x\,F(-x) = x$. Two gated units therefore give a product
 # exactly: $\phi(x_k)\,x_j - \phi(-x_k)\,x_j = x_k x_j$.
 #
-# The task in `companion.glu_tasks`: $d$ Gaussian inputs, $d$ outputs
+# The task in `companion.tasks.products`: $d$ Gaussian inputs, $d$ outputs
 # $y_k = x_k \cdot x_{k-1}$, trained with mean squared error (predicting 0 scores 1).
 # `exact_product_glu` writes the two-units-per-product weights by hand: a GLU with $2d$
 # hidden units, $6d^2$ weights, fewer than an MLP's $8d^2$.

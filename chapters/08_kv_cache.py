@@ -27,7 +27,7 @@
 #
 # This chapter follows that pressure from the bottom up. First why a cache at all: the same
 # tokens with it and without it, and linear instead of quadratic work. Then its size, from
-# one formula, for the released models in `companion.presets`. Then the less obvious
+# one formula, for the released models in `companion.models.presets`. Then the less obvious
 # problem, which explains the rest of the chapter: not the bytes the cache *occupies* but
 # the bytes each decoding step must *read*, against the few FLOPs it does with them. The
 # answers in order: multi-query attention (MQA) {cite}`shazeer2019fast`, grouped-query
@@ -66,11 +66,13 @@ from IPython.display import HTML, Code
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 
-from companion.attention import expand_kv, grouped_attention, naive_attention
-from companion.bench.common import median_seconds
-from companion.calc import count_params, flops_per_token, kv_cache_bytes, kv_cache_bytes_per_token
-from companion.config import ModelConfig
-from companion.decode_cost import (
+from companion.analysis.calculator import (
+    count_params,
+    flops_per_token,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
+from companion.analysis.decode_cost import (
     arithmetic_intensity,
     attainable_flops,
     attended_pairs,
@@ -80,14 +82,19 @@ from companion.decode_cost import (
     projected_tokens,
     ridge_point,
 )
+from companion.bench.common import median_seconds
 from companion.device import default_device, describe
-from companion.generation import decode_one_token
-from companion.kv_cache import KVCache, position_mask
-from companion.mla import MultiHeadLatentAttention, bytes_per_token
-from companion.model import DecoderLM
+from companion.layers.kv_cache import KVCache, position_mask
+from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
+from companion.layers.rotary import RotaryEmbedding
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.generation import decode_one_token
+from companion.models.presets import PRESETS, preset, spec_row
+from companion.ops.attention import naive_attention
+from companion.ops.grouped import expand_kv, grouped_attention
+from companion.ops.rope import apply_rope, rope_frequencies
 from companion.plotting import PALETTE, animate, loglog_fit, use_style
-from companion.presets import PRESETS, preset, spec_row
-from companion.rope import RotaryEmbedding, apply_rope, rope_frequencies
 from companion.training import seed_everything
 
 FULL = False  # True: longer generations and caches (use a GPU for the timing section)
@@ -184,12 +191,12 @@ assert projected_tokens(8, 48, cached=True) == 55 and projected_tokens(8, 48, ca
 # The tokens are identical, and the logits agree to float32 rounding at every position. The
 # work does not: to write 48 tokens after an 8-token prompt, the model with a cache pushes
 # 55 tokens through each projection, the one without pushes 1,512 (every pass re-reads the
-# whole sequence). The counts are the ones `companion.decode_cost` predicts,
+# whole sequence). The counts are the ones `companion.analysis.decode_cost` predicts,
 # $P + n - 1$ against $\sum_{i<n}(P + i)$, and the scored pairs follow the same pattern one
 # power higher. Per step, recomputation costs a whole forward pass over the sequence so
 # far; the cache costs one token's projections and one row of attention.
 #
-# At a real model's size the same arithmetic comes from `companion.calc.flops_per_token`,
+# At a real model's size the same arithmetic comes from `companion.analysis.calculator.flops_per_token`,
 # the forward FLOPs of one token that attends to $s$ keys (chapter 13 builds the
 # calculator). It is affine in $s$: a constant $2N$ for the weights it multiplies, plus
 # $4 L H D\, s$ for scores and weighted values. Summing it over the positions each step
@@ -428,8 +435,8 @@ plt.show()
 # {cite}`touvron2023llama2` and every Llama 3 model use $n_\mathrm{kv} = 8$.
 #
 # How GQA is computed matters as much as what it stores. The easy way repeats each K/V
-# head $G$ times so that ordinary attention applies (`expand_kv`, which `naive_attention`
-# uses); that builds, and reads, a full MHA-sized copy of the cache at every step.
+# head $G$ times so that ordinary attention applies (`expand_kv`, which the
+# dispatcher uses before the 2017 reference); that builds, and reads, a full MHA-sized copy of the cache at every step.
 # `grouped_attention` never copies: it folds the $G$ query heads of each K/V head into $G$
 # rows of one product, so each cached head is read once.
 
@@ -449,7 +456,7 @@ for h_kv in (8, 4, 2, 1):
     for t in (1, 5):
         q = torch.randn(B_, H_, t, D_, generator=g, dtype=torch.float64)
         mask = position_mask(torch.arange(S_ - t, S_), torch.arange(S_))  # (T, S), causal
-        ref, _ = naive_attention(q, expand_kv(k, H_), expand_kv(v, H_), mask=mask)
+        ref = naive_attention(q, expand_kv(k, H_), expand_kv(v, H_), mask=mask)
         out = grouped_attention(q, k, v, mask=mask)
         assert (out - ref).abs().max() < 1e-12
     print(f"H = {H_}, H_kv = {h_kv} (G = {H_ // h_kv}): grouped = naive on repeated heads")
@@ -590,7 +597,7 @@ assert (absorbed[1] - absorbed[2]).norm() > 0.5 * W.norm()
 print("absorbing W_UK works without RoPE; with it, the folded query changes with every offset")
 
 # %% [markdown]
-# `companion.mla.MultiHeadLatentAttention` implements both forms on the same parameters
+# `companion.layers.mla.MultiHeadLatentAttention` implements both forms on the same parameters
 # (its `kv_b_proj` holds every head's $W^{UK}_i$ and $W^{UV}_i$). `form="naive"`
 # up-projects the cached latents to full per-head keys and values, as the model is trained
 # and as transformers' DeepSeek-V3 code runs it; `form="absorbed"` scores the latents
@@ -823,7 +830,7 @@ assert (smol.n_layers, smol.n_heads, smol.kv_heads) == (30, 9, 3)
 # ```{admonition} Solution
 # :class: dropdown
 # `k2 = k.view(B, 2, 4, S, D).mean(2)` (and the same for `v`), then compare
-# `grouped_attention(q, k2, v2)` with `naive_attention(q, k, v)[0]`. With independent random
+# `grouped_attention(q, k2, v2)` with `naive_attention(q, k, v)`. With independent random
 # heads the error is of the order of the outputs themselves: pooling averages unrelated
 # keys. Make the heads of a group similar (`k = base + 0.1 * noise`, with `base` repeated
 # four times) and the error shrinks with the noise. This is why the conversion needs a

@@ -65,23 +65,23 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 
-from companion.calc import kv_cache_bytes, kv_cache_bytes_per_token
-from companion.config import ModelConfig
-from companion.device import default_device, describe
-from companion.extrapolation import per_position_loss
-from companion.kv_cache import SlidingWindowCache, position_mask
-from companion.model import DecoderLM
-from companion.plotting import PALETTE, animate, heatmap, use_style
-from companion.presets import preset, spec_row
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
-from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
-from companion.windows import (
+from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_token
+from companion.analysis.extrapolation import per_position_loss
+from companion.analysis.receptive_fields import (
     input_gradient_norms,
     layer_masks,
     receptive_field_size,
     receptive_fields,
     visible_pairs,
 )
+from companion.device import default_device, describe
+from companion.layers.kv_cache import SlidingWindowCache, position_mask
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.presets import preset, spec_row
+from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: a deeper, wider model on longer windows, more steps and seeds (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
@@ -329,13 +329,13 @@ HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
 #
 # ## What the released models do
 #
-# The table collects the patterns of seven models. Where `companion.presets` holds the
+# The table collects the patterns of seven models. Where `companion.models.presets` holds the
 # released config, the ratio, the window and the kind of the last layer below are **read
 # from the preset** (`cfg.layer_kinds`, `cfg.sliding_window`) and asserted against the
 # table; the other rows come from the papers.
 
 # %%
-TABLE = [  # model, local : global, window, note, preset (None: not in companion.presets)
+TABLE = [  # model, local : global, window, note, preset (None: not in companion.models.presets)
     ("GPT-3 (2020)", "1:1", "banded", "alternating dense and banded sparse layers", None),
     ("Mistral 7B (2023)", "all local", "4096", "no global layer", "mistral-7b"),
     ("Gemma 2 (2024)", "1:1", "4096", "", None),
@@ -398,7 +398,7 @@ assert gpt_oss.layer_kinds[:2] == ("sliding", "full")  # starts local, then alte
 #
 # $$16 \times 65536 \times 4096 + 48 \times 4096 \times 4096 = 4\ \text{GiB} + 0.75\ \text{GiB}.$$
 #
-# `companion.calc.kv_cache_bytes` does this per layer from the preset:
+# `companion.analysis.calculator.kv_cache_bytes` does this per layer from the preset:
 
 # %%
 olmo_full = olmo.replace(layer_types=None, sliding_window=None)  # the same model, all global
@@ -466,7 +466,7 @@ plt.show()
 # A cache that only ever needs the last $w$ keys can be a fixed array of $w$ slots written in
 # a circle: position $p$ goes to slot $p \bmod w$, overwriting position $p - w$, which no
 # future query will see again. Mistral called it a rolling buffer {cite}`jiang2023mistral`.
-# `companion.kv_cache.SlidingWindowCache` also records each slot's absolute position, so
+# `companion.layers.kv_cache.SlidingWindowCache` also records each slot's absolute position, so
 # `position_mask` can build the right mask whatever order the slots are in:
 
 # %%

@@ -72,21 +72,16 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 
-from companion.calc import count_params, flops_per_token
-from companion.config import ModelConfig
+from companion.analysis.calculator import count_params, flops_per_token
 from companion.device import default_device, describe
-from companion.model import DecoderLM
-from companion.moe import (
-    MoEFeedForward,
-    TopKRouter,
-    expert_load,
-    experts_grouped,
-    load_balancing_loss,
-    update_selection_bias,
-)
+from companion.layers.moe import MoEFeedForward
+from companion.layers.router import TopKRouter, load_balancing_loss, update_selection_bias
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.presets import preset
+from companion.ops.experts import expert_load, experts_grouped
 from companion.plotting import PALETTE, animate, use_style
-from companion.presets import preset
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import lm_loss, make_adamw, seed_everything, train
 
 FULL = False  # True: a deeper MoE, more experts, longer runs, more seeds (use a GPU)
@@ -108,9 +103,9 @@ Code(inspect.getsource(MoEFeedForward.forward), language="python")
 
 # %% [markdown]
 # `ModelConfig` puts this layer in place of the dense FFN when `n_experts > 0`, and
-# `companion.calc.count_params` counts total and **active** parameters, the ones a single
+# `companion.analysis.calculator.count_params` counts total and **active** parameters, the ones a single
 # token's forward pass touches: everything except the routed experts it was not sent to.
-# All four models come from `companion.presets`, which copies their released configs.
+# All four models come from `companion.models.presets`, which copies their released configs.
 
 # %%
 MODELS = {

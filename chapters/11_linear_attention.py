@@ -67,24 +67,26 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
-from companion import linear_attention as la
-from companion.calc import kv_cache_bytes, kv_cache_bytes_per_token
-from companion.config import ModelConfig
+from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.device import default_device, describe
-from companion.gated_deltanet import GatedDeltaNetCache
-from companion.linear_attention import (
+from companion.layers.gated_deltanet import GatedDeltaNetCache
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.presets import preset
+from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
-    chunk_linear_attention,
-    parallel_linear_attention,
+    delta_rule_loop,
     recurrent_delta_rule,
     recurrent_gated_delta_rule,
+)
+from companion.ops.linear_attention import (
+    chunk_linear_attention,
+    parallel_linear_attention,
     recurrent_linear_attention,
 )
-from companion.model import DecoderLM
 from companion.plotting import PALETTE, animate, use_style
-from companion.presets import preset
-from companion.recall_tasks import RULES, recall_pairs, recall_read, recall_scores
+from companion.tasks.recall import RULES, recall_pairs, recall_read, recall_scores
 from companion.training import seed_everything
 
 FULL = False  # True: longer sequences, more trials of the recall task (use a GPU)
@@ -130,7 +132,7 @@ def grads(out: torch.Tensor, x: dict) -> list[torch.Tensor]:
 # outputs can be computed three ways: token by token (the recurrence), as one masked
 # $T \times T$ product $\mathrm{tril}(q k^\top)\, v$ like attention, or in **chunks** of $C$
 # tokens: the masked product inside each chunk, plus a read of the state at the chunk's
-# start. `companion.linear_attention` has all three, with one signature. They must agree,
+# start. `companion.ops.linear_attention` has all three, with one signature. They must agree,
 # outputs and gradients, for any chunk size, including one that does not divide $T$.
 
 # %%
@@ -223,7 +225,7 @@ assert torch.equal(read_lin, vals[0, 0, 0] + vals[0, 1, 0])  # ... where linear 
 # the fast form is tested against:
 
 # %%
-Code(inspect.getsource(la._recurrent_delta), language="python")
+Code(inspect.getsource(delta_rule_loop), language="python")
 
 # %% [markdown]
 # With `g` set the loop decays the state first, then makes one delta-rule step, then reads it
@@ -346,7 +348,7 @@ for name, fn, kw in (
 # answer it: draw $N$ random unit keys and unit values, write the pairs into a state with
 # one rule, then query each key and check whether the value read back is nearest to the
 # right one of the $N$ values. Softmax attention over the whole cache is the baseline
-# (`companion.recall_tasks`, with $D_k = D_v = 64$).
+# (`companion.tasks.recall`, with $D_k = D_v = 64$).
 
 # %%
 D = 64
@@ -441,7 +443,7 @@ print("recall of the oldest / newest quarter at N = 256:",
 # heads, 32 value heads, $D_k = D_v = 128$, a causal convolution of width 4). The cache
 # then has two parts: the full layers' keys and values, growing with the context, and the
 # linear layers' fixed states: a $128 \times 128$ fp32 matrix per value head plus the last 3
-# inputs of the convolution. `companion.calc.kv_cache_bytes` prices both; the cache module
+# inputs of the convolution. `companion.analysis.calculator.kv_cache_bytes` prices both; the cache module
 # that `GatedDeltaNet` decodes with must hold exactly what the formula says.
 
 # %%

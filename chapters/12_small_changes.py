@@ -58,24 +58,29 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 
-from companion.attention import naive_attention, sdpa_attention, sink_as_key
-from companion.calc import count_params, flops_per_token, kv_cache_bytes_per_token
-from companion.chunked_loss import (
-    _ChunkedCrossEntropy,
+from companion.analysis.calculator import count_params, flops_per_token, kv_cache_bytes_per_token
+from companion.analysis.peak_memory import PeakMemory
+from companion.device import default_device, describe
+from companion.layers.mha import MultiHeadAttention
+from companion.layers.rotary import RotaryEmbedding
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.mtp import MTPModule, mtp_losses, trunk_forward
+from companion.models.presets import PRESETS, preset
+from companion.ops.cross_entropy import (
+    ChunkedCrossEntropy,
     chunked_cross_entropy,
     logits_bytes,
     naive_cross_entropy,
 )
-from companion.config import ModelConfig
-from companion.device import default_device, describe
-from companion.memory import PeakMemory
-from companion.mha import MultiHeadAttention
-from companion.model import DecoderLM
-from companion.mtp import MTPModule, mtp_losses, trunk_forward
+from companion.ops.sinks import (
+    sink_as_key,
+    sink_attention_weights,
+    sink_naive_attention,
+    sink_sdpa_attention,
+)
 from companion.plotting import PALETTE, animate, use_style
-from companion.presets import PRESETS, preset
-from companion.rope import RotaryEmbedding
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, make_adamw, seed_everything
 
 FULL = False  # True: a bigger loss experiment and a longer multi-token run (use a GPU)
@@ -125,11 +130,11 @@ assert qwen_logits == 39_829_110_784 and round(qwen_logits / GiB) == 37
 # the chunk. The backward pass does the same: recompute a chunk's logits, turn them into
 # softmax minus one-hot, add their contribution to the gradients of the hidden states and
 # of the output matrix, drop the chunk. This is what fused and chunked loss kernels do on
-# GPUs {cite}`wijmans2025cut`. `companion.chunked_loss` writes it as a custom autograd
+# GPUs {cite}`wijmans2025cut`. `companion.ops.cross_entropy` writes it as a custom autograd
 # function:
 
 # %%
-Code(inspect.getsource(_ChunkedCrossEntropy), language="python")
+Code(inspect.getsource(ChunkedCrossEntropy), language="python")
 
 # %% [markdown]
 # We check it against the reference, which builds the full logits and calls
@@ -326,7 +331,8 @@ assert with_biases == ["gpt2", "gpt2-xl", "gpt-oss-120b"]
 # $$a_{ij} = \frac{e^{z_{ij}}}{e^{s_h} + \sum_{j'} e^{z_{ij'}}}, \qquad
 # \sum_j a_{ij} = \sigma\big(\mathrm{LSE}_j(z_{ij}) - s_h\big) < 1.$$
 #
-# `naive_attention(..., sinks=)` appends the sink as one more score column and drops it
+# `sink_naive_attention` (in `companion.ops.sinks`, beside the 2017 core it wraps) appends
+# the sink as one more score column and drops it
 # after the softmax; the SDPA path cannot take an extra column, so `sink_as_key` builds a
 # key every query sees, whose score is exactly $s_h$ and whose value is zero:
 
@@ -337,8 +343,9 @@ Code(inspect.getsource(sink_as_key), language="python")
 g = torch.Generator().manual_seed(1)
 q, k, v = (torch.randn(2, 4, 6, 16, generator=g) for _ in range(3))
 sinks = torch.tensor([-2.0, 0.0, 1.0, 3.0])
-out_ref, w = naive_attention(q, k, v, sinks=sinks, causal=True)
-out_sdpa = sdpa_attention(q, k, v, sinks=sinks, causal=True)
+out_ref = sink_naive_attention(q, k, v, sinks, causal=True)
+w = sink_attention_weights(q, k, sinks, causal=True)
+out_sdpa = sink_sdpa_attention(q, k, v, sinks, causal=True)
 row_sums = w.sum(-1)  # (B, H, T)
 print("mean weight on real keys, per head:", [f"{s:.3f}" for s in row_sums.mean((0, 2)).tolist()])
 sink_err = (out_ref - out_sdpa).abs().max()
@@ -457,7 +464,7 @@ assert gate_params == next_cfg.layer_kinds.count("full") * 2048 * 16 * 256 == 10
 # $t_{i+1}$, normalises and concatenates them, projects $2d \to d$, runs one extra
 # Transformer block, and predicts $t_{i+2}$ through the trunk's own output head. The loss
 # is $\mathcal{L}_{1} + \lambda\,\mathcal{L}_{2}$ with $\lambda = 0.3$ early in training.
-# `companion.mtp` builds that module for a `DecoderLM`:
+# `companion.models.mtp` builds that module for a `DecoderLM`:
 
 # %%
 Code(inspect.getsource(MTPModule.forward) + "\n\n" + inspect.getsource(mtp_losses), language="python")
@@ -643,7 +650,7 @@ assert round(shape["gpt-oss-20b"][1] / 1e9, 2) == 3.61  # the model card's activ
 # row" brings it back: RoPE (shown above), ALiBi-style biases do not (they add to scores,
 # the key bias still adds a row constant), but a sink does: the sink's logit does not gain
 # $q_i \cdot b_k$, so the share of the real keys changes. Try
-# `naive_attention(q, k + b, v, sinks=s)` against `naive_attention(q, k, v, sinks=s)`.
+# `sink_naive_attention(q, k + b, v, s)` against `sink_naive_attention(q, k, v, s)`.
 # ```
 #
 # 4. Train the model of section 6 with `attn_sinks=True` in its `ModelConfig` (and once

@@ -21,7 +21,7 @@
 # This chapter puts the pieces back together as arithmetic. A model's configuration (a
 # dozen integers and a few choices) fixes how many parameters it stores, how many one
 # token uses, how many bytes each cached token costs and how many FLOPs each token takes.
-# We write the formulas, check them to the integer against `companion.calc` (which is
+# We write the formulas, check them to the integer against `companion.analysis.calculator` (which is
 # itself tested against the released checkpoints' counts), print the spec sheet of
 # fourteen released models from GPT-2 to Olmo 3, and build a small calculator you can turn
 # the dials of. We end with the one budgeting rule that survived the whole period, the
@@ -53,12 +53,18 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 
-from companion import calc
-from companion.calc import count_params, flops_per_token, kv_cache_bytes, kv_cache_bytes_per_token
-from companion.config import ConfigError, ModelConfig
+from companion.analysis import calculator as calc
+from companion.analysis.calculator import (
+    count_params,
+    flops_per_token,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
 from companion.device import default_device, describe
+from companion.models.config import ModelConfig
+from companion.models.presets import PRESETS, preset, spec_row
+from companion.models.validation import ConfigError
 from companion.plotting import PALETTE, animate, use_style
-from companion.presets import PRESETS, preset, spec_row
 from companion.training import seed_everything
 
 FULL = False  # nothing here trains: the switch only picks the device (all arithmetic)
@@ -85,12 +91,15 @@ print(describe(DEVICE))
 # The embedding table adds $Vd$ once if the output head reuses it (tied, chapter 12) and
 # twice if not. The last term is attention's own work: $2 s\, n_q d_h$ for the scores of a
 # query against $s$ keys and as much again for the weighted sum of values, work no weight
-# matrix accounts for. `companion.calc` does the same sums layer by layer, and handles
+# matrix accounts for. `companion.analysis.calculator` does the same sums layer by layer, and handles
 # what the short formulas leave out: norms, biases, routers, latent attention, sliding and
 # linear layers.
 
 # %%
-Code(inspect.getsource(calc._standard_attention) + "\n\n" + inspect.getsource(calc._moe), language="python")
+Code(
+    inspect.getsource(calc.attention_layer_params) + "\n\n" + inspect.getsource(calc.tally_moe),
+    language="python",
+)
 
 # %% [markdown]
 # Check the dense formula on Llama 3 8B {cite}`grattafiori2024llama`. Beyond the two
@@ -177,7 +186,7 @@ assert round(4 * L * n_q * d_h * s / exact, 3) == 0.222  # attention's own work:
 #
 # ## The spec sheet
 #
-# Every preset in `companion.presets` copies a released `config.json`, and `spec_row`
+# Every preset in `companion.models.presets` copies a released `config.json`, and `spec_row`
 # writes one as a row of text. Here are all fourteen, in order of release.
 
 # %%
@@ -301,7 +310,7 @@ assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
 #
 # One function builds a configuration from a preset and a few dials, through
 # `ModelConfig.replace` (which validates every field again), and another prints what
-# `companion.calc` makes of it. "Width" changes $d$ with the head count and head width
+# `companion.analysis.calculator` makes of it. "Width" changes $d$ with the head count and head width
 # held, so it scales the FFN-facing parts and the vocabulary tables; changing the layer
 # count keeps a preset's repeating layer pattern.
 

@@ -56,12 +56,17 @@ import numpy as np
 import torch
 from IPython.display import HTML
 
-from companion.calc import count_params, flops_per_token, kv_cache_bytes, kv_cache_bytes_per_token
-from companion.config import ModelConfig
+from companion.analysis.calculator import (
+    count_params,
+    flops_per_token,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
 from companion.device import default_device, describe
-from companion.model import DecoderLM
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, use_style
-from companion.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: wider models, longer runs (use a GPU)

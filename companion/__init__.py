@@ -1,44 +1,192 @@
 """companion: the runnable code behind the book "The Transformer, 2017 → 2026".
 
-Each module is explained by a chapter (its docstring says which). Start with
-:class:`companion.config.ModelConfig`, :class:`companion.model.DecoderLM` and
-:func:`companion.device.default_device`.
+The package is layered, each layer importing only the ones before it:
 
-Importing the package loads nothing else: the names below are imported on first use, so
+- ``companion.device``, ``numerics``, ``checks``, ``plotting``, ``training``: the base;
+- :mod:`companion.ops`: functions on tensors (attention forms, masks, RoPE, linear attention);
+- :mod:`companion.layers`: modules (attention, FFNs, experts, norms, caches, the block);
+- :mod:`companion.models`: the config, the builders and whole models, generation;
+- :mod:`companion.checkpoints`: real weights (transformers, SmolLM2, MiniLM);
+- :mod:`companion.tasks`: data and synthetic tasks;
+- :mod:`companion.analysis`: the calculator, decode cost, diagnostics, scaling fits;
+- ``companion.bench``: the benchmarks (``python -m companion.bench``).
+
+Each module opens with the chapter that explains it. Every public name is also importable
+from here (``from companion import ModelConfig, DecoderLM, from_hf``), except the few names
+two modules share (IMPLS), which live in their modules. Importing the
+package loads nothing else: names are imported on first use, so
 ``from companion.numerics import pin_cpu_path`` can run before torch loads.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .config import ConfigError, ModelConfig
-    from .device import default_device, default_dtype
-    from .model import DecoderLM
-
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ConfigError": "config",
-    "ModelConfig": "config",
-    "DecoderLM": "model",
-    "default_device": "device",
-    "default_dtype": "device",
+# module -> the public names it defines (its __all__; a test checks the table is complete)
+_MODULES: dict[str, tuple[str, ...]] = {
+    "analysis.calculator": (
+        "attention_layer_params", "COMPONENTS", "count_params", "dense_ffn_params",
+        "flops_per_token", "gated_deltanet_params", "kv_cache_bytes",
+        "kv_cache_bytes_per_token", "latent_attention_params", "ParamCount", "Tally",
+        "tally_moe",
+    ),
+    "analysis.decode_cost": (
+        "arithmetic_intensity", "attainable_flops", "attended_pairs",
+        "decode_attention_bytes", "decode_attention_flops", "max_context_tokens",
+        "projected_tokens", "ridge_point",
+    ),
+    "analysis.diagnostics": (
+        "attention_logit_max", "AttentionLogitTracker", "block_grad_norms",
+        "capture_stream", "identity_path_jacobian", "IdentityPath", "residual_norms",
+        "residual_write_weights", "stream_states", "StreamTracker", "token_cosine",
+    ),
+    "analysis.extrapolation": (
+        "ntk_theta", "per_position_loss", "per_position_loss_scaled", "position_config",
+        "rope_scaling_for", "rope_used_per_layer", "same_weights", "SCALING_METHODS",
+        "train_short", "with_rope",
+    ),
+    "analysis.op_counts": ("count_aten_ops", "count_reductions", "REDUCTIONS"),
+    "analysis.peak_memory": ("PeakMemory",),
+    "analysis.receptive_fields": (
+        "input_gradient_norms", "layer_masks", "receptive_field_size", "receptive_fields",
+        "visible_pairs",
+    ),
+    "analysis.scaling": (
+        "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM", "compute_optimal",
+        "count_flops", "dense_flops_per_token", "fit_power_law", "kaplan_flops_per_token",
+        "PowerLaw", "span_exact_match", "training_compute", "training_flops_per_token",
+    ),
+    "checkpoints.minilm": (
+        "bert_config", "bert_name_map", "BertTokenizer", "convert_bert_state_dict",
+        "embed", "load_minilm", "model_dir", "PACKAGE", "WeightConversionError",
+    ),
+    "checkpoints.smollm2": (
+        "GGUFTokenizer", "load_smollm2", "read_gguf", "smollm2_path",
+        "state_dict_from_gguf", "unpermute_qk",
+    ),
+    "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
+    "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
+    "checks": ("check_choice", "check_int", "check_positive"),
+    "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
+    "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
+    "layers.block": ("PLACEMENTS", "TransformerBlock"),
+    "layers.embedding": ("embed_tokens", "embedding_params", "normal_init"),
+    "layers.ffn": ("ACTIVATIONS", "FeedForward", "GatedFeedForward", "glu_hidden_size"),
+    "layers.gated_deltanet": ("GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"),
+    "layers.kv_cache": (
+        "attention_mask", "KVCache", "LatentCache", "position_mask", "query_positions",
+        "SlidingWindowCache",
+    ),
+    "layers.mha": ("MultiHeadAttention", "QK_NORMS"),
+    "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
+    "layers.moe": ("EXPERT_KINDS", "GLUExperts", "GptOssExperts", "MoEFeedForward"),
+    "layers.norms": (
+        "build_norm", "layer_norm_reference", "LayerNorm", "NORMS", "rms_norm_reference",
+        "RMSNorm",
+    ),
+    "layers.positions": (
+        "LearnedPositions", "sinusoid_shift_matrix", "sinusoidal_table",
+        "SinusoidalPositions",
+    ),
+    "layers.rnn": (
+        "autograd_depth", "distant_recall", "GRU", "gru_cell", "LSTM", "lstm_cell",
+        "RecurrentLM", "RNN", "rnn_cell",
+    ),
+    "layers.rotary": ("RotaryEmbedding",),
+    "layers.router": (
+        "load_balancing_loss", "Routing", "SCORINGS", "TopKRouter",
+        "update_selection_bias",
+    ),
+    "models.beam_search": (
+        "beam_search", "Decoded", "EncoderDecoder", "greedy_decode", "length_penalty",
+    ),
+    "models.builders": (
+        "build_block", "build_ffn", "build_mixer", "build_norms", "rotary_embedding",
+    ),
+    "models.config": ("CHOICES", "ModelConfig"),
+    "models.decoder": ("DecodeCache", "DecoderLM"),
+    "models.encoder": (
+        "Encoder", "IGNORE_INDEX", "mask_tokens", "mean_pool", "mlm_loss", "MLMHead",
+    ),
+    "models.generation": ("decode_n_tokens", "decode_one_token", "generate", "prefill", "sample"),
+    "models.mtp": ("mtp_losses", "MTPModule", "trunk_forward"),
+    "models.presets": ("preset", "PRESETS", "spec_row", "tiny"),
+    "models.seq2seq": (
+        "base_param_breakdown", "PAPER_BASE_PARAMS", "Seq2SeqTransformer",
+        "transformer_base_config",
+    ),
+    "models.validation": ("check_token_ids", "ConfigError", "LAYER_TYPES", "validate"),
+    "numerics": ("applies", "pin_cpu_path", "PINNED_ENV", "pinned_path", "read_path", "THREADS"),
+    "ops.attention": (
+        "attention_weights", "check_qkv", "full_mask", "masked_scores", "naive_attention",
+        "sdpa_attention",
+    ),
+    "ops.cross_entropy": (
+        "chunked_cross_entropy", "ChunkedCrossEntropy", "logits_bytes",
+        "naive_cross_entropy",
+    ),
+    "ops.delta_rule": (
+        "chunk_delta_rule", "chunk_gated_delta_rule", "delta_rule_chunks",
+        "delta_rule_loop", "recurrent_delta_rule", "recurrent_gated_delta_rule",
+    ),
+    "ops.dispatch": ("attention",),
+    "ops.experts": (
+        "EXPERT_FORMS", "EXPERT_IMPLS", "expert_load", "experts_grouped",
+        "experts_reference", "gpt_oss_glu", "GROUPED_KERNELS", "grouped_matmul",
+        "grouped_mm_available", "swiglu",
+    ),
+    "ops.flex": ("available", "causal_window_block_mask", "flex_attention_forward"),
+    "ops.grouped": ("expand_kv", "grouped_attention"),
+    "ops.linear_attention": (
+        "check_chunk_size", "check_linear_inputs", "chunk_linear_attention", "heads_first",
+        "heads_last", "inv_l2norm", "l2norm", "parallel_linear_attention",
+        "recurrent_linear_attention", "split_chunks",
+    ),
+    "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),
+    "ops.rope": (
+        "apply_rope", "apply_rope_reference", "LAYOUTS", "rope_cos_sin",
+        "rope_frequencies", "ROPE_TYPES", "yarn_mscale",
+    ),
+    "ops.sinks": (
+        "check_sinks", "sink_as_key", "sink_attention_weights", "sink_naive_attention",
+        "sink_sdpa_attention",
+    ),
+    "ops.tiled": (
+        "key_tiles", "online_softmax_trace", "tile_scores", "tile_setup",
+        "tiled_attention", "tiled_attention_forward",
+    ),
+    "plotting": ("animate", "heatmap", "loglog_fit", "PALETTE", "use_style"),
+    "tasks.products": (
+        "exact_product_glu", "mse", "product_surface", "product_task", "RegressionHistory",
+        "train_regression",
+    ),
+    "tasks.recall": ("recall_pairs", "recall_read", "recall_scores", "RULES"),
+    "tasks.synthetic": ("associative_recall", "copy_task", "IGNORE"),
+    "tasks.text": (
+        "BPETokenizer", "CharTokenizer", "load_bpe", "load_shakespeare", "sample_windows",
+        "split_tokens", "train_bpe",
+    ),
+    "tasks.translation": (
+        "aligned_words", "BOS", "EOS", "number_to_words", "NumberTranslation",
+        "NumberVocab", "PAD", "TranslationBatch",
+    ),
+    "training": (
+        "cosine_lr", "evaluate", "History", "inverse_sqrt_lr",
+        "label_smoothed_cross_entropy", "lm_loss", "make_adamw", "progress",
+        "seed_everything", "train",
+    ),
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = [
-    "ConfigError",
-    "DecoderLM",
-    "ModelConfig",
-    "__version__",
-    "default_device",
-    "default_dtype",
-]
+__all__ = ["__version__", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'companion' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

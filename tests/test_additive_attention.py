@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
+from companion.layers.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
 
 
 @pytest.fixture

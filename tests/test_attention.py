@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from companion.attention import IMPLS, attention, naive_attention, sdpa_attention
-from companion.flash import online_softmax_trace, tiled_attention, tiled_attention_forward
-from companion.masks import padding_mask
+from companion.ops.attention import naive_attention, sdpa_attention
+from companion.ops.dispatch import IMPLS, attention
+from companion.ops.masks import padding_mask
+from companion.ops.tiled import online_softmax_trace, tiled_attention, tiled_attention_forward
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def run(impl: str, case: Case, qkv, mask, grad_out):
     """Output and (dq, dk, dv) of one implementation, with fresh grads."""
     q, k, v = (x.detach().requires_grad_() for x in qkv)
     if impl == "naive":
-        out = naive_attention(q, k, v, mask=mask, causal=case.causal)[0]
+        out = naive_attention(q, k, v, mask=mask, causal=case.causal)
     elif impl == "sdpa":
         out = sdpa_attention(q, k, v, mask=mask, causal=case.causal)
     else:
@@ -124,14 +125,14 @@ def test_tiled_forward_returns_the_log_sum_exp():
     has_key = mask.any(dim=-1)
     torch.testing.assert_close(lse[has_key], want[has_key])
     assert (lse[~has_key] == float("inf")).all()
-    torch.testing.assert_close(out, naive_attention(q, k, v, mask=mask)[0])
+    torch.testing.assert_close(out, naive_attention(q, k, v, mask=mask))
 
 
 def test_tiled_respects_scale_and_broadcast_2d_mask():
     case = Case("2d-mask", 12, 12, block=5)
     (q, k, v), _, _ = make_inputs(case)
     mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(1)) > 0.3  # (T, S)
-    want = naive_attention(q, k, v, mask=mask, scale=0.3)[0]
+    want = naive_attention(q, k, v, mask=mask, scale=0.3)
     torch.testing.assert_close(tiled_attention(q, k, v, mask=mask, scale=0.3, block_q=5), want)
 
 
@@ -139,7 +140,7 @@ def test_tiled_respects_scale_and_broadcast_2d_mask():
 def test_attention_dispatches_by_name(impl):
     case = CASES[4]
     (q, k, v), _, _ = make_inputs(case)
-    want = naive_attention(q, k, v, causal=False)[0]
+    want = naive_attention(q, k, v, causal=False)
     with torch.no_grad():  # flex has no CPU backward; the others are tested with gradients
         got = attention(q, k, v, impl=impl)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -177,7 +178,7 @@ def test_unknown_impl_is_rejected():
 
 def test_tiled_rejects_dropout():
     q = torch.randn(1, 1, 2, 4)
-    with pytest.raises(ValueError, match=r"impl='tiled' does not implement attention dropout"):
+    with pytest.raises(ValueError, match="tiled_attention has no attention dropout"):
         attention(q, q, q, impl="tiled", dropout_p=0.1)
 
 
@@ -209,14 +210,14 @@ def test_online_softmax_trace_ends_at_the_softmax(block):
 @pytest.mark.parametrize("impl", ["reference", "sdpa", "tiled"])  # flex: tests/test_flex.py
 @pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
 def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
-    from companion.attention import expand_kv
+    from companion.ops.grouped import expand_kv
 
     torch.manual_seed(0)
     q = torch.randn(2, 6, 9, 8, requires_grad=True)
     k = torch.randn(2, kv_heads, 13, 8, requires_grad=True)
     v = torch.randn(2, kv_heads, 13, 8, requires_grad=True)
     out = attention(q, k, v, impl=impl, causal=True)
-    want = naive_attention(q, expand_kv(k, 6), expand_kv(v, 6), causal=True)[0]
+    want = naive_attention(q, expand_kv(k, 6), expand_kv(v, 6), causal=True)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     g = torch.randn_like(out)
     got = torch.autograd.grad((out * g).sum(), (q, k, v))
@@ -230,8 +231,8 @@ def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
 @pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
 @pytest.mark.parametrize("t", [1, 4], ids=["decode", "T4"])
 def test_grouped_attention_equals_the_reference_without_repeating_kv(kv_heads, t):
-    from companion.attention import grouped_attention
-    from companion.masks import causal_mask
+    from companion.ops.grouped import expand_kv, grouped_attention
+    from companion.ops.masks import causal_mask
 
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(2, 6, t, 8, generator=gen, requires_grad=True)
@@ -240,7 +241,7 @@ def test_grouped_attention_equals_the_reference_without_repeating_kv(kv_heads, t
     mask = causal_mask(t, 11) & (torch.rand(2, 1, 1, 11, generator=gen) > 0.3)
     mask[..., 0] = True  # every query keeps a key
     out = grouped_attention(q, k, v, mask=mask, scale=0.4)
-    want = naive_attention(q, k, v, mask=mask, scale=0.4)[0]
+    want = naive_attention(q, expand_kv(k, 6), expand_kv(v, 6), mask=mask, scale=0.4)
     torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
     g = torch.randn_like(out)
     got = torch.autograd.grad((out * g).sum(), (q, k, v))

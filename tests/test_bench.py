@@ -51,7 +51,7 @@ def test_bad_length_is_rejected(capsys):
 def test_decode_bench_on_a_tiny_llama():
     transformers = pytest.importorskip("transformers")
     from companion.bench.decode import bench_decode, format_decode
-    from companion.hf import from_hf
+    from companion.checkpoints.transformers import from_hf
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(

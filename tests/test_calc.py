@@ -1,4 +1,5 @@
-"""The calculator (companion.calc) and the presets (companion.presets), chapter 13.
+"""The calculator (companion.analysis.calculator) and the presets (companion.models.presets),
+chapter 13.
 
 Counts are checked three ways: against the models themselves built on the meta device
 (companion's DecoderLM, and transformers' for the sparse and hybrid families), against the
@@ -12,16 +13,16 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from companion.calc import (
+from companion.analysis.calculator import (
     COMPONENTS,
     count_params,
     flops_per_token,
     kv_cache_bytes,
     kv_cache_bytes_per_token,
 )
-from companion.config import ModelConfig
-from companion.model import DecoderLM
-from companion.presets import PRESETS, preset, spec_row
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.presets import PRESETS, preset, spec_row
 
 KIB, GIB = 2**10, 2**30
 

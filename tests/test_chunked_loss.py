@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.chunked_loss import chunked_cross_entropy, logits_bytes, naive_cross_entropy
-from companion.memory import PeakMemory
+from companion.analysis.peak_memory import PeakMemory
+from companion.ops.cross_entropy import chunked_cross_entropy, logits_bytes, naive_cross_entropy
 
 
 def _data(n=37, d=16, v=101, seed=0, ignore=False):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from companion.config import ConfigError, ModelConfig
+from companion.models.config import ModelConfig
+from companion.models.validation import ConfigError
 
 BAD = [
     pytest.param({"vocab_size": 0}, "vocab_size must be a positive integer", id="vocab-zero"),

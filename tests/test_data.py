@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from companion.tasks import IGNORE, associative_recall, copy_task
-from companion.text import (
+from companion.tasks.synthetic import IGNORE, associative_recall, copy_task
+from companion.tasks.text import (
     CharTokenizer,
     load_bpe,
     load_shakespeare,

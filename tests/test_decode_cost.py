@@ -1,4 +1,4 @@
-"""companion.decode_cost: work counts checked against a model that generates, bytes against
+"""companion.analysis.decode_cost: work counts checked against a model that generates, bytes against
 real cache tensors, the intensity and roofline formulas, and the errors they raise."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.decode_cost import (
+from companion.analysis.decode_cost import (
     arithmetic_intensity,
     attainable_flops,
     attended_pairs,
@@ -17,8 +16,9 @@ from companion.decode_cost import (
     projected_tokens,
     ridge_point,
 )
-from companion.kv_cache import KVCache
-from companion.model import DecoderLM
+from companion.layers.kv_cache import KVCache
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 
 
 def _count_work(model: DecoderLM, prompt: torch.Tensor, new: int, use_cache: bool):

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.config import ModelConfig
-from companion.decoding import beam_search, greedy_decode, length_penalty
-from companion.seq2seq import Seq2SeqTransformer
+from companion.models.beam_search import beam_search, greedy_decode, length_penalty
+from companion.models.config import ModelConfig
+from companion.models.seq2seq import Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
 IDS = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD}

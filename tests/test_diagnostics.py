@@ -1,5 +1,5 @@
-"""companion.diagnostics: stream norms, gradient norms, identity-path gains, logit tracking,
-operator counts, each checked against a direct computation."""
+"""companion.analysis.diagnostics and op_counts: stream norms, gradient norms, identity-path
+gains, logit tracking, operator counts, each checked against a direct computation."""
 
 import math
 
@@ -7,23 +7,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.config import ModelConfig
-from companion.diagnostics import (
+from companion.analysis.diagnostics import (
     AttentionLogitTracker,
     StreamTracker,
     attention_logit_max,
     block_grad_norms,
-    count_aten_ops,
-    count_reductions,
     identity_path_jacobian,
     residual_norms,
     residual_write_weights,
     stream_states,
     token_cosine,
 )
-from companion.model import DecoderLM
-from companion.norms import layer_norm_reference, rms_norm_reference
-from companion.rope import apply_rope
+from companion.analysis.op_counts import count_aten_ops, count_reductions
+from companion.layers.norms import layer_norm_reference, rms_norm_reference
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops.rope import apply_rope
 from companion.training import lm_loss
 
 
@@ -132,7 +131,8 @@ def test_attention_logit_max_matches_the_attention_weights(changes):
     # per-row constant, so compare the largest |logit| through q and k directly
     x = model.blocks[0].attention_input(model.embed(IDS))
     attn = model.blocks[0].attn
-    q, k, _, _ = attn.project(x)
+    qf, kf, _ = attn.project(x)
+    q, k = attn.heads(qf, attn.n_heads), attn.heads(kf, attn.n_kv_heads)
     if model.cfg.position == "rope":
         cos, sin = model.rope_tables(torch.arange(8))["global"]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.config import ModelConfig
-from companion.encoder import IGNORE_INDEX, Encoder, mask_tokens, mean_pool, mlm_loss
+from companion.models.config import ModelConfig
+from companion.models.encoder import IGNORE_INDEX, Encoder, mask_tokens, mean_pool, mlm_loss
 
 
 def small(**kw) -> ModelConfig:

@@ -5,8 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.config import ModelConfig
-from companion.extrapolation import (
+from companion.analysis.extrapolation import (
     SCALING_METHODS,
     ntk_theta,
     per_position_loss,
@@ -18,8 +17,9 @@ from companion.extrapolation import (
     train_short,
     with_rope,
 )
-from companion.model import DecoderLM
-from companion.rope import rope_frequencies
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops.rope import rope_frequencies
 
 V = 11
 IDS = torch.arange(3000) % V  # a periodic "text": easy to learn, long enough to sample from

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from companion import flex
-from companion.attention import naive_attention
-from companion.config import ModelConfig
-from companion.kv_cache import position_mask
-from companion.masks import padding_mask
-from companion.model import DecoderLM
+from companion.layers.kv_cache import position_mask
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops import flex
+from companion.ops.attention import naive_attention
+from companion.ops.masks import padding_mask
 
 pytestmark = pytest.mark.skipif(not flex.available(), reason="torch without FlexAttention")
 
@@ -28,7 +28,7 @@ def test_block_mask_matches_reference(window, kv_heads):
         k.repeat_interleave(groups, 1),
         v.repeat_interleave(groups, 1),
         mask=position_mask(pos, pos, window),
-    )[0]
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -37,7 +37,7 @@ def test_bool_mask_and_padding():
     q, k, v = torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
     pad = padding_mask(torch.tensor([[1] * 20, [0] * 5 + [1] * 15]))
     got = flex.flex_attention_forward(q, k, v, mask=pad, causal=True)
-    want = naive_attention(q, k, v, mask=pad, causal=True)[0]
+    want = naive_attention(q, k, v, mask=pad, causal=True)
     torch.testing.assert_close(got[1, :, 5:], want[1, :, 5:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.generation import decode_n_tokens, decode_one_token, generate, prefill, sample
-from companion.model import DecoderLM
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.generation import decode_n_tokens, decode_one_token, generate, prefill, sample
 
 LLAMA_LIKE = dict(
     vocab_size=61,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from companion.ffn import ACTIVATIONS, FeedForward, GatedFeedForward
-from companion.glu_tasks import (
+from companion.layers.ffn import ACTIVATIONS, FeedForward, GatedFeedForward
+from companion.tasks.products import (
     exact_product_glu,
     mse,
     product_surface,

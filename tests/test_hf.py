@@ -1,12 +1,14 @@
-"""companion.hf: five transformers families, converted, give the same logits and greedy tokens."""
+"""companion.checkpoints.transformers: five transformers families, converted, give the same
+logits and greedy tokens."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from companion.hf import config_from_hf, convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
-from companion.model import DecoderLM  # noqa: E402
+from companion.checkpoints.transformers import convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
+from companion.checkpoints.transformers_config import config_from_hf  # noqa: E402
+from companion.models.decoder import DecoderLM  # noqa: E402
 
 BASE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=64)
 FAMILIES = {

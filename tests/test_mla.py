@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from companion.bench.mla import bench_mla, format_mla
-from companion.config import ModelConfig
-from companion.kv_cache import position_mask
-from companion.mla import LatentCache, MultiHeadLatentAttention, bytes_per_token, softmax_scale
-from companion.model import DecoderLM
-from companion.rope import RotaryEmbedding, apply_rope, rope_cos_sin, rope_frequencies
+from companion.layers.kv_cache import LatentCache, position_mask
+from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token, softmax_scale
+from companion.layers.rotary import RotaryEmbedding
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.ops.rope import apply_rope, rope_cos_sin, rope_frequencies
 
 D, H, C, DN, R, DV = 32, 4, 16, 8, 4, 6
 DIMS = {"kv_lora_rank": C, "qk_nope_head_dim": DN, "qk_rope_head_dim": R, "v_head_dim": DV}

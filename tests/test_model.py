@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.model import DecoderLM
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 
 
 def small(**kw) -> ModelConfig:

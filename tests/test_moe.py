@@ -6,19 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.moe import (
-    GLUExperts,
-    GptOssExperts,
-    MoEFeedForward,
-    TopKRouter,
+from companion.layers.moe import GLUExperts, GptOssExperts, MoEFeedForward
+from companion.layers.router import TopKRouter, load_balancing_loss, update_selection_bias
+from companion.ops.experts import (
     expert_load,
     experts_grouped,
     experts_reference,
     grouped_matmul,
     grouped_mm_available,
-    load_balancing_loss,
     swiglu,
-    update_selection_bias,
 )
 
 # ---------------------------------------------------------------- router

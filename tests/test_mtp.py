@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.model import DecoderLM
-from companion.mtp import MTPModule, mtp_losses, trunk_forward
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+from companion.models.mtp import MTPModule, mtp_losses, trunk_forward
 
 
 def _cfg(**kw):

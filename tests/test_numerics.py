@@ -30,8 +30,8 @@ TRAIN = """
 from companion.numerics import pin_cpu_path, read_path
 pin_cpu_path()
 import json, torch
-from companion.config import ModelConfig
-from companion.model import DecoderLM
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 torch.manual_seed(0)
 cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
 model = DecoderLM(cfg)

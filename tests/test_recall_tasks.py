@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from companion.recall_tasks import RULES, recall_pairs, recall_read, recall_scores
+from companion.tasks.recall import RULES, recall_pairs, recall_read, recall_scores
 
 
 def _pairs(n: int, d: int = 32, seed: int = 0):

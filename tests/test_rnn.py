@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from companion.rnn import (
+from companion.layers.rnn import (
     GRU,
     IMPLS,
     LSTM,

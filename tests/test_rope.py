@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from companion.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
+from companion.ops.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
 
 SCALINGS = {
     "default": None,

@@ -5,9 +5,7 @@ import math
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.model import DecoderLM
-from companion.scaling import (
+from companion.analysis.scaling import (
     PowerLaw,
     chinchilla_tokens,
     compute_optimal,
@@ -19,6 +17,8 @@ from companion.scaling import (
     training_compute,
     training_flops_per_token,
 )
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 
 
 def test_count_flops_of_one_matmul():

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.seq2seq import (
+from companion.models.config import ModelConfig
+from companion.models.seq2seq import (
     PAPER_BASE_PARAMS,
     Seq2SeqTransformer,
     base_param_breakdown,

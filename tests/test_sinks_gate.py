@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.attention import attention, naive_attention, sdpa_attention
-from companion.masks import causal_mask
-from companion.mha import MultiHeadAttention
+from companion.layers.mha import MultiHeadAttention
+from companion.ops.dispatch import attention
+from companion.ops.masks import causal_mask
+from companion.ops.sinks import sink_attention_weights, sink_naive_attention, sink_sdpa_attention
 
 
 def _qkv(b=2, h=4, h_kv=2, t=5, s=7, d=8, seed=0):
@@ -22,7 +23,7 @@ def _qkv(b=2, h=4, h_kv=2, t=5, s=7, d=8, seed=0):
 
 def test_sink_weights_sum_to_one_minus_the_sink_share():
     q, k, v, sinks = _qkv()
-    _, w = naive_attention(q, k, v, sinks=sinks)
+    w = sink_attention_weights(q, k, sinks)
     scores = (q @ k.repeat_interleave(2, dim=1).transpose(-2, -1)) / 8**0.5
     lse = torch.logsumexp(scores, dim=-1)
     expected = torch.sigmoid(lse - sinks.view(1, -1, 1))  # mass left for the real keys
@@ -36,10 +37,10 @@ def test_sdpa_sink_key_equals_the_reference_forward_and_backward(causal, masked)
     mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
     mask = mask if masked else None
     leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-    ref = naive_attention(*leaves[:3], sinks=leaves[3], mask=mask, causal=causal)[0]
+    ref = sink_naive_attention(*leaves, mask=mask, causal=causal)
     grads_ref = torch.autograd.grad(ref.square().sum(), leaves)
     leaves2 = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
-    fast = sdpa_attention(*leaves2[:3], sinks=leaves2[3], mask=mask, causal=causal)
+    fast = sink_sdpa_attention(*leaves2, mask=mask, causal=causal)
     grads_fast = torch.autograd.grad(fast.square().sum(), leaves2)
     torch.testing.assert_close(fast, ref)
     for a, b in zip(grads_fast, grads_ref, strict=True):
@@ -60,13 +61,13 @@ def test_sinks_match_gpt_oss_eager_attention():
 def test_bad_sinks_and_unsupported_impls_are_named():
     q, k, v, sinks = _qkv()
     with pytest.raises(ValueError, match=r"sinks must have shape \(H,\) = \(4,\)"):
-        naive_attention(q, k, v, sinks=sinks[:3])
+        sink_naive_attention(q, k, v, sinks[:3])
     with pytest.raises(ValueError, match="impl='tiled' has no attention sinks"):
         attention(q, k, v, impl="tiled", sinks=sinks)
 
 
 def test_mha_with_sinks_and_gate_decodes_like_the_full_forward():
-    from companion.kv_cache import KVCache
+    from companion.layers.kv_cache import KVCache
 
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, n_kv_heads=2, sinks=True, output_gate=True, causal=True).eval()

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from companion.config import ModelConfig
-from companion.model import DecoderLM
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 from companion.training import (
     cosine_lr,
     evaluate,

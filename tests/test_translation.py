@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from companion.tasks import IGNORE
-from companion.translation import (
+from companion.tasks.synthetic import IGNORE
+from companion.tasks.translation import (
     BOS,
     EOS,
     PAD,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def ours():
-    from companion.weights import load_smollm2
+    from companion.checkpoints.smollm2 import load_smollm2
 
     return load_smollm2()
 
@@ -21,7 +21,7 @@ def ours():
 @pytest.fixture(scope="module")
 def reference():
     transformers = pytest.importorskip("transformers")
-    from companion.weights import smollm2_path
+    from companion.checkpoints.smollm2 import smollm2_path
 
     path = smollm2_path()
     kw = {"gguf_file": path.name}
@@ -85,9 +85,9 @@ def test_logits_and_greedy_generation_match_transformers(ours, reference):
 
 def test_interleaved_layout_reads_the_gguf_rows_as_stored(ours):
     """llama.cpp's permuted W_Q/W_K with adjacent-pair RoPE is the same model."""
-    from companion.hf import load_state_dict_strict
-    from companion.model import DecoderLM
-    from companion.weights import unpermute_qk
+    from companion.checkpoints.smollm2 import unpermute_qk
+    from companion.checkpoints.transformers import load_state_dict_strict
+    from companion.models.decoder import DecoderLM
 
     model, tok = ours
     cfg = model.cfg.replace(rope_layout="interleaved")

@@ -1,19 +1,20 @@
-"""Sliding-window masks, receptive fields and input gradients (companion.windows, chapter 09)."""
+"""Sliding-window masks, receptive fields and input gradients
+(companion.analysis.receptive_fields, chapter 09)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from companion.config import ModelConfig
-from companion.model import DecoderLM
-from companion.windows import (
+from companion.analysis.receptive_fields import (
     input_gradient_norms,
     layer_masks,
     receptive_field_size,
     receptive_fields,
     visible_pairs,
 )
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
 
 
 @pytest.mark.parametrize("seq_len", [1, 5, 16, 33])

@@ -3,7 +3,7 @@
 Times the forward pass (median of ``--repeats`` after one warm-up) of the naive reference,
 the plain-PyTorch tiled (FlashAttention-style) loop and PyTorch's fused SDPA, with B=1, H=8,
 D=64, causal; fp32 on CPU, bf16 on accelerators that support it. Peak memory is taken by
-:class:`companion.memory.PeakMemory` over one more forward pass.
+:class:`companion.analysis.peak_memory.PeakMemory` over one more forward pass.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..attention import naive_attention, sdpa_attention
-from ..device import default_device, default_dtype
-from ..flash import tiled_attention
-from ..memory import PeakMemory
+from companion.analysis.peak_memory import PeakMemory
+from companion.device import default_device, default_dtype
+from companion.ops.attention import naive_attention, sdpa_attention
+from companion.ops.tiled import tiled_attention
+
 from .common import median_seconds, positive_int
 
 __all__ = ["add_parser", "bench_attention", "format_attention"]
 
 
 ATTENTION_IMPLS: dict[str, Callable[..., torch.Tensor]] = {
-    "naive": lambda q, k, v: naive_attention(q, k, v, causal=True)[0],
+    "naive": lambda q, k, v: naive_attention(q, k, v, causal=True),
     "tiled": lambda q, k, v: tiled_attention(q, k, v, causal=True),
     "sdpa": lambda q, k, v: sdpa_attention(q, k, v, causal=True),
 }

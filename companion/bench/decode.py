@@ -158,7 +158,7 @@ def format_decode(r: dict[str, float]) -> str:
 def _decode_command(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
-    from ..weights import load_smollm2, smollm2_path
+    from companion.checkpoints.smollm2 import load_smollm2, smollm2_path
 
     if args.threads:
         torch.set_num_threads(args.threads)

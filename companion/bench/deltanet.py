@@ -1,9 +1,9 @@
 """The gated delta rule, chunked vs recurrent (chapter 11): ``python -m companion.bench deltanet``.
 
 Times the forward pass (median of ``--repeats`` after one warm-up) of our
-:func:`~companion.linear_attention.chunk_gated_delta_rule`, transformers' pure-PyTorch
+:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`, transformers' pure-PyTorch
 ``torch_chunk_gated_delta_rule`` (Qwen3-Next's fallback; skipped when transformers is absent)
-and our token-by-token :func:`~companion.linear_attention.recurrent_gated_delta_rule`, at
+and our token-by-token :func:`~companion.ops.delta_rule.recurrent_gated_delta_rule`, at
 B=1, fp32, with L2-normalised q/k, on CPU unless ``--device`` says otherwise.
 """
 
@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..device import default_device
-from ..linear_attention import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from companion.device import default_device
+from companion.ops.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+
 from .common import median_seconds, positive_int
 
 __all__ = ["add_parser", "bench_deltanet", "format_deltanet"]

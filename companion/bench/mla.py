@@ -1,8 +1,8 @@
 """Latent attention decoding, naive vs absorbed (chapter 08): ``python -m companion.bench mla``.
 
 One decode step (batch 1, one new token after S - 1 cached ones) of
-:class:`companion.mla.MultiHeadLatentAttention` in its two forms, on the same weights and the
-same :class:`companion.mla.LatentCache`: ``naive`` re-expands every cached latent into
+:class:`companion.layers.mla.MultiHeadLatentAttention` in its two forms, on the same weights and the
+same :class:`companion.layers.kv_cache.LatentCache`: ``naive`` re-expands every cached latent into
 per-head keys and values at each step, ``absorbed`` scores the latents directly. Median of
 ``--repeats`` after one warm-up, fp32. Beside the times: the bytes of the latent cache and of
 the per-head K/V cache the naive form would need to skip the re-expansion, and the largest
@@ -17,8 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..mla import LatentCache, MultiHeadLatentAttention
-from ..rope import RotaryEmbedding
+from companion.layers.kv_cache import LatentCache
+from companion.layers.mla import MultiHeadLatentAttention
+from companion.layers.rotary import RotaryEmbedding
+
 from .common import median_seconds, positive_int
 
 __all__ = ["MLA_SHAPE", "add_parser", "bench_mla", "format_mla"]

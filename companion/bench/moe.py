@@ -1,7 +1,7 @@
 """Routed experts, loop vs grouped (chapter 10): ``python -m companion.bench moe``.
 
 Times the forward pass of one MoE layer (E=64 experts, top-8, d=256, expert width 128, fp32)
-four ways on the same weights: :class:`companion.moe.MoEFeedForward` with the grouped experts
+four ways on the same weights: :class:`companion.layers.moe.MoEFeedForward` with the grouped experts
 (tokens sorted by expert, grouped matmuls) and with the reference loop over experts, and
 transformers' ``Qwen3MoeSparseMoeBlock`` with its plain loop (``eager``, what the module does
 on its own) and with its ``grouped_mm`` experts (a full model's default). The four run in turn
@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..device import default_device
-from ..moe import MoEFeedForward
+from companion.device import default_device
+from companion.layers.moe import MoEFeedForward
+
 from .common import positive_int, sync
 
 __all__ = ["add_parser", "bench_moe", "format_moe"]

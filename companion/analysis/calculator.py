@@ -1,0 +1,294 @@
+"""The build-a-model calculator: parameters, KV cache and FLOPs from a config (chapter 13).
+
+Shape legend: V vocabulary, d model width, L layers, H query heads, H_kv key/value heads,
+D head width, F dense FFN width, E routed experts, k experts per token, F_e expert width,
+F_s shared-expert width; MLA: r latent width, r_q query latent width, R decoupled RoPE width,
+D_nope / D_v per-head key and value widths; Gated DeltaNet: H_k / H_v heads, D_k / D_v head
+widths, K convolution width; w sliding window; s context (keys a token attends to).
+
+Everything here is arithmetic on a :class:`~companion.models.config.ModelConfig`: no tensor is
+built. :func:`count_params` counts exactly what :class:`companion.models.decoder.DecoderLM` holds
+(tests check it against the model built on the meta device), which is also what the
+released checkpoints hold, so the published parameter counts come out to the integer.
+
+Conventions, each a choice the published figures force or the chapter argues for:
+
+- **Active parameters** are those one token's forward pass touches: everything except the
+  routed experts it was not sent to. The input embedding counts as active in full, as the
+  DeepSeek-V3 and Qwen3 reports count it (37.6B, 22.2B). OpenAI's gpt-oss card leaves the
+  embedding table out (a token reads one row of it); that figure (5.13B) is
+  :attr:`ParamCount.active_without_embeddings`.
+- **DeepSeek-V3's selection bias** (one number per routed expert, moved by a balancing rule,
+  not by gradients) is stored in the checkpoint and counted in ``total``; it is the only
+  part of ``ParamCount.frozen``, which ``trainable`` leaves out.
+- **Cache** sizes count what decoding must keep per sequence: K and V of every position for
+  full attention, of the last w positions for sliding layers, one latent and one RoPE key per
+  position for MLA (the absorbed form needs nothing else), and a fixed state for Gated
+  DeltaNet layers (the H_v·D_k·D_v delta-rule memory, kept in fp32 by default as released
+  hybrids do, plus the convolution's last K − 1 inputs in the cache dtype).
+- **FLOPs** are a forward pass for one token: 2 per weight of every matrix (and conv kernel)
+  the token goes through, the output head included even when tied, plus attention's 2·s·H·D
+  for the scores and 2·s·H·D for the weighted values (sliding layers: s capped at w). Norms,
+  biases, the embedding lookup and element-wise gates are left out (well under 0.1%).
+  Forward plus backward is about three times this (the 6N rule, N active).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from companion.checks import check_int
+from companion.models.config import ModelConfig
+
+__all__ = [
+    "COMPONENTS",
+    "ParamCount",
+    "Tally",
+    "attention_layer_params",
+    "count_params",
+    "dense_ffn_params",
+    "flops_per_token",
+    "gated_deltanet_params",
+    "kv_cache_bytes",
+    "kv_cache_bytes_per_token",
+    "latent_attention_params",
+    "tally_moe",
+]
+
+# the rows of the chapter's breakdown table, in reading order
+COMPONENTS = (
+    "embedding",
+    "positions",
+    "attention",
+    "ffn",
+    "router",
+    "experts",
+    "shared_expert",
+    "norms",
+    "lm_head",
+)
+_NORMS_PER_LAYER = {"pre": 2, "post": 2, "sandwich": 4, "post_branch": 2}
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter counts of a config: totals, per component, and what one token uses.
+
+    ``breakdown`` and ``active_breakdown`` map each of ``COMPONENTS`` to a count
+    (0 where the model has none); they sum to ``total`` and ``active``.
+    """
+
+    breakdown: dict[str, int]
+    active_breakdown: dict[str, int]
+    frozen: int = 0
+
+    @property
+    def total(self) -> int:
+        """Every stored number, tied weights once."""
+        return sum(self.breakdown.values())
+
+    @property
+    def active(self) -> int:
+        """What one token's forward pass touches (input embedding included)."""
+        return sum(self.active_breakdown.values())
+
+    @property
+    def trainable(self) -> int:
+        """``total`` without the numbers no gradient updates (the selection bias)."""
+        return self.total - self.frozen
+
+    @property
+    def active_without_embeddings(self) -> int:
+        """``active`` without the lookup tables (token and learned position embeddings)."""
+        return self.active - self.breakdown["embedding"] - self.breakdown["positions"]
+
+
+@dataclass
+class Tally:
+    """Running sums while walking the layers: total and active per component, the active
+    multiply-accumulate weights (for FLOPs) and the frozen numbers."""
+
+    total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0))
+    active: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COMPONENTS, 0))
+    macs: int = 0
+    frozen: int = 0
+
+    def add(self, part: str, total: int, active: int | None = None, macs: int = 0) -> None:
+        self.total[part] += total
+        self.active[part] += total if active is None else active
+        self.macs += macs
+
+
+def _check_config(cfg: object) -> None:
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(
+            f"cfg must be a companion.models.config.ModelConfig, got {type(cfg).__name__}"
+        )
+
+
+def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters, matrix weights) of one softmax-attention layer with H and H_kv heads."""
+    d, h, d_head = cfg.d_model, cfg.n_heads, cfg.head_dim
+    q_out = h * d_head * (2 if cfg.attn_output_gate else 1)  # the gate rides on q's matrix
+    kv_out = cfg.kv_heads * d_head
+    matrices = d * (q_out + 2 * kv_out) + h * d_head * d
+    extra = (q_out + 2 * kv_out if cfg.attn_bias else 0) + (d if cfg.bias else 0)
+    if cfg.qk_norm == "head":
+        extra += 2 * d_head
+    elif cfg.qk_norm == "full":
+        extra += h * d_head + kv_out
+    if cfg.attn_sinks:
+        extra += h
+    return matrices + extra, matrices
+
+
+def latent_attention_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters, matrix weights) of one MLA layer; its two norms have no bias."""
+    d, h, r, r_q = cfg.d_model, cfg.n_heads, cfg.kv_lora_rank, cfg.q_lora_rank
+    q_heads = h * cfg.qk_head_dim
+    q = d * q_heads if r_q == 0 else d * r_q + r_q * q_heads
+    kv_a = d * (r + cfg.qk_rope_head_dim)
+    kv_b = r * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    out = h * cfg.v_head_dim * d
+    matrices = q + kv_a + kv_b + out
+    return matrices + r_q + r, matrices
+
+
+def gated_deltanet_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters, matrix and conv weights) of one Gated DeltaNet layer."""
+    d, h_v = cfg.d_model, cfg.linear_value_heads
+    keys, values = cfg.linear_key_heads * cfg.linear_key_dim, h_v * cfg.linear_value_dim
+    qkvz = d * (2 * keys + 2 * values)  # q, k, v and the output gate z
+    ba = d * 2 * h_v  # the write strength β and the decay's input, per value head
+    conv = (2 * keys + values) * cfg.linear_conv_kernel  # depthwise, no bias
+    out = values * d
+    weights = qkvz + ba + conv + out
+    return weights + 2 * h_v + cfg.linear_value_dim, weights  # + dt_bias, A_log, out norm
+
+
+def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters, matrix weights) of one dense FFN of width F."""
+    d, f = cfg.d_model, cfg.ffn_dim
+    glu = cfg.ffn == "glu"
+    matrices = (3 if glu else 2) * d * f
+    biases = ((2 * f if glu else f) + d) if cfg.bias else 0
+    return matrices + biases, matrices
+
+
+def tally_moe(cfg: ModelConfig, tally: Tally) -> None:
+    """One MoE layer: the router scores all E experts, k of them run, the shared one always."""
+    d, e, k, f_e = cfg.d_model, cfg.n_experts, cfg.experts_per_token, cfg.moe_d_ff
+    router = e * d + (e if cfg.router_bias else 0)
+    if cfg.router_selection_bias:
+        router += e
+        tally.frozen += e
+    tally.add("router", router, macs=e * d)
+    one = 3 * d * f_e + (2 * f_e + d if cfg.expert_kind == "gpt_oss" else 0)
+    tally.add("experts", e * one, k * one, macs=k * 3 * d * f_e)
+    if cfg.shared_d_ff:
+        shared = 3 * d * cfg.shared_d_ff + (d if cfg.shared_expert_gate else 0)
+        tally.add("shared_expert", shared, macs=shared)
+
+
+def _tally(cfg: ModelConfig) -> Tally:
+    _check_config(cfg)
+    d, v = cfg.d_model, cfg.vocab_size
+    tally = Tally()
+    tally.add("embedding", v * d)
+    if cfg.position == "learned":
+        tally.add("positions", cfg.max_seq_len * d)
+    norm = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    for layer, kind in enumerate(cfg.layer_kinds):
+        if kind == "linear":
+            params, weights = gated_deltanet_params(cfg)
+        elif cfg.is_mla:
+            params, weights = latent_attention_params(cfg)
+        else:
+            params, weights = attention_layer_params(cfg)
+        tally.add("attention", params, macs=weights)
+        if cfg.is_moe_layer(layer):
+            tally_moe(cfg, tally)
+        else:
+            params, weights = dense_ffn_params(cfg)
+            tally.add("ffn", params, macs=weights)
+        tally.add("norms", _NORMS_PER_LAYER[cfg.norm_placement] * norm)
+    if cfg.norm_placement != "post":
+        tally.add("norms", norm)
+    tally.add("lm_head", 0 if cfg.tie_embeddings else v * d, macs=v * d)
+    return tally
+
+
+def count_params(cfg: ModelConfig) -> ParamCount:
+    """Total and active parameters of ``cfg``, with a per-component breakdown."""
+    tally = _tally(cfg)
+    return ParamCount(tally.total, tally.active, tally.frozen)
+
+
+def _cache_width(cfg: ModelConfig) -> int:
+    """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE key."""
+    if cfg.is_mla:
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return 2 * cfg.kv_heads * cfg.head_dim
+
+
+def kv_cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes one more cached position costs, summed over layers, while the context is
+    shorter than every window: 2·H_kv·D per attention layer (MLA: r + R); Gated DeltaNet
+    layers add nothing per token (see :func:`kv_cache_bytes` for their fixed state)."""
+    _check_config(cfg)
+    check_int("dtype_bytes", dtype_bytes, 1)
+    layers = sum(kind != "linear" for kind in cfg.layer_kinds)
+    return layers * _cache_width(cfg) * dtype_bytes
+
+
+def kv_cache_bytes(
+    cfg: ModelConfig,
+    tokens: int,
+    dtype_bytes: int = 2,
+    *,
+    batch: int = 1,
+    state_dtype_bytes: int = 4,
+) -> int:
+    """Bytes of the decoding cache of ``batch`` sequences of ``tokens`` positions each.
+
+    Full layers keep every position, sliding layers the last min(tokens, w), Gated DeltaNet
+    layers a fixed H_v·D_k·D_v state in ``state_dtype_bytes`` (4: fp32) plus their
+    convolution's last K − 1 inputs, (2·H_k·D_k + H_v·D_v)·(K − 1) numbers in ``dtype_bytes``.
+    """
+    _check_config(cfg)
+    check_int("tokens", tokens, 0)
+    check_int("dtype_bytes", dtype_bytes, 1)
+    check_int("batch", batch, 1)
+    check_int("state_dtype_bytes", state_dtype_bytes, 1)
+    total = 0
+    for kind in cfg.layer_kinds:
+        if kind == "linear":
+            h_k, h_v = cfg.linear_key_heads, cfg.linear_value_heads
+            d_k, d_v = cfg.linear_key_dim, cfg.linear_value_dim
+            total += h_v * d_k * d_v * state_dtype_bytes
+            total += (2 * h_k * d_k + h_v * d_v) * (cfg.linear_conv_kernel - 1) * dtype_bytes
+        else:
+            kept = min(tokens, cfg.sliding_window) if kind == "sliding" else tokens
+            total += kept * _cache_width(cfg) * dtype_bytes
+    return batch * total
+
+
+def flops_per_token(cfg: ModelConfig, context: int) -> int:
+    """Forward FLOPs of one token that attends to ``context`` keys (its own included).
+
+    2 × the active matrix weights, plus per attention layer 2·s·H·D_qk (scores) and
+    2·s·H·D_v (weighted values) with s = ``context`` (sliding layers: min(s, w)); MLA counts
+    its heads' full widths (D_qk = D_nope + R). A Gated DeltaNet layer's state costs
+    6·H_v·D_k·D_v whatever the context (read-out, the delta rule's read and its write).
+    """
+    tally = _tally(cfg)
+    check_int("context", context, 0)
+    mixing = 0
+    for kind in cfg.layer_kinds:
+        if kind == "linear":
+            mixing += 6 * cfg.linear_value_heads * cfg.linear_key_dim * cfg.linear_value_dim
+            continue
+        s = min(context, cfg.sliding_window) if kind == "sliding" else context
+        d_v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+        mixing += 2 * s * cfg.n_heads * (cfg.qk_head_dim + d_v)
+    return 2 * tally.macs + mixing

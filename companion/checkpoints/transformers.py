@@ -1,0 +1,167 @@
+"""Convert Hugging Face transformers models into ``companion`` models (chapters 05-13).
+
+``from_hf(hf_model)`` reads the config (:mod:`companion.checkpoints.transformers_config`) and
+the weights of a transformers causal LM and returns the equivalent
+:class:`companion.models.decoder.DecoderLM`, with the same logits. Weights that have no
+place in the model, or places with no weight, are errors that name them.
+
+This module and its config half are the only ones that touch transformers objects, and they
+import nothing from transformers itself: they read ``hf_model.config`` and
+``hf_model.state_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from companion.checkpoints.transformers_config import architecture, config_from_hf
+from companion.models.config import ModelConfig
+from companion.models.decoder import DecoderLM
+
+__all__ = ["convert_state_dict", "from_hf", "load_state_dict_strict"]
+
+# HF block norm name -> ours, per placement
+_NORM_NAMES = {
+    "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"},
+    "sandwich": {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "attn_out_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "ffn_out_norm",
+    },
+    "post_branch": {
+        "post_attention_layernorm": "attn_out_norm",
+        "post_feedforward_layernorm": "ffn_out_norm",
+    },
+}
+
+
+
+_MLA_NAMES = {
+    "self_attn.q_proj": "attn.q_proj",
+    "self_attn.q_a_proj": "attn.q_a_proj",
+    "self_attn.q_a_layernorm": "attn.q_a_norm",
+    "self_attn.q_b_proj": "attn.q_b_proj",
+    "self_attn.kv_a_proj_with_mqa": "attn.kv_a_proj",
+    "self_attn.kv_a_layernorm": "attn.kv_a_norm",
+    "self_attn.kv_b_proj": "attn.kv_b_proj",
+}
+_DENSE_FFN = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+_MOE_NAMES = {
+    "mlp.gate.weight": "ffn.router.weight",  # Qwen3-MoE, DeepSeek-V3, Qwen3-Next
+    "mlp.gate.e_score_correction_bias": "ffn.router.selection_bias",
+    "mlp.router.weight": "ffn.router.weight",  # gpt-oss
+    "mlp.router.bias": "ffn.router.bias",
+    "mlp.experts.gate_up_proj": "ffn.experts.gate_up",
+    "mlp.experts.down_proj": "ffn.experts.down",
+    "mlp.experts.gate_up_proj_bias": "ffn.experts.gate_up_bias",
+    "mlp.experts.down_proj_bias": "ffn.experts.down_bias",
+    "mlp.shared_expert_gate.weight": "ffn.shared_gate.weight",
+}
+# gpt-oss stores each expert's matrices as (in, out); ours are (out, in) like nn.Linear
+_TRANSPOSED = {"GptOssForCausalLM": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+
+
+def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
+    """Our name (inside ``blocks.i``) of one HF layer tensor, or None if no rule maps it.
+    Separate q, k and v projections are fused later, in :func:`convert_state_dict`."""
+    mod, leaf = rest.rsplit(".", 1)  # e.g. "self_attn.o_proj", "weight"
+    if cfg.is_mla and mod in _MLA_NAMES:
+        return f"{_MLA_NAMES[mod]}.{leaf}"
+    if mod == "self_attn.o_proj":
+        return f"attn.out_proj.{leaf}"
+    if mod in ("self_attn.q_norm", "self_attn.k_norm"):
+        return f"attn.{mod.split('.')[1]}.{leaf}"
+    if rest == "self_attn.sinks":
+        return "attn.sinks"
+    if rest.startswith("linear_attn."):  # Gated DeltaNet: the same names, one level up
+        return "attn." + rest.removeprefix("linear_attn.")
+    if cfg.n_experts and rest in _MOE_NAMES:
+        return _MOE_NAMES[rest]
+    if mod.startswith("mlp.") and mod.count(".") == 1 and mod[4:] in _DENSE_FFN:
+        return f"ffn.{_DENSE_FFN[mod[4:]]}.{leaf}"
+    shared, _, proj = mod.rpartition(".")
+    if shared in ("mlp.shared_experts", "mlp.shared_expert") and proj in _DENSE_FFN:
+        return f"ffn.shared.{_DENSE_FFN[proj]}.{leaf}"
+    norm_names = _NORM_NAMES[cfg.norm_placement]
+    if mod in norm_names:
+        return f"{norm_names[mod]}.{leaf}"
+    return None
+
+
+def convert_state_dict(
+    hf_sd: Mapping[str, Tensor], cfg: ModelConfig, arch: str = ""
+) -> dict[str, Tensor]:
+    """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s names.
+
+    ``arch`` (e.g. ``"GptOssForCausalLM"``) names layouts that differ by more than names.
+    Keys that no rule maps are kept under their own name, so that
+    :func:`load_state_dict_strict` reports them as unexpected.
+    """
+    transposed = _TRANSPOSED.get(arch, ())
+    out: dict[str, Tensor] = {}
+    qkv: dict[tuple[int, str], dict[str, Tensor]] = {}  # (layer, "weight"|"bias") -> q, k, v
+    for key, t in hf_sd.items():
+        parts = key.split(".")
+        if key == "model.embed_tokens.weight":
+            out["tok_emb.weight"] = t
+        elif key == "model.norm.weight":
+            out["final_norm.weight"] = t
+        elif key == "lm_head.weight":
+            if not cfg.tie_embeddings:
+                out["lm_head.weight"] = t
+        elif parts[:2] == ["model", "layers"] and len(parts) >= 5:
+            i, rest = int(parts[2]), ".".join(parts[3:])
+            mod, leaf = rest.rsplit(".", 1)
+            ours = _layer_key(rest, cfg)
+            if ours is None and mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                qkv.setdefault((i, leaf), {})[mod[-6]] = t  # "q", "k" or "v"
+            else:
+                if rest in transposed:
+                    t = t.transpose(1, 2)
+                out[f"blocks.{i}.{ours}" if ours else key] = t
+        else:
+            out[key] = t
+    for (i, leaf), parts in qkv.items():
+        missing = [f"model.layers.{i}.self_attn.{p}_proj.{leaf}" for p in "qkv" if p not in parts]
+        if missing:
+            raise ValueError(f"cannot load weights; missing tensors: {missing}")
+        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    if cfg.tie_embeddings and "tok_emb.weight" in out:
+        out["lm_head.weight"] = out["tok_emb.weight"]  # one tensor under both names
+    return out
+
+
+def load_state_dict_strict(model: nn.Module, sd: Mapping[str, Tensor]) -> None:
+    """Copy ``sd`` into ``model``; raise one error naming every missing, unexpected or
+    mis-shaped tensor."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    wrong = [
+        f"{k}: expected {tuple(own[k].shape)}, got {tuple(sd[k].shape)}"
+        for k in sorted(set(own) & set(sd))
+        if own[k].shape != sd[k].shape
+    ]
+    if missing or unexpected or wrong:
+        lines = []
+        if missing:
+            lines.append(f"missing tensors: {missing}")
+        if unexpected:
+            lines.append(f"unexpected tensors: {unexpected}")
+        if wrong:
+            lines.append(f"wrong shapes: {wrong}")
+        raise ValueError("cannot load weights; " + "; ".join(lines))
+    model.load_state_dict(sd, strict=True)
+
+
+def from_hf(hf_model: nn.Module) -> DecoderLM:
+    """The ``companion`` model equivalent to a transformers causal LM (fp32, eval mode)."""
+    cfg = config_from_hf(hf_model.config)
+    model = DecoderLM(cfg)
+    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+    load_state_dict_strict(model, convert_state_dict(sd, cfg, architecture(hf_model.config)))
+    return model.eval()

@@ -1,0 +1,107 @@
+"""The Transformer block: a token mixer and an FFN, each inside a residual connection
+(chapters 02-04, 06-12).
+
+Shape legend: ``x (B, T, d)`` in and out; ``context (B, S, d)`` for cross-attention.
+Around each sublayer f the residual stream is updated as ``placement`` says:
+``pre`` x + f(norm(x)) (GPT-2 onward); ``post`` norm(x + f(x)) (2017); ``sandwich``
+x + norm'(f(norm(x))) (Gemma 2/3); ``post_branch`` x + norm'(f(x)) (Olmo 2/3).
+
+One class serves every stack: a decoder-only LM (causal self-attention, FFN), an encoder
+(bidirectional self-attention, FFN) and the 2017 decoder (causal self-attention,
+cross-attention to the encoder, FFN). The block receives finished parts
+(:func:`companion.models.builders.build_block` makes them from a config): which attention, window
+or RoPE table a layer has was fixed when its token mixer was built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+__all__ = ["PLACEMENTS", "TransformerBlock"]
+
+PLACEMENTS = ("pre", "post", "sandwich", "post_branch")
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention (or another token mixer), optional cross-attention, then an FFN.
+
+    ``norms`` = (mixer norm, mixer output norm, FFN norm, FFN output norm); a placement
+    uses the first of each pair (``pre``, ``post``), the second (``post_branch``) or both
+    (``sandwich``), and the others are None.
+    """
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        ffn: nn.Module,
+        *,
+        placement: str = "pre",
+        norms: tuple[nn.Module | None, ...] = (None,) * 4,
+        dropout: float = 0.0,
+        cross_attn: nn.Module | None = None,
+        cross_norm: nn.Module | None = None,
+        cross_out_norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.placement = placement
+        self.attn_norm, self.attn_out_norm, ffn_norm, ffn_out_norm = norms
+        self.attn = attn
+        self.cross_norm, self.cross_out_norm, self.cross_attn = (
+            cross_norm,
+            cross_out_norm,
+            cross_attn,
+        )
+        self.ffn_norm, self.ffn_out_norm = ffn_norm, ffn_out_norm
+        self.ffn = ffn
+        self.dropout = nn.Dropout(dropout)
+
+    def residual(
+        self,
+        x: Tensor,
+        norm: nn.Module | None,
+        out_norm: nn.Module | None,
+        sublayer: Callable[[Tensor], Tensor],
+    ) -> Tensor:
+        """One sublayer inside its residual connection, norms where the placement puts them."""
+        if self.placement == "post":
+            return norm(x + self.dropout(sublayer(x)))
+        h = sublayer(norm(x) if norm is not None else x)
+        return x + self.dropout(out_norm(h) if out_norm is not None else h)
+
+    def forward(
+        self,
+        x: Tensor,
+        *mixer_args: object,
+        mask: Tensor | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``mask`` limits self-attention, ``context_mask`` cross-attention (True = attend).
+
+        ``mixer_args`` go to the token mixer after the stream, unread here (a decoder passes
+        the tokens' positions and the layer's decoding state, chapter 08).
+        """
+        x = self.residual(
+            x,
+            self.attn_norm,
+            self.attn_out_norm,
+            lambda h: self.attn(h, *mixer_args, mask=mask),
+        )
+        if self.cross_attn is not None:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass context (B, S, d)")
+            x = self.residual(
+                x,
+                self.cross_norm,
+                self.cross_out_norm,
+                lambda h: self.cross_attn(h, mask=context_mask, context=context),
+            )
+        return self.residual(x, self.ffn_norm, self.ffn_out_norm, self.ffn)
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        """What the self-attention sublayer sees: the normed stream, or the stream itself."""
+        return self.attn_norm(x) if self.placement in ("pre", "sandwich") else x

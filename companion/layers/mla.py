@@ -1,0 +1,272 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) and its latent cache (chapter 08).
+
+Shape legend: B batch, T query tokens, S key tokens (cached + new), d model width, H heads,
+C ``kv_lora_rank`` (the latent), C_q ``q_lora_rank``, Dn ``qk_nope_head_dim`` (query/key
+channels without position), R ``qk_rope_head_dim`` (the decoupled RoPE channels, one key
+shared by all heads), Dv ``v_head_dim``, F = R / 2 RoPE frequencies.
+
+Each token is compressed into a latent ``c (C,)`` (RMS-normed) and one RoPE key
+``k_rope (R,)``; only these two are cached: ``C + R`` numbers per token and layer instead of
+``H · (Dn + R + Dv)``. ``kv_b_proj`` holds, per head, W_UK ``(Dn, C)`` and W_UV ``(Dv, C)``:
+
+* ``form="naive"`` up-projects the latent to full per-head keys ``[W_UK c, k_rope]`` and
+  values ``W_UV c`` and runs ordinary attention (the model as trained, and transformers'
+  ``DeepseekV3Attention``).
+* ``form="absorbed"`` folds W_UK into the query, ``q_lat = W_UKᵀ q_nope (C,)``, so the
+  scores are ``q_lat·c + q_rope·k_rope``: multi-query attention with one shared head of
+  width C + R whose values are the latents themselves; W_UV is applied after the softmax.
+  Nothing per head is ever built for the S keys, which is what makes decoding cheap.
+
+The softmax scale defaults to 1/√(Dn + R). YaRN checkpoints (DeepSeek-V3) multiply it by
+``mscale(factor, mscale_all_dim)²``: pass ``scale=softmax_scale(Dn + R, rope_scaling)``.
+``rope_layout="interleaved"`` is transformers' ``rope_interleave=True``: both rotate the
+pairs (2f, 2f + 1); transformers then stores the rotated channels de-interleaved, a fixed
+permutation of q_rope and k_rope alike, which leaves every q·k, hence the output, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from companion.layers.kv_cache import LatentCache, attention_mask, query_positions
+from companion.layers.norms import RMSNorm
+from companion.layers.rotary import RotaryEmbedding
+from companion.ops.attention import attention_weights
+from companion.ops.dispatch import IMPLS, attention
+from companion.ops.grouped import expand_kv
+from companion.ops.rope import LAYOUTS, apply_rope, yarn_mscale
+
+__all__ = [
+    "FORMS",
+    "MultiHeadLatentAttention",
+    "bytes_per_token",
+    "softmax_scale",
+]
+
+FORMS = ("naive", "absorbed")
+
+
+def bytes_per_token(
+    kv_lora_rank: int, qk_rope_head_dim: int, n_layers: int = 1, bytes_per_element: int = 2
+) -> int:
+    """Latent-cache bytes one token costs: ``(C + R) · layers · bytes`` (no per-head term)."""
+    return (kv_lora_rank + qk_rope_head_dim) * n_layers * bytes_per_element
+
+
+def softmax_scale(qk_head_dim: int, rope_scaling: dict | None = None) -> float:
+    """1/√(Dn + R), times ``mscale(factor, mscale_all_dim)²`` for scaled RoPE that sets
+    ``mscale_all_dim`` (DeepSeek's YaRN): the logit sharpening is applied here, not in cos/sin."""
+    scale = 1.0 / math.sqrt(qk_head_dim)
+    p = rope_scaling or {}
+    if p.get("rope_type", p.get("type", "default")) != "default" and p.get("mscale_all_dim"):
+        scale *= yarn_mscale(p["factor"], p["mscale_all_dim"]) ** 2
+    return scale
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """DeepSeek's MLA: queries direct or through a latent, keys and values through a latent.
+
+    Parameters (no biases): ``q_proj (H·(Dn+R), d)`` when ``q_lora_rank == 0``, else
+    ``q_a_proj (C_q, d)``, ``q_a_norm (C_q,)``, ``q_b_proj (H·(Dn+R), C_q)``; then
+    ``kv_a_proj (C+R, d)``, ``kv_a_norm (C,)``, ``kv_b_proj (H·(Dn+Dv), C)``,
+    ``out_proj (d, H·Dv)``. Rows of ``q_*`` are per head ``[nope | rope]``, rows of
+    ``kv_b_proj`` per head ``[k_nope | v]``. Both forms use the same parameters.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int = 0,
+        norm_eps: float = 1e-6,
+        rope_layout: str = "interleaved",
+        scale: float | None = None,
+        form: str = "naive",
+        impl: str = "sdpa",
+        dropout: float = 0.0,
+        causal: bool = False,
+        window: int | None = None,
+        rope: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("d_model", d_model),
+            ("n_heads", n_heads),
+            ("kv_lora_rank", kv_lora_rank),
+            ("qk_nope_head_dim", qk_nope_head_dim),
+            ("qk_rope_head_dim", qk_rope_head_dim),
+            ("v_head_dim", v_head_dim),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if q_lora_rank < 0:
+            raise ValueError(
+                f"q_lora_rank must be 0 (direct queries) or positive, got {q_lora_rank}"
+            )
+        if qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (RoPE pairs), got {qk_rope_head_dim}")
+        for name, value, allowed in (
+            ("form", form, FORMS),
+            ("impl", impl, IMPLS),
+            ("rope_layout", rope_layout, LAYOUTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        self.d_model, self.n_heads, self.q_lora_rank = d_model, n_heads, q_lora_rank
+        self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
+        self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
+        self.rope_layout, self.form, self.impl, self.dropout = rope_layout, form, impl, dropout
+        # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
+        self.causal, self.window, self.rope = causal, window, rope
+        self.scale = 1.0 / math.sqrt(self.qk_head_dim) if scale is None else scale
+        q_out = n_heads * self.qk_head_dim
+        if q_lora_rank == 0:
+            self.q_proj = nn.Linear(d_model, q_out, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d_model, q_lora_rank, bias=False)
+            self.q_a_norm = RMSNorm(q_lora_rank, eps=norm_eps)
+            self.q_b_proj = nn.Linear(q_lora_rank, q_out, bias=False)
+        self.kv_a_proj = nn.Linear(d_model, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_a_norm = RMSNorm(kv_lora_rank, eps=norm_eps)
+        self.kv_b_proj = nn.Linear(
+            kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False
+        )
+        self.out_proj = nn.Linear(n_heads * v_head_dim, d_model, bias=False)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The width of one head's query and key in the naive form, Dn + R."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def up_weights(self) -> tuple[Tensor, Tensor]:
+        """W_UK ``(H, Dn, C)`` and W_UV ``(H, Dv, C)``: views of ``kv_b_proj.weight``."""
+        w = self.kv_b_proj.weight.view(self.n_heads, -1, self.kv_lora_rank)
+        return w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
+
+    def new_cache(
+        self,
+        batch: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> LatentCache:
+        """An empty :class:`LatentCache` sized for this layer (default: the weights' dtype)."""
+        w = self.kv_a_proj.weight
+        return LatentCache(
+            batch,
+            max_len,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            dtype=dtype or w.dtype,
+            device=device or w.device,
+        )
+
+    def project(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q_nope ``(B,H,T,Dn)``, q_rope ``(B,H,T,R)`` and the cache rows ``kv (B,T,C+R)`` =
+        ``[normed latent | k_rope]``; RoPE applied when ``rope = (cos, sin)`` is given."""
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+        b, t, _ = x.shape
+        if self.q_lora_rank == 0:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        q = q.view(b, t, self.n_heads, self.qk_head_dim).transpose(1, 2)  # (B, H, T, Dn+R)
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj(x).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        latent = self.kv_a_norm(latent)  # (B, T, C)
+        if rope is not None:
+            q_rope = apply_rope(q_rope, *rope, layout=self.rope_layout)
+            k_rope = apply_rope(k_rope, *rope, layout=self.rope_layout)  # (B, T, R)
+        return q_nope, q_rope, torch.cat([latent, k_rope], dim=-1)
+
+    def naive_qkv(
+        self, q_nope: Tensor, q_rope: Tensor, kv: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Full per-head q ``(B,H,T,Dn+R)``, k ``(B,H,S,Dn+R)``, v ``(B,H,S,Dv)``."""
+        b, s, _ = kv.shape
+        latent, k_rope = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        kv = self.kv_b_proj(latent).view(b, s, self.n_heads, -1).transpose(1, 2)
+        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        k_rope = k_rope[:, None].expand(-1, self.n_heads, -1, -1)  # one key shared by all heads
+        return torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope], -1), v
+
+    def absorbed_qkv(
+        self, q_nope: Tensor, q_rope: Tensor, kv: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Latent-space q ``(B,H,T,C+R)``; one shared k ``(B,1,S,C+R)`` (the cache rows) and
+        v ``(B,1,S,C)`` (their latent part, a view)."""
+        w_uk, _ = self.up_weights()
+        q_lat = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # q_nope·k_nope = q_lat·latent
+        kv = kv[:, None]
+        return torch.cat([q_lat, q_rope], dim=-1), kv, kv[..., : self.kv_lora_rank]
+
+    def attention_inputs(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        cache: LatentCache | None = None,
+        *,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
+        """q, k, v of this layer's form (cache written and read) and the mask and causal
+        flag to use."""
+        positions = query_positions(
+            x, positions, cache, needed=self.rope is not None or self.window is not None
+        )
+        q_nope, q_rope, kv = self.project(x, None if self.rope is None else self.rope(positions))
+        k_pos = None
+        if cache is not None:
+            kv, k_pos = cache.update(positions, kv)
+        mask, causal = attention_mask(positions, k_pos, self.window, mask, self.causal)
+        make = self.naive_qkv if self.form == "naive" else self.absorbed_qkv
+        return (*make(q_nope, q_rope, kv), mask, causal)
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        cache: LatentCache | None = None,
+        *,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """``(B, T, d)``, called like :class:`companion.layers.mha.MultiHeadAttention`. With a
+        ``cache`` the new latents are stored at their positions and the mask comes from the
+        positions the cache holds (and this layer's window)."""
+        q, k, v, mask, causal = self.attention_inputs(x, positions, cache, mask=mask)
+        p = self.dropout if self.training else 0.0
+        impl = self.impl
+        b, h, t, _ = q.shape
+        if t == 1 and not causal and k.shape[1] == 1:
+            # absorbed decode step: every head reads the same latent keys, so fold the heads
+            # into the query axis and run one head's attention (no repeated latents)
+            q = q.reshape(b, 1, h, -1)
+            o = attention(q, k, v, impl=impl, mask=mask, scale=self.scale, dropout_p=p)
+            o = o.reshape(b, h, 1, -1)
+        else:
+            o = attention(
+                q, k, v, impl=impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+            )
+        if self.form == "absorbed":
+            _, w_uv = self.up_weights()
+            o = torch.einsum("bhtc,hvc->bhtv", o, w_uv)  # (B, H, T, Dv)
+        return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
+
+    def attention_weights(
+        self, x: Tensor, positions: Tensor | None = None, *, mask: Tensor | None = None
+    ) -> Tensor:
+        """The ``(B, H, T, S)`` softmax weights."""
+        q, k, _, mask, causal = self.attention_inputs(x, positions, mask=mask)
+        k = expand_kv(k, q.shape[1])  # the absorbed form's one shared latent key
+        return attention_weights(q, k, mask=mask, causal=causal, scale=self.scale)

@@ -1,0 +1,168 @@
+"""Mixture of experts: a router sends each token to k of E expert FFNs (chapter 10).
+
+Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per token,
+F hidden width of one expert, S = N·k (token, expert) pairs, G router groups.
+
+Parameters, by name (what a parameter count sees; buffers are not parameters):
+
+- :class:`companion.layers.router.TopKRouter`: ``weight (E, d)``, plus ``bias (E,)`` when
+  ``bias=True`` (gpt-oss).
+  ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is a buffer.
+- :class:`GLUExperts`: ``gate_up (E, 2F, d)``, rows ``[gate; up]``, and ``down (E, d, F)``:
+  E·3·F·d. Each slice is an ``nn.Linear`` weight, (out, in).
+- :class:`GptOssExperts`: ``gate_up (E, 2F, d)`` with interleaved rows (gate = even rows, up =
+  odd rows, as gpt-oss stores them), ``gate_up_bias (E, 2F)``, ``down (E, d, F)``,
+  ``down_bias (E, d)``: E·(3·F·d + 2F + d).
+- :class:`MoEFeedForward`: ``router.*``, ``experts.*``, the shared expert
+  ``shared.{gate,up,down}.weight`` (3·d·shared_d_ff) and ``shared_gate.weight (1, d)``.
+
+The router is :mod:`companion.layers.router`; the experts' two forms (a loop over experts and
+the grouped matmul) are :mod:`companion.ops.experts`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from companion.checks import check_choice
+from companion.layers.ffn import GatedFeedForward
+from companion.layers.router import Routing, TopKRouter
+from companion.ops.experts import EXPERT_FORMS, EXPERT_IMPLS, gpt_oss_glu, swiglu
+
+__all__ = ["EXPERT_KINDS", "GLUExperts", "GptOssExperts", "MoEFeedForward"]
+
+EXPERT_KINDS = ("glu", "gpt_oss")
+
+
+def _init_stacked(weight: Tensor) -> None:
+    bound = 1 / math.sqrt(weight.shape[-1])  # each slice like an nn.Linear (out, in)
+    nn.init.uniform_(weight, -bound, bound)
+
+
+class GLUExperts(nn.Module):
+    """E SwiGLU experts, stacked: ``gate_up (E, 2F, d)`` rows [gate; up], ``down (E, d, F)``."""
+
+    def __init__(self, n_experts: int, d_model: int, d_ff: int, *, impl: str = "grouped") -> None:
+        super().__init__()
+        check_choice("impl", impl, EXPERT_IMPLS)
+        self.impl = impl
+        self.gate_up = nn.Parameter(torch.empty(n_experts, 2 * d_ff, d_model))
+        self.down = nn.Parameter(torch.empty(n_experts, d_model, d_ff))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as ``nn.Linear`` would start them (biases: none)."""
+        _init_stacked(self.gate_up)
+        _init_stacked(self.down)
+
+    def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """``x (N, d)``, ``weights (N, k)``, ``indices (N, k)`` -> ``(N, d)``."""
+        check_choice("impl", self.impl, EXPERT_IMPLS)
+        return EXPERT_FORMS[self.impl](x, weights, indices, self.gate_up, self.down, swiglu)
+
+
+class GptOssExperts(nn.Module):
+    """gpt-oss's experts: biased, interleaved gate/up rows, clamped SwiGLU :func:`gpt_oss_glu`."""
+
+    def __init__(
+        self,
+        n_experts: int,
+        d_model: int,
+        d_ff: int,
+        limit: float = 7.0,
+        alpha: float = 1.702,
+        *,
+        impl: str = "grouped",
+    ) -> None:
+        super().__init__()
+        check_choice("impl", impl, EXPERT_IMPLS)
+        self.impl, self.limit, self.alpha = impl, limit, alpha
+        self.gate_up = nn.Parameter(torch.empty(n_experts, 2 * d_ff, d_model))
+        self.gate_up_bias = nn.Parameter(torch.zeros(n_experts, 2 * d_ff))
+        self.down = nn.Parameter(torch.empty(n_experts, d_model, d_ff))
+        self.down_bias = nn.Parameter(torch.zeros(n_experts, d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Matrices as ``nn.Linear`` would start them; biases at zero."""
+        _init_stacked(self.gate_up)
+        _init_stacked(self.down)
+        nn.init.zeros_(self.gate_up_bias)
+        nn.init.zeros_(self.down_bias)
+
+    def act(self, h: Tensor) -> Tensor:
+        """:func:`gpt_oss_glu` with this module's ``limit`` and ``alpha``."""
+        return gpt_oss_glu(h, self.limit, self.alpha)
+
+    def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
+        """``x (N, d)``, ``weights (N, k)``, ``indices (N, k)`` -> ``(N, d)``."""
+        check_choice("impl", self.impl, EXPERT_IMPLS)
+        biases = (self.gate_up_bias, self.down_bias)
+        form = EXPERT_FORMS[self.impl]
+        return form(x, weights, indices, self.gate_up, self.down, self.act, *biases)
+
+
+class MoEFeedForward(nn.Module):
+    """Router + routed experts + an optional always-on shared expert (DeepSeek, Qwen3-Next).
+
+    ``x (..., d)`` -> ``(..., d)``. The last routing is kept in ``last_routing``
+    (:class:`Routing`, with its graph) for :func:`load_balancing_loss` and load statistics.
+    ``shared_gate`` scales the shared expert by σ(x·w), w of shape (1, d) (Qwen3-Next).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        d_ff: int,
+        *,
+        scoring: str = "softmax",
+        norm_topk: bool = True,
+        n_groups: int = 1,
+        topk_groups: int = 1,
+        scale: float = 1.0,
+        router_bias: bool = False,
+        selection_bias: bool = False,
+        kind: str = "glu",
+        shared_d_ff: int = 0,
+        shared_gate: bool = False,
+        impl: str = "grouped",
+    ) -> None:
+        super().__init__()
+        check_choice("kind", kind, EXPERT_KINDS)
+        if shared_gate and shared_d_ff <= 0:
+            raise ValueError(
+                f"shared_gate needs a shared expert (shared_d_ff > 0), got {shared_d_ff}"
+            )
+        self.router = TopKRouter(
+            d_model,
+            n_experts,
+            top_k,
+            scoring=scoring,
+            norm_topk=norm_topk,
+            n_groups=n_groups,
+            topk_groups=topk_groups,
+            scale=scale,
+            bias=router_bias,
+            selection_bias=selection_bias,
+        )
+        experts = GLUExperts if kind == "glu" else GptOssExperts
+        self.experts = experts(n_experts, d_model, d_ff, impl=impl)
+        self.shared = GatedFeedForward(d_model, shared_d_ff) if shared_d_ff > 0 else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
+        self.last_routing: Routing | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, d)
+        self.last_routing = Routing(*self.router(flat))
+        y = self.experts(flat, self.last_routing.weights, self.last_routing.indices)  # (N, d)
+        if self.shared is not None:
+            shared = self.shared(flat)  # (N, d)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            y = y + shared
+        return y.view(x.shape)

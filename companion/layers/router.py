@@ -1,0 +1,137 @@
+"""The MoE router: top-k expert choice per token, and the balancing signals (chapter 10).
+
+Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per token,
+G router groups. :class:`TopKRouter` has ``weight (E, d)``, plus ``bias (E,)`` when
+``bias=True`` (gpt-oss); ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is a buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from companion.checks import check_choice
+from companion.ops.experts import expert_load
+
+__all__ = [
+    "SCORINGS",
+    "Routing",
+    "TopKRouter",
+    "load_balancing_loss",
+    "update_selection_bias",
+]
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+class Routing(NamedTuple):
+    """One routing decision: ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``."""
+
+    weights: torch.Tensor
+    indices: torch.Tensor
+    scores: torch.Tensor
+
+
+class TopKRouter(nn.Module):
+    """Scores E experts per token and keeps the k best: softmax (Mixtral, Qwen) or sigmoid (V3).
+
+    ``selection_bias`` is added to the scores only to choose experts, never to the weights.
+    With ``n_groups > 1`` the experts form G groups, a group scores the sum of its two best
+    (biased) scores, and only the best ``topk_groups`` groups are searched. The chosen weights
+    are renormalised to sum to 1 if ``norm_topk``, then multiplied by ``scale``. In fp32.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        *,
+        scoring: str = "softmax",
+        norm_topk: bool = True,
+        n_groups: int = 1,
+        topk_groups: int = 1,
+        scale: float = 1.0,
+        bias: bool = False,
+        selection_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        check_choice("scoring", scoring, SCORINGS)
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
+        if n_groups < 1 or n_experts % n_groups != 0:
+            raise ValueError(f"n_groups must divide n_experts={n_experts}, got {n_groups}")
+        if not 1 <= topk_groups <= n_groups:
+            raise ValueError(f"topk_groups must be in [1, n_groups={n_groups}], got {topk_groups}")
+        if n_groups > 1 and (
+            n_experts // n_groups < 2 or top_k > topk_groups * n_experts // n_groups
+        ):
+            raise ValueError(
+                f"group-limited routing needs >= 2 experts per group and top_k <= "
+                f"topk_groups * n_experts / n_groups, got n_experts={n_experts}, "
+                f"n_groups={n_groups}, topk_groups={topk_groups}, top_k={top_k}"
+            )
+        self.n_experts, self.top_k, self.scoring = n_experts, top_k, scoring
+        self.norm_topk, self.scale = norm_topk, scale
+        self.n_groups, self.topk_groups = n_groups, topk_groups
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        self.bias = nn.Parameter(torch.zeros(n_experts)) if bias else None
+        self.register_buffer("selection_bias", torch.zeros(n_experts) if selection_bias else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s default: uniform in ±1/√d; the bias starts at zero."""
+        bound = 1 / math.sqrt(self.weight.shape[1])
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x (N, d)`` -> ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``, in fp32."""
+        dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 if x is
+        bias = None if self.bias is None else self.bias.to(dtype)
+        logits = F.linear(x.to(dtype), self.weight.to(dtype), bias)  # (N, E)
+        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
+        choice = scores if self.selection_bias is None else scores + self.selection_bias
+        if self.n_groups > 1:
+            choice = self._keep_best_groups(choice)
+        indices = choice.topk(self.top_k, dim=-1).indices  # (N, k)
+        weights = scores.gather(-1, indices)  # (N, k): unbiased scores of the chosen
+        if self.norm_topk:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scale, indices, scores
+
+    def _keep_best_groups(self, choice: Tensor) -> Tensor:
+        n = choice.shape[0]
+        grouped = choice.view(n, self.n_groups, -1)  # (N, G, E/G)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+        best = group_scores.topk(self.topk_groups, dim=-1).indices  # (N, topk_groups)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).view(n, -1)  # (N, E)
+
+
+def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int) -> Tensor:
+    """Switch/GShard auxiliary loss E·Σ_i f_i·P_i, minimal (= k) when routing is uniform.
+
+    f_i is the number of assignments to expert i per token (Σ f_i = k), P_i the mean routing
+    probability of expert i. ``probs (N, E)`` rows are renormalised to sum to 1, so sigmoid
+    scores work as well as softmax probabilities (for which this equals transformers').
+    """
+    f = expert_load(indices, n_experts).to(probs.dtype) / probs.shape[0]  # (E,)
+    p = (probs / probs.sum(-1, keepdim=True)).mean(0)  # (E,)
+    return n_experts * (f * p).sum()
+
+
+@torch.no_grad()
+def update_selection_bias(bias: Tensor, load: Tensor, rate: float) -> Tensor:
+    """DeepSeek-V3's auxiliary-loss-free balancing, in place: b_i += rate·sign(mean − load_i).
+
+    Under-loaded experts become easier to choose and over-loaded ones harder; the routing
+    weights never see ``bias``. Returns ``bias``.
+    """
+    load = load.to(bias.dtype)
+    return bias.add_(rate * torch.sign(load.mean() - load))

@@ -1,0 +1,189 @@
+"""Component builders: a :class:`~companion.models.config.ModelConfig` turned into finished parts.
+
+Each builder reads the config for one layer and returns a module; :func:`build_block`
+wires them into a :class:`~companion.layers.block.TransformerBlock`, which receives its parts
+and decides nothing itself (torchtune's component builders work the same way). What is
+fixed per layer is fixed here, when the module is built: causal or not, the sliding
+window, RoPE or NoPE and the RoPE table (a local base on sliding layers if the config has
+one), the softmax scale, dense FFN or experts.
+
+Adding a mechanism (a token mixer, an FFN, a norm) means: its own module, its config
+fields, one branch here, and its entries in :mod:`companion.analysis.calculator` and
+:mod:`companion.checkpoints.transformers`.
+Every token mixer has the same two entry points, ``new_cache(batch, max_len, *, dtype,
+device)`` and ``forward(x, positions=None, cache=None, *, mask=None)``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+
+from companion.layers.block import TransformerBlock
+from companion.layers.ffn import FeedForward, GatedFeedForward
+from companion.layers.gated_deltanet import GatedDeltaNet
+from companion.layers.mha import MultiHeadAttention
+from companion.layers.mla import MultiHeadLatentAttention, softmax_scale
+from companion.layers.moe import MoEFeedForward
+from companion.layers.norms import build_norm
+from companion.layers.rotary import RotaryEmbedding
+from companion.models.config import ModelConfig
+
+__all__ = [
+    "build_block",
+    "build_ffn",
+    "build_mixer",
+    "build_norms",
+    "rotary_embedding",
+]
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_rope(
+    head_dim: int, theta: float, scaling: tuple | None, factor: float, max_len: int
+) -> RotaryEmbedding:
+    """One RoPE module per setting, shared by every layer (and model) that uses it."""
+    return RotaryEmbedding(
+        head_dim, theta, None if scaling is None else dict(scaling), factor, max_len
+    )
+
+
+def rotary_embedding(cfg: ModelConfig, local: bool = False) -> RotaryEmbedding | None:
+    """The RoPE table of the config's full layers, or with ``local`` of its sliding layers
+    (``rope_local_theta``, no scaling; the global table if that is unset); None without RoPE."""
+    if cfg.position != "rope":
+        return None
+    if local and cfg.rope_local_theta is not None:
+        return _shared_rope(
+            cfg.rope_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor, cfg.max_seq_len
+        )
+    scaling = None if cfg.rope_scaling is None else tuple(sorted(cfg.rope_scaling.items()))
+    return _shared_rope(
+        cfg.rope_dim, cfg.rope_theta, scaling, cfg.partial_rotary_factor, cfg.max_seq_len
+    )
+
+
+def build_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """(norm before or around a sublayer, norm of its output) for ``cfg.norm_placement``."""
+
+    def make() -> nn.Module:
+        return build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
+
+    into = make() if cfg.norm_placement in ("pre", "post", "sandwich") else None
+    out = make() if cfg.norm_placement in ("sandwich", "post_branch") else None
+    return into, out
+
+
+def _attention(cfg: ModelConfig, **fixed: object) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        cfg.d_model,
+        cfg.n_heads,
+        n_kv_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        bias=cfg.bias,
+        qkv_bias=cfg.attn_bias,
+        fused_qkv=cfg.fused_qkv,
+        impl=cfg.attn_impl,
+        dropout=cfg.attn_dropout,
+        qk_norm=cfg.qk_norm,
+        norm_eps=cfg.norm_eps,
+        norm_offset=cfg.norm_offset,
+        rope_layout=cfg.rope_layout,
+        scale=cfg.attn_scale,
+        sinks=cfg.attn_sinks,
+        output_gate=cfg.attn_output_gate,
+        **fixed,
+    )
+
+
+def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAttention:
+    scale = cfg.attn_scale
+    if scale is None:
+        scale = softmax_scale(cfg.qk_head_dim, cfg.rope_scaling)
+    return MultiHeadLatentAttention(
+        cfg.d_model,
+        cfg.n_heads,
+        kv_lora_rank=cfg.kv_lora_rank,
+        qk_nope_head_dim=cfg.qk_nope_head_dim,
+        qk_rope_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim,
+        q_lora_rank=cfg.q_lora_rank,
+        norm_eps=cfg.norm_eps,
+        rope_layout=cfg.rope_layout,
+        scale=scale,
+        form=cfg.mla_form,
+        impl=cfg.attn_impl,
+        dropout=cfg.attn_dropout,
+        **fixed,
+    )
+
+
+def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.Module:
+    """Layer ``layer``'s token mixer: Gated DeltaNet on ``"linear"`` layers, else MLA or
+    multi-head attention, with this layer's window and RoPE table fixed in it."""
+    kind = cfg.layer_kinds[layer]
+    if kind == "linear":
+        return GatedDeltaNet(
+            cfg.d_model,
+            cfg.linear_key_heads,
+            cfg.linear_value_heads,
+            cfg.linear_key_dim,
+            cfg.linear_value_dim,
+            cfg.linear_conv_kernel,
+            norm_eps=cfg.norm_eps,
+        )
+    sliding = kind == "sliding"
+    rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)
+    window = cfg.sliding_window if sliding and causal else None
+    make = _latent_attention if cfg.is_mla else _attention
+    return make(cfg, causal=causal, window=window, rope=rope)
+
+
+def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
+    """Layer ``layer``'s feed-forward sublayer: a mixture of experts or a dense MLP/GLU."""
+    if cfg.is_moe_layer(layer):
+        return MoEFeedForward(
+            cfg.d_model,
+            cfg.n_experts,
+            cfg.experts_per_token,
+            cfg.moe_d_ff,
+            scoring=cfg.router,
+            norm_topk=cfg.router_norm_topk,
+            n_groups=cfg.router_groups,
+            topk_groups=cfg.router_topk_groups,
+            scale=cfg.router_scale,
+            router_bias=cfg.router_bias,
+            selection_bias=cfg.router_selection_bias,
+            kind=cfg.expert_kind,
+            shared_d_ff=cfg.shared_d_ff,
+            shared_gate=cfg.shared_expert_gate,
+        )
+    ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
+    return ffn_cls(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
+
+
+def build_block(
+    cfg: ModelConfig, layer: int = 0, *, causal: bool = True, cross_attention: bool = False
+) -> TransformerBlock:
+    """Layer ``layer`` of a stack: its norms, token mixer, optional cross-attention (the
+    2017 decoder; no RoPE, never causal) and FFN, built in that order."""
+    attn_norm, attn_out_norm = build_norms(cfg)
+    attn = build_mixer(cfg, layer, causal=causal)
+    cross = {}
+    if cross_attention:
+        cross_norm, cross_out_norm = build_norms(cfg)
+        cross = {
+            "cross_norm": cross_norm,
+            "cross_out_norm": cross_out_norm,
+            "cross_attn": _attention(cfg),
+        }
+    ffn_norm, ffn_out_norm = build_norms(cfg)
+    return TransformerBlock(
+        attn,
+        build_ffn(cfg, layer),
+        placement=cfg.norm_placement,
+        norms=(attn_norm, attn_out_norm, ffn_norm, ffn_out_norm),
+        dropout=cfg.dropout,
+        **cross,
+    )

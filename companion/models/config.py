@@ -1,0 +1,196 @@
+"""The model configuration: one typed dataclass that checks itself (chapters 02, 03, 13).
+
+Later chapters add fields (RoPE, RMSNorm, GQA, experts...). Each field's allowed values
+live in :data:`CHOICES` (the mechanism's own tuple) or in a check in
+:mod:`companion.models.validation`, so an error always names
+the field, what it got, and what it accepts. Derived values are properties; ``__post_init__``
+never rewrites what the user set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from companion.layers.block import PLACEMENTS
+from companion.layers.ffn import ACTIVATIONS
+from companion.layers.mha import QK_NORMS
+from companion.layers.mla import FORMS as MLA_FORMS
+from companion.layers.moe import EXPERT_KINDS
+from companion.layers.norms import NORMS
+from companion.layers.router import SCORINGS
+from companion.models.validation import ConfigError, validate
+from companion.ops.dispatch import IMPLS
+from companion.ops.rope import LAYOUTS
+
+__all__ = ["CHOICES", "ModelConfig"]
+
+
+# field name -> allowed values, for every field whose value is a choice: the mechanism's own
+# tuple where there is one
+CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": NORMS,
+    "norm_placement": PLACEMENTS,
+    "activation": tuple(ACTIVATIONS),
+    "ffn": ("mlp", "glu"),
+    "position": ("sinusoidal", "learned", "rope", "none"),
+    "rope_layout": LAYOUTS,
+    "qk_norm": QK_NORMS,
+    "attn_impl": IMPLS,
+    "router": SCORINGS,
+    "expert_kind": EXPERT_KINDS,
+    "mla_form": MLA_FORMS,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a Transformer: the 2017 block by default, a 2026 one by choice.
+
+    Shapes are named in the chapters as: V ``vocab_size``, d ``d_model``, L ``n_layers``,
+    H ``n_heads``, H_kv ``n_kv_heads``, D ``head_dim``, d_ff ``d_ff``, S_max ``max_seq_len``.
+
+    Placements (chapter 06): ``pre`` x + f(norm(x)); ``post`` norm(x + f(x)) (2017);
+    ``sandwich`` x + norm(f(norm(x))) (Gemma); ``post_branch`` x + norm(f(x)) (Olmo 2/3).
+    ``qk_norm``: ``head`` normalises each head's q and k (Qwen3, Gemma 3), ``full`` the whole
+    q and k projections (Olmo). ``layer_types`` gives each layer ``"full"`` or ``"sliding"``
+    attention; sliding layers see the last ``sliding_window`` keys (the query's own included)
+    and use ``rope_local_theta`` when set (Gemma 3). ``nope_layers`` skip RoPE.
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None  # None: 4 * d_model, as in 2017
+    max_seq_len: int = 256
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"
+    activation: str = "gelu"
+    position: str = "learned"
+    attn_impl: str = "sdpa"
+    fused_qkv: bool = True
+    bias: bool = True
+    tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply token embeddings by √d, as in 2017
+    init_std: float = 0.02
+    # --- the modern dense block (chapters 05-09) ---
+    n_kv_heads: int | None = None  # None: n_heads (MHA); 1: MQA; in between: GQA
+    head_size: int | None = None  # None: d_model // n_heads
+    ffn: str = "mlp"
+    qkv_bias: bool | None = None  # None: same as `bias`
+    norm_offset: float = 0.0  # 1.0: RMSNorm gain stored as 1 + w (Gemma)
+    qk_norm: str = "none"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3", ...}
+    rope_local_theta: float | None = None
+    partial_rotary_factor: float = 1.0
+    rope_layout: str = "half"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # None: all "full" ("sliding" if a window is set)
+    nope_layers: tuple[int, ...] = ()
+    attn_scale: float | None = None  # None: 1 / √head_dim
+    # --- experts, latent attention, sinks, gates, linear attention (chapters 10-13) ---
+    n_experts: int = 0  # routed experts per MoE layer; 0: every FFN is dense
+    experts_per_token: int = 0  # k of the top-k routing
+    expert_d_ff: int | None = None  # hidden width of one routed expert (None: d_ff)
+    expert_kind: str = "glu"  # "gpt_oss": biased experts with the clamped SwiGLU
+    dense_layers: int = 0  # the first N layers keep a dense FFN of width d_ff (DeepSeek-V3)
+    shared_d_ff: int = 0  # hidden width of the always-on shared expert; 0: none
+    shared_expert_gate: bool = False  # a sigmoid gate on the shared expert (Qwen3-Next)
+    router: str = "softmax"  # how expert scores are made from the router logits
+    router_norm_topk: bool = True  # renormalise the k chosen weights to sum to 1
+    router_groups: int = 1  # DeepSeek-V3's group-limited routing: experts in G groups...
+    router_topk_groups: int = 1  # ...of which the best few are searched for the top-k
+    router_scale: float = 1.0  # routed_scaling_factor: multiplies the routed weights
+    router_bias: bool = False  # a learned bias on the router logits (gpt-oss)
+    router_selection_bias: bool = False  # DeepSeek-V3's balancing bias: a buffer, selection only
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention with this latent width
+    q_lora_rank: int = 0  # > 0 (with MLA): queries through a low-rank latent too
+    qk_nope_head_dim: int = 0  # MLA: per-head query/key width without RoPE
+    qk_rope_head_dim: int = 0  # MLA: width of the decoupled RoPE query/key
+    v_head_dim: int = 0  # MLA: per-head value width
+    mla_form: str = "naive"  # "absorbed": W_UK folded into q, W_UV into the output
+    attn_sinks: bool = False  # a learned per-head logit in the softmax denominator (gpt-oss)
+    attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
+    linear_key_heads: int = 0  # Gated DeltaNet ("linear" layers): query/key heads
+    linear_value_heads: int = 0  # ... value heads (a multiple of the key heads)
+    linear_key_dim: int = 0  # ... width of one query/key head
+    linear_value_dim: int = 0  # ... width of one value head
+    linear_conv_kernel: int = 4  # ... the short causal convolution's width
+
+    def __post_init__(self) -> None:
+        validate(self, CHOICES)
+
+    @property
+    def head_dim(self) -> int:
+        """The width D of one head (``head_size`` if given, else d / H)."""
+        return self.head_size if self.head_size is not None else self.d_model // self.n_heads
+
+    @property
+    def is_mla(self) -> bool:
+        """True if attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """The width of one head's query and key (D, or nope + rope under MLA)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """The channels per head that RoPE's tables are built for (under MLA, the RoPE part)."""
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def moe_d_ff(self) -> int:
+        """The hidden width of one routed expert."""
+        return self.expert_d_ff if self.expert_d_ff is not None else self.ffn_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True if layer ``layer`` routes its FFN through experts."""
+        return self.n_experts > 0 and layer >= self.dense_layers
+
+    @property
+    def kv_heads(self) -> int:
+        """The number H_kv of key/value heads."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def attn_bias(self) -> bool:
+        """True if the q, k and v projections carry biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The token mixer of each layer, ``"full"``, ``"sliding"`` or ``"linear"``."""
+        if self.layer_types is not None:
+            return tuple(self.layer_types)
+        return ("sliding" if self.sliding_window else "full",) * self.n_layers
+
+    @property
+    def ffn_dim(self) -> int:
+        """The FFN's hidden width, ``d_ff`` if given, else 4·d."""
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    def replace(self, **changes: object) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known: {self.field_names()}")
+        return ModelConfig(**{**asdict(self), **changes})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """All field names, for error messages and docs."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ModelConfig:
+        """Build from a plain dict, rejecting keys that are not fields."""
+        unknown = sorted(set(data) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known: {cls.field_names()}")
+        return cls(**data)  # type: ignore[arg-type]

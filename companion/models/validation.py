@@ -1,0 +1,205 @@
+"""The checks a :class:`companion.models.config.ModelConfig` runs on itself (chapters 02-13).
+
+Each error names the field, what it got and what it accepts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from companion.checks import check_int
+
+if TYPE_CHECKING:
+    from companion.models.config import ModelConfig
+
+__all__ = ["LAYER_TYPES", "ConfigError", "check_token_ids", "validate"]
+
+LAYER_TYPES = ("full", "sliding", "linear")
+
+
+class ConfigError(ValueError):
+    """A config field holds a value the model cannot be built from."""
+
+
+def _probability(cfg: ModelConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
+    """Raise a ConfigError naming the first field of ``cfg`` that cannot be built from."""
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+        check_int(name, getattr(cfg, name), 1, ConfigError)
+    if cfg.d_ff is not None:
+        check_int("d_ff", cfg.d_ff, 1, ConfigError)
+    for name in ("dropout", "attn_dropout"):
+        _probability(cfg, name)
+    for name, allowed in choices.items():
+        value = getattr(cfg, name)
+        if value not in allowed:
+            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+    if cfg.qkv_bias is not None and not isinstance(cfg.qkv_bias, bool):
+        raise ConfigError(f"qkv_bias must be None, True or False, got {cfg.qkv_bias!r}")
+    for name in ("fused_qkv", "bias", "tie_embeddings", "scale_embeddings"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+    if cfg.head_size is not None:
+        check_int("head_size", cfg.head_size, 1, ConfigError)
+    elif cfg.d_model % cfg.n_heads != 0:
+        divisors = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0][:12]
+        raise ConfigError(
+            f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads}); "
+            f"n_heads values that divide it: {divisors}"
+        )
+    if cfg.n_kv_heads is not None:
+        check_int("n_kv_heads", cfg.n_kv_heads, 1, ConfigError)
+        if cfg.n_heads % cfg.n_kv_heads != 0:
+            raise ConfigError(
+                f"n_heads ({cfg.n_heads}) must be a multiple of n_kv_heads ({cfg.n_kv_heads})"
+            )
+    if cfg.sliding_window is not None:
+        check_int("sliding_window", cfg.sliding_window, 1, ConfigError)
+    if cfg.layer_types is not None:
+        if len(cfg.layer_types) != cfg.n_layers:
+            raise ConfigError(
+                f"layer_types has {len(cfg.layer_types)} entries but n_layers is {cfg.n_layers}"
+            )
+        bad = sorted(set(cfg.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}, got {bad}")
+        if "sliding" in cfg.layer_types and cfg.sliding_window is None:
+            raise ConfigError("layer_types has 'sliding' layers but sliding_window is None")
+        if "linear" in cfg.layer_types:
+            _validate_linear(cfg)
+    bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
+    if bad_layers:
+        raise ConfigError(
+            f"nope_layers must be layer indices in [0, {cfg.n_layers}), got {bad_layers}"
+        )
+    _validate_moe(cfg)
+    _validate_mla(cfg)
+    if cfg.position == "rope":
+        from companion.ops.rope import rope_frequencies
+
+        try:
+            rope_frequencies(
+                cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+            )
+        except ValueError as err:
+            raise ConfigError(f"rope settings: {err}") from None
+    if not (isinstance(cfg.norm_eps, (int, float)) and cfg.norm_eps > 0):
+        raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
+    if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):
+        raise ConfigError(f"init_std must be a positive number, got {cfg.init_std!r}")
+
+
+def _validate_moe(cfg: ModelConfig) -> None:
+    for name in ("n_experts", "experts_per_token", "dense_layers", "shared_d_ff"):
+        check_int(name, getattr(cfg, name), 0, ConfigError)
+    for name in (
+        "shared_expert_gate",
+        "router_norm_topk",
+        "router_bias",
+        "router_selection_bias",
+        "attn_sinks",
+        "attn_output_gate",
+    ):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+    if cfg.n_experts == 0:
+        return
+    if not 1 <= cfg.experts_per_token <= cfg.n_experts:
+        raise ConfigError(
+            f"experts_per_token must be in [1, n_experts={cfg.n_experts}], "
+            f"got {cfg.experts_per_token}"
+        )
+    if cfg.expert_d_ff is not None:
+        check_int("expert_d_ff", cfg.expert_d_ff, 1, ConfigError)
+    for name in ("router_groups", "router_topk_groups"):
+        check_int(name, getattr(cfg, name), 1, ConfigError)
+    if cfg.n_experts % cfg.router_groups != 0:
+        raise ConfigError(
+            f"n_experts ({cfg.n_experts}) must be a multiple of router_groups ({cfg.router_groups})"
+        )
+    if cfg.router_topk_groups > cfg.router_groups:
+        raise ConfigError(
+            f"router_topk_groups ({cfg.router_topk_groups}) must be <= router_groups "
+            f"({cfg.router_groups})"
+        )
+    per_group = cfg.n_experts // cfg.router_groups
+    if cfg.router_groups > 1 and (
+        per_group < 2 or cfg.experts_per_token > cfg.router_topk_groups * per_group
+    ):
+        raise ConfigError(
+            f"group-limited routing needs >= 2 experts per group and experts_per_token <= "
+            f"router_topk_groups * n_experts / router_groups; got n_experts={cfg.n_experts}, "
+            f"router_groups={cfg.router_groups}, router_topk_groups={cfg.router_topk_groups}, "
+            f"experts_per_token={cfg.experts_per_token}"
+        )
+    if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
+        raise ConfigError("shared_expert_gate needs a shared expert: set shared_d_ff > 0")
+
+
+def _validate_mla(cfg: ModelConfig) -> None:
+    for name in (
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+    ):
+        check_int(name, getattr(cfg, name), 0, ConfigError)
+    if not cfg.is_mla:
+        if cfg.q_lora_rank:
+            raise ConfigError("q_lora_rank needs multi-head latent attention: set kv_lora_rank")
+        return
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        check_int(name, getattr(cfg, name), 1, ConfigError)
+    if cfg.position != "rope":
+        raise ConfigError(
+            f"multi-head latent attention needs position='rope', got {cfg.position!r}"
+        )
+
+
+def _validate_linear(cfg: ModelConfig) -> None:
+    for name in (
+        "linear_key_heads",
+        "linear_value_heads",
+        "linear_key_dim",
+        "linear_value_dim",
+        "linear_conv_kernel",
+    ):
+        try:
+            check_int(name, getattr(cfg, name), 1, ConfigError)
+        except ConfigError as err:
+            raise ConfigError(f"layer_types has 'linear' layers: {err}") from None
+    if cfg.linear_value_heads % cfg.linear_key_heads != 0:
+        raise ConfigError(
+            f"linear_value_heads ({cfg.linear_value_heads}) must be a multiple of "
+            f"linear_key_heads ({cfg.linear_key_heads})"
+        )
+
+
+def check_token_ids(
+    ids: torch.Tensor, name: str, vocab_size: int, max_len: int, start: int = 0
+) -> None:
+    """Raise a ValueError naming ``name`` if ``ids`` is not a (B, T) integer tensor of ids in
+    [0, vocab_size) whose last position (``start`` + T) fits in ``max_len``."""
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be int64 or int32 token ids, got {ids.dtype}")
+    t = start + ids.shape[1]
+    if t > max_len:
+        raise ValueError(
+            f"{name} reaches {t} tokens but the model's context is max_seq_len={max_len}; "
+            "shorten the prompt"
+        )
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{name} ids must lie in [0, vocab_size={vocab_size}), got ids in "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )

@@ -1,0 +1,55 @@
+"""Attention by name: one entry point over every form in :mod:`companion.ops`.
+
+``impl`` is one of :data:`IMPLS`; each name is a form with the shared signature of
+:mod:`companion.ops.attention`. Grouped K/V heads are repeated for the forms that need one
+K/V head per query head (``reference``, ``tiled``); sinks (chapter 12) exist in the
+``reference`` and ``sdpa`` forms, and any other form asked for them raises.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from companion.ops.attention import check_qkv, naive_attention, sdpa_attention
+from companion.ops.flex import BlockMask, flex_attention_forward
+from companion.ops.grouped import expand_kv
+from companion.ops.sinks import sink_naive_attention, sink_sdpa_attention
+from companion.ops.tiled import tiled_attention
+
+__all__ = ["IMPLS", "attention"]
+
+IMPLS = ("reference", "sdpa", "tiled", "flex")
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    impl: str = "reference",
+    mask: Tensor | BlockMask | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """``(B, H, T, Dv)`` from the form ``impl`` names: ``"reference"``, ``"sdpa"``,
+    ``"tiled"`` or ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    kw = {"mask": mask, "causal": causal, "scale": scale, "dropout_p": dropout_p}
+    if sinks is not None:
+        if impl == "reference":
+            return sink_naive_attention(q, k, v, sinks, **kw)
+        if impl == "sdpa":
+            return sink_sdpa_attention(q, k, v, sinks, **kw)
+        raise ValueError(f"impl={impl!r} has no attention sinks; use 'reference' or 'sdpa'")
+    if impl == "sdpa":
+        return sdpa_attention(q, k, v, **kw)
+    if impl == "flex":
+        return flex_attention_forward(q, k, v, **kw)
+    check_qkv(q, k, v, mask, grouped=True)
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    if impl == "reference":
+        return naive_attention(q, k, v, **kw)
+    return tiled_attention(q, k, v, **kw)

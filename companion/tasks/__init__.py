@@ -1,0 +1,1 @@
+"""Data: the Shakespeare text and its tokenizers, the translation toy, synthetic tasks."""
