@@ -21,6 +21,7 @@ package loads nothing else: names are imported on first use, so
 from __future__ import annotations
 
 import importlib
+
 __version__ = "0.1.0"
 
 # module -> the public names it defines (its __all__; a test checks the table is complete)

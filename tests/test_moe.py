@@ -122,7 +122,7 @@ def test_selection_bias_updates_flatten_a_skewed_load():
 
 # ---------------------------------------------------------------- experts: reference vs grouped
 
-KERNELS = ["segments", "grouped_mm", "auto"]
+KERNELS = ["segments", "grouped_mm"]
 
 
 def _skip_if_unavailable(kernel: str) -> None:
@@ -172,6 +172,10 @@ def test_grouped_mm_kernel_refuses_what_it_cannot_run():
     x, w = torch.zeros(4, 16, dtype=torch.float64), torch.zeros(2, 16, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="kernel='grouped_mm' is not available"):
         grouped_matmul(x, w, torch.tensor([2, 2]), "grouped_mm")
+    layer = MoEFeedForward(16, 4, 2, 8).double()
+    layer.experts.impl = "grouped_mm"  # fp64 never runs on torch._grouped_mm: no fallback
+    with pytest.raises(ValueError, match="use kernel='segments'"):
+        layer(torch.zeros(1, 3, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="kernel must be one of"):
         grouped_matmul(x, w, torch.tensor([2, 2]), "triton")
 

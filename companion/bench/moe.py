@@ -1,12 +1,13 @@
 """Routed experts, loop vs grouped (chapter 10): ``python -m companion.bench moe``.
 
 Times the forward pass of one MoE layer (E=64 experts, top-8, d=256, expert width 128, fp32)
-four ways on the same weights: :class:`companion.layers.moe.MoEFeedForward` with the grouped experts
-(tokens sorted by expert, grouped matmuls) and with the reference loop over experts, and
-transformers' ``Qwen3MoeSparseMoeBlock`` with its plain loop (``eager``, what the module does
-on its own) and with its ``grouped_mm`` experts (a full model's default). The four run in turn
-in every round, so that load from elsewhere hits them alike; each figure is the median over
-``--repeats`` rounds after a warm-up round.
+on the same weights: :class:`companion.layers.moe.MoEFeedForward` with the grouped experts
+(tokens sorted by expert, one matmul per expert's segment), with the same on one
+``torch._grouped_mm`` call (``grouped_mm``, where it runs: NaN elsewhere) and with the
+reference loop over experts, and transformers' ``Qwen3MoeSparseMoeBlock`` with its plain loop
+(``eager``, what the module does on its own) and with its ``grouped_mm`` experts (a full
+model's default). All run in turn in every round, so that load from elsewhere hits them
+alike; each figure is the median over ``--repeats`` rounds after a warm-up round.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import torch
 
 from companion.device import default_device
 from companion.layers.moe import MoEFeedForward
+from companion.ops.experts import grouped_mm_available
 
 from .common import positive_int, sync
 
 __all__ = ["add_parser", "bench_moe", "format_moe"]
 
-IMPLS = ("grouped", "reference", "hf_eager", "hf_grouped_mm")
+IMPLS = ("grouped", "grouped_mm", "reference", "hf_eager", "hf_grouped_mm")
 NAN = float("nan")
 
 
@@ -87,8 +89,11 @@ def bench_moe(
             ours.experts.impl = impl
             return ours(x)
 
+        w = ours.experts.gate_up
+        grouped_mm = {"grouped_mm": lambda: run_ours("grouped_mm")}
         runs: dict[str, Callable[[], torch.Tensor]] = {
             "grouped": lambda: run_ours("grouped"),
+            **(grouped_mm if grouped_mm_available(x.view(-1, d_model), w) else {}),
             "reference": lambda: run_ours("reference"),
             **{name: (lambda b=block, x=x: b(x)) for name, block in blocks.items()},
         }
@@ -111,7 +116,8 @@ def bench_moe(
 def format_moe(rows: list[dict[str, float]]) -> str:
     """A plain-text table of :func:`bench_moe`'s rows; ratios are times over ours grouped."""
     header = (
-        f"{'tokens':>6} | {'grouped ms':>10} {'reference ms':>12} {'HF eager ms':>11} "
+        f"{'tokens':>6} | {'grouped ms':>10} {'grouped_mm ms':>13} {'reference ms':>12} "
+        f"{'HF eager ms':>11} "
         f"{'HF grouped_mm ms':>16} | {'reference/grouped':>17} {'HF eager/grouped':>16} "
         f"{'HF grouped_mm/grouped':>21} | {'max |Δ| vs HF':>13}"
     )
@@ -119,7 +125,8 @@ def format_moe(rows: list[dict[str, float]]) -> str:
     for r in rows:
         g = r["grouped_ms"]
         lines.append(
-            f"{int(r['tokens']):>6} | {g:>10.2f} {r['reference_ms']:>12.2f} "
+            f"{int(r['tokens']):>6} | {g:>10.2f} {r['grouped_mm_ms']:>13.2f} "
+            f"{r['reference_ms']:>12.2f} "
             f"{r['hf_eager_ms']:>11.2f} {r['hf_grouped_mm_ms']:>16.2f} | "
             f"{r['reference_ms'] / g:>16.2f}x {r['hf_eager_ms'] / g:>15.2f}x "
             f"{r['hf_grouped_mm_ms'] / g:>20.2f}x | {r['max_abs_diff']:>13.1e}"

@@ -17,7 +17,9 @@ Parameters, by name (what a parameter count sees; buffers are not parameters):
   ``shared.{gate,up,down}.weight`` (3·d·shared_d_ff) and ``shared_gate.weight (1, d)``.
 
 The router is :mod:`companion.layers.router`; the experts' two forms (a loop over experts and
-the grouped matmul) are :mod:`companion.ops.experts`.
+the grouped matmul) are :mod:`companion.ops.experts`; ``impl`` names the form the experts run:
+``"reference"`` (the loop), ``"grouped"`` (one matmul per expert's segment) or
+``"grouped_mm"`` (one ``torch._grouped_mm`` call; an error where it cannot run).
 """
 
 from __future__ import annotations

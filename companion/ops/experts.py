@@ -20,6 +20,7 @@ from companion.checks import check_choice
 
 __all__ = [
     "EXPERT_FORMS",
+    "ContiguousGrad",
     "EXPERT_IMPLS",
     "GROUPED_KERNELS",
     "expert_load",
@@ -31,7 +32,7 @@ __all__ = [
     "swiglu",
 ]
 
-GROUPED_KERNELS = ("auto", "grouped_mm", "segments")
+GROUPED_KERNELS = ("segments", "grouped_mm")
 
 
 def expert_load(indices: Tensor, n_experts: int) -> Tensor:
@@ -83,7 +84,7 @@ def experts_reference(
     return out
 
 
-class _ContiguousGrad(torch.autograd.Function):
+class ContiguousGrad(torch.autograd.Function):
     """Identity whose backward makes the incoming gradient contiguous (``_grouped_mm`` needs it)."""
 
     @staticmethod
@@ -106,7 +107,7 @@ def _grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
             w = torch.ones(2, 16, 16, device=device, dtype=dtype, requires_grad=True)
             offs = torch.tensor([1, 3], device=device, dtype=torch.int32)
             out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-            _ContiguousGrad.apply(out).sum().backward()
+            ContiguousGrad.apply(out).sum().backward()
     except (RuntimeError, NotImplementedError, TypeError):
         return False
     return True
@@ -124,24 +125,25 @@ def grouped_mm_available(x: Tensor, weight: Tensor) -> bool:
     return aligned and _grouped_mm_runs(x.device, x.dtype)
 
 
-def grouped_matmul(x: Tensor, weight: Tensor, counts: Tensor, kernel: str = "auto") -> Tensor:
+def grouped_matmul(
+    x: Tensor, weight: Tensor, counts: Tensor, kernel: str = "segments"
+) -> Tensor:
     """Rows of ``x (S, in)`` sorted by expert, segment e times ``weight[e].T``: ``(S, out)``.
 
     ``weight (E, out, in)``, ``counts (E,)`` rows per expert, in order. ``kernel``:
-    ``"grouped_mm"`` one ``torch._grouped_mm`` call (raises if unavailable), ``"segments"``
-    one matmul per non-empty segment, ``"auto"`` the first if available, else the second.
+    ``"segments"`` one matmul per non-empty segment (runs everywhere), ``"grouped_mm"`` one
+    ``torch._grouped_mm`` call, which raises where it cannot run (nothing falls back).
     """
     check_choice("kernel", kernel, GROUPED_KERNELS)
-    available = kernel != "segments" and grouped_mm_available(x, weight)
-    if kernel == "grouped_mm" and not available:
-        raise ValueError(
-            f"kernel='grouped_mm' is not available for {x.dtype} on {x.device.type} "
-            f"(torch {torch.__version__}); use kernel='segments' or 'auto'"
-        )
-    if available:
+    if kernel == "grouped_mm":
+        if not grouped_mm_available(x, weight):
+            raise ValueError(
+                f"kernel='grouped_mm' is not available for {x.dtype} on {x.device.type} "
+                f"(torch {torch.__version__}, or unaligned data); use kernel='segments'"
+            )
         offsets = counts.cumsum(0).to(torch.int32)  # (E,) segment ends
         out = torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-        return _ContiguousGrad.apply(out)
+        return ContiguousGrad.apply(out)
     pieces, start = [], 0
     for e, n in enumerate(counts.tolist()):  # one host sync, then E matmuls at most
         if n:
@@ -159,7 +161,7 @@ def experts_grouped(
     act: Callable[[Tensor], Tensor],
     gate_up_bias: Tensor | None = None,
     down_bias: Tensor | None = None,
-    kernel: str = "auto",
+    kernel: str = "segments",
 ) -> Tensor:
     """:func:`experts_reference`, fast: sort the S pairs by expert, two grouped matmuls.
 
@@ -181,5 +183,11 @@ def experts_grouped(
     return torch.zeros_like(x).index_add(0, token, y)  # (N, d)
 
 
-EXPERT_FORMS = {"reference": experts_reference, "grouped": experts_grouped}
+# the experts' forms, by the name a layer's ``impl`` gives: the loop, the grouped form on
+# per-segment matmuls, the grouped form on one torch._grouped_mm call
+EXPERT_FORMS = {
+    "reference": experts_reference,
+    "grouped": experts_grouped,
+    "grouped_mm": functools.partial(experts_grouped, kernel="grouped_mm"),
+}
 EXPERT_IMPLS = tuple(EXPERT_FORMS)
