@@ -133,7 +133,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ops.dispatch": ("attention",),
     "ops.experts": (
-        "EXPERT_FORMS", "EXPERT_IMPLS", "expert_load", "experts_grouped",
+        "ContiguousGrad", "EXPERT_FORMS", "EXPERT_IMPLS", "expert_load", "experts_grouped",
         "experts_reference", "gpt_oss_glu", "GROUPED_KERNELS", "grouped_matmul",
         "grouped_mm_available", "swiglu",
     ),
