@@ -15,7 +15,8 @@ use forward hooks and leave the model unchanged.
 - :func:`token_cosine` and :class:`StreamTracker`: how alike the tokens' stream vectors
   are (1: collapsed), e.g. at every training step.
 - :func:`residual_write_weights`: the matrices that write into the stream (to rescale them).
-- :func:`count_aten_ops` / :func:`count_reductions`: what a function asks PyTorch to do.
+- :func:`companion.analysis.op_counts.count_aten_ops` /
+  :func:`companion.analysis.op_counts.count_reductions`: what a function asks PyTorch to do.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Read a Hugging Face transformers config as a ``companion`` config (chapters 05-13).
 
-:func:`config_from_hf` maps ``hf_model.config`` to a :class:`ModelConfig`; the weights are
+:func:`config_from_hf` maps ``hf_model.config`` to a
+:class:`companion.models.config.ModelConfig`; the weights are
 :mod:`companion.checkpoints.transformers`. Supported
 families: Llama (incl. Llama 3 RoPE scaling), Mistral (sliding window), Qwen3 (QK-norm),
 Gemma 3 text (sandwich norms, (1+w) gains, local/global layers with two RoPE bases),
@@ -11,8 +12,9 @@ Qwen3-Next (Gated DeltaNet layers 3:1 with gated attention, experts with a gated
 expert). Options ``companion`` cannot express are rejected with an error that names them,
 never silently dropped.
 
-This is the only module that touches transformers objects, and it imports nothing from
-transformers itself: it reads ``hf_model.config`` and ``hf_model.state_dict()``.
+This module and :mod:`companion.checkpoints.transformers` are the only ones that touch
+transformers objects, and they import nothing from transformers itself: they read
+``hf_model.config`` and ``hf_model.state_dict()``.
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ class MultiHeadLatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> LatentCache:
-        """An empty :class:`LatentCache` sized for this layer (default: the weights' dtype)."""
+        """An empty :class:`companion.layers.kv_cache.LatentCache` sized for this layer
+        (default: the weights' dtype)."""
         w = self.kv_a_proj.weight
         return LatentCache(
             batch,

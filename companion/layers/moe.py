@@ -67,7 +67,8 @@ class GLUExperts(nn.Module):
 
 
 class GptOssExperts(nn.Module):
-    """gpt-oss's experts: biased, interleaved gate/up rows, clamped SwiGLU :func:`gpt_oss_glu`."""
+    """gpt-oss's experts: biased, interleaved gate/up rows, clamped SwiGLU
+    (:func:`companion.ops.experts.gpt_oss_glu`)."""
 
     def __init__(
         self,
@@ -96,7 +97,7 @@ class GptOssExperts(nn.Module):
         nn.init.zeros_(self.down_bias)
 
     def act(self, h: Tensor) -> Tensor:
-        """:func:`gpt_oss_glu` with this module's ``limit`` and ``alpha``."""
+        """:func:`companion.ops.experts.gpt_oss_glu` with this module's ``limit`` and ``alpha``."""
         return gpt_oss_glu(h, self.limit, self.alpha)
 
     def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
@@ -111,7 +112,8 @@ class MoEFeedForward(nn.Module):
     """Router + routed experts + an optional always-on shared expert (DeepSeek, Qwen3-Next).
 
     ``x (..., d)`` -> ``(..., d)``. The last routing is kept in ``last_routing``
-    (:class:`Routing`, with its graph) for :func:`load_balancing_loss` and load statistics.
+    (:class:`companion.layers.router.Routing`, with its graph) for
+    :func:`companion.layers.router.load_balancing_loss` and load statistics.
     ``shared_gate`` scales the shared expert by σ(x·w), w of shape (1, d) (Qwen3-Next).
     """
 

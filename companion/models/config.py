@@ -1,7 +1,7 @@
 """The model configuration: one typed dataclass that checks itself (chapters 02, 03, 13).
 
 Later chapters add fields (RoPE, RMSNorm, GQA, experts...). Each field's allowed values
-live in :data:`CHOICES` (the mechanism's own tuple) or in a check in
+live in ``CHOICES`` (the mechanism's own tuple) or in a check in
 :mod:`companion.models.validation`, so an error always names
 the field, what it got, and what it accepts. Derived values are properties; ``__post_init__``
 never rewrites what the user set.

@@ -1,6 +1,6 @@
 """Attention by name: one entry point over every form in :mod:`companion.ops`.
 
-``impl`` is one of :data:`IMPLS`; each name is a form with the shared signature of
+``impl`` is one of ``IMPLS``; each name is a form with the shared signature of
 :mod:`companion.ops.attention`. Grouped K/V heads are repeated for the forms that need one
 K/V head per query head (``reference``, ``tiled``); sinks (chapter 12) exist in the
 ``reference`` and ``sdpa`` forms, and any other form asked for them raises.
