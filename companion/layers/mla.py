@@ -247,17 +247,16 @@ class MultiHeadLatentAttention(nn.Module):
         positions the cache holds (and this layer's window)."""
         q, k, v, mask, causal = self.attention_inputs(x, positions, cache, mask=mask)
         p = self.dropout if self.training else 0.0
-        impl = self.impl
         b, h, t, _ = q.shape
         if t == 1 and not causal and k.shape[1] == 1:
             # absorbed decode step: every head reads the same latent keys, so fold the heads
             # into the query axis and run one head's attention (no repeated latents)
             q = q.reshape(b, 1, h, -1)
-            o = attention(q, k, v, impl=impl, mask=mask, scale=self.scale, dropout_p=p)
+            o = attention(q, k, v, impl=self.impl, mask=mask, scale=self.scale, dropout_p=p)
             o = o.reshape(b, h, 1, -1)
         else:
             o = attention(
-                q, k, v, impl=impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+                q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
             )
         if self.form == "absorbed":
             _, w_uv = self.up_weights()
