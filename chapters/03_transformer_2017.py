@@ -725,7 +725,7 @@ for part, n in parts.items():
     print(f"{part:<22} {n:>12,}  {n / total:6.1%}")
 print(f"{'total':<22} {total:>12,}   vs the paper's ~{PAPER_BASE_PARAMS / 1e6:.0f}M")
 base_cfg = transformer_base_config()
-d_b, ff_b, v_b, n_b = base_cfg.d_model, base_cfg.ffn_dim, base_cfg.vocab_size, base_cfg.n_layers
+d_b, ff_b, v_b, n_b = base_cfg.d_model, base_cfg.d_ff, base_cfg.vocab_size, base_cfg.n_layers
 attn_b, ffn_b, ln_b = 4 * (d_b * d_b + d_b), 2 * d_b * ff_b + ff_b + d_b, 2 * d_b
 assert parts["encoder"] == n_b * (attn_b + ffn_b + 2 * ln_b)  # the count matches the formula
 assert parts["decoder"] == n_b * (2 * attn_b + ffn_b + 3 * ln_b)

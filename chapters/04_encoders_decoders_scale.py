@@ -423,7 +423,7 @@ HTML(animate(fig, draw_fill, len(frames), interval_ms=900))
 encoder, tokenizer = load_minilm(device=DEVICE)
 c = encoder.cfg
 print(
-    f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.ffn_dim}, vocab {c.vocab_size}, "
+    f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.d_ff}, vocab {c.vocab_size}, "
     f"{c.norm_placement}-LN, {encoder.num_params() / 1e6:.1f}M parameters"
 )
 layer0 = {k: v for k, v in bert_name_map(c.n_layers).items() if ".layer.0." in k and "weight" in k}

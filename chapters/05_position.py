@@ -76,7 +76,13 @@ from companion.layers.mha import MultiHeadAttention
 from companion.layers.positions import LearnedPositions
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.ops.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
+from companion.ops.rope import (
+    RopeScaling,
+    apply_rope,
+    apply_rope_reference,
+    rope_cos_sin,
+    rope_frequencies,
+)
 from companion.plotting import PALETTE, animate, use_style
 from companion.tasks.text import CharTokenizer, load_shakespeare, split_tokens
 from companion.training import seed_everything
@@ -616,7 +622,7 @@ plt.show()
 dynamic_inv, _ = rope_frequencies(
     R,
     rope_cfg.rope_theta,
-    {"rope_type": "dynamic", "factor": 1.0},
+    RopeScaling("dynamic", factor=1.0),
     max_position_embeddings=TRAIN_LEN,
     seq_len=EVAL_LEN,
 )
@@ -684,7 +690,7 @@ assert band(scaled["NTK-aware"], 64, 256) < band(curves["rope"], 64, 256) + 0.02
 def toy(**fields: object) -> ModelConfig:
     """A six-layer toy with 128-wide heads (as in Llama and Qwen), for looking at the layers."""
     base = {
-        "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_size": 128,
+        "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_dim": 128,
         "position": "rope", "max_seq_len": 64,
     }  # fmt: skip
     return ModelConfig(**{**base, **fields})
@@ -695,12 +701,12 @@ gemma_like = toy(
     sliding_window=16,
     rope_theta=1e6,
     rope_local_theta=1e4,
-    rope_scaling={"rope_type": "linear", "factor": 8.0},
+    rope_scaling=RopeScaling("linear", factor=8.0),
 )
 gemma_model = DecoderLM(gemma_like)
 probe = torch.randint(0, V, (1, 48))
 used = rope_used_per_layer(gemma_model, probe)
-print("Gemma-3-like layers: ", gemma_like.layer_kinds)
+print("Gemma-3-like layers: ", gemma_like.layer_types)
 print("RoPE table received: ", tuple(used))
 slowest_turn = {}
 for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():  # (2, F) each
@@ -732,7 +738,7 @@ for name, c in (("SmolLM3-like", smol_like), ("Trinity-like", trinity_like)):
         f"{name}:",
         " ".join(
             f"{kind}+{'NoPE' if t == 'none' else 'RoPE'}"
-            for kind, t in zip(c.layer_kinds, got, strict=True)
+            for kind, t in zip(c.layer_types, got, strict=True)
         ),
     )
 assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
@@ -799,7 +805,7 @@ hybrid_cfg = position_config(
 hybrid = DecoderLM(hybrid_cfg).to(DEVICE)
 train_short(hybrid, train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2)
 curves["hybrid"] = per_position_loss(hybrid, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
-print("layers:", hybrid_cfg.layer_kinds, "| RoPE in:", tuple(rope_used_per_layer(hybrid, probe)))
+print("layers:", hybrid_cfg.layer_types, "| RoPE in:", tuple(rope_used_per_layer(hybrid, probe)))
 print_bands({"RoPE": curves["rope"], "NoPE": curves["none"], "local RoPE + NoPE": curves["hybrid"]})
 
 fig, ax = plt.subplots(figsize=(7.2, 3.8))
@@ -857,7 +863,7 @@ assert hybrid_far < far["rope"] - 0.15 and hybrid_far < far["none"] - 0.15  # ..
 #
 # ```{admonition} Hint
 # :class: dropdown
-# `train_short(with_rope(models["rope"], scaling={"rope_type": "linear", "factor": 2.0}),
+# `train_short(with_rope(models["rope"], scaling=RopeScaling("linear", 2.0)),
 # train_ids, 128, 50, batch_size=8, lr=1e-3)` fine-tunes a copy. Chen et al. report that
 # interpolation followed by a short fine-tune beats fine-tuning at the longer length
 # without it.

@@ -68,6 +68,7 @@ from companion.layers.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.models.presets import tiny
 from companion.plotting import PALETTE, animate, use_style
 from companion.tasks.products import (
     exact_product_glu,
@@ -519,7 +520,8 @@ HTML(animate(fig, draw_task, len(SNAPSHOTS), interval_ms=900))
 # 2023-style block (RMSNorm, RoPE, no biases), one layer deep, trained on the same
 # character windows in the same order for the same number of steps, from three seeds. The
 # seed sets the initial weights and the order of the batches; within a seed all four variants
-# see the same batches.
+# see the same batches. The configs start from `tiny()` of `companion.models.presets`, the
+# small modern decoder the later chapters and the tests share, with the fields below changed.
 
 # %%
 text = load_shakespeare()
@@ -538,19 +540,10 @@ VARIANTS = {  # name -> (ffn, activation, hidden width)
 
 def lm_config(ffn: str, activation: str, hidden: int) -> ModelConfig:
     """The chapter's decoder: RMSNorm, RoPE, no biases; only the FFN varies."""
-    return ModelConfig(
-        vocab_size=chars.vocab_size,
-        d_model=D_LM,
-        n_layers=4 if FULL else 1,
-        n_heads=D_LM // 16,
-        d_ff=hidden,
-        ffn=ffn,
-        activation=activation,
-        max_seq_len=SEQ,
-        norm="rmsnorm",
-        position="rope",
-        bias=False,
-        init_std=0.1,
+    return tiny(
+        vocab_size=chars.vocab_size, d_model=D_LM, n_layers=4 if FULL else 1,
+        n_heads=D_LM // 16, d_ff=hidden, ffn=ffn, activation=activation,
+        max_seq_len=SEQ, init_std=0.1, n_kv_heads=None,
     )
 
 

@@ -56,7 +56,6 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
-import dataclasses
 import inspect
 
 import matplotlib.pyplot as plt
@@ -87,10 +86,9 @@ from companion.device import default_device, describe
 from companion.layers.kv_cache import KVCache, position_mask
 from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
 from companion.layers.rotary import RotaryEmbedding
-from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.generation import decode_one_token
-from companion.models.presets import PRESETS, preset, spec_row
+from companion.models.presets import PRESETS, preset, spec_row, tiny
 from companion.ops.attention import naive_attention
 from companion.ops.grouped import expand_kv, grouped_attention
 from companion.ops.rope import apply_rope, rope_frequencies
@@ -124,24 +122,12 @@ KIB, MIB, GIB = 2**10, 2**20, 2**30
 # and how many (query, key) pairs its causal attention scores.
 
 # %%
-tiny_cfg = ModelConfig(
-    vocab_size=96,
-    d_model=64,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=128,
-    ffn="glu",
-    activation="silu",
-    norm="rmsnorm",
-    position="rope",
-    bias=False,
-    max_seq_len=256,
-    tie_embeddings=False,
+tiny_cfg = tiny(
+    vocab_size=96, d_model=64, d_ff=128, max_seq_len=256, tie_embeddings=False,
     init_std=0.1,
 )
 seed_everything(0)
-tiny = DecoderLM(tiny_cfg).eval().to(DEVICE)
+tiny_lm = DecoderLM(tiny_cfg).eval().to(DEVICE)
 PROMPT, NEW = 8, (192 if FULL else 48)
 prompt = torch.randint(0, tiny_cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
 prompt = prompt.to(DEVICE)
@@ -164,18 +150,18 @@ def generate_counting(model: DecoderLM, ids: torch.Tensor, new: int, use_cache: 
     return out, np.array(passes)
 
 
-with_cache, work_cached = generate_counting(tiny, prompt, NEW, use_cache=True)
-without, work_recomputed = generate_counting(tiny, prompt, NEW, use_cache=False)
+with_cache, work_cached = generate_counting(tiny_lm, prompt, NEW, use_cache=True)
+without, work_recomputed = generate_counting(tiny_lm, prompt, NEW, use_cache=False)
 print("first generated ids:", with_cache[0, PROMPT : PROMPT + 12].tolist())
 print(f"identical tokens with and without the cache: {torch.equal(with_cache, without)}")
 assert torch.equal(with_cache, without)
 
 # the cached logits are the full forward's logits, position by position
 with torch.no_grad():
-    full = tiny(with_cache)  # one pass over the whole sequence, no cache
-    cache = tiny.new_cache(1, with_cache.shape[1])
-    steps = [tiny(with_cache[:, :PROMPT], cache=cache)]
-    steps += [tiny(with_cache[:, t : t + 1], cache=cache) for t in range(PROMPT, with_cache.shape[1])]
+    full = tiny_lm(with_cache)  # one pass over the whole sequence, no cache
+    cache = tiny_lm.new_cache(1, with_cache.shape[1])
+    steps = [tiny_lm(with_cache[:, :PROMPT], cache=cache)]
+    steps += [tiny_lm(with_cache[:, t : t + 1], cache=cache) for t in range(PROMPT, with_cache.shape[1])]
 gap = (torch.cat(steps, dim=1) - full).abs().max().item()
 print(f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions < 1e-5: {gap < 1e-5}")
 assert gap < 1e-5
@@ -262,13 +248,13 @@ plt.show()
 #
 # the 2 for K and V. In the 2017 design $n_\mathrm{kv}$ is the number of query heads. Llama 3
 # 8B has 32 layers and 32 query heads of width 128, but only 8 key/value heads. We build the
-# same model with a full set of 32 K/V heads (`dataclasses.replace` on the preset, which
+# same model with a full set of 32 K/V heads (`replace` on the preset, which
 # validates the new config) and compare, in bf16:
 
 # %%
 gqa_8b = preset("llama3-8b")
-assert (gqa_8b.n_layers, gqa_8b.n_heads, gqa_8b.kv_heads, gqa_8b.head_dim) == (32, 32, 8, 128)
-mha_8b = dataclasses.replace(gqa_8b, n_kv_heads=gqa_8b.n_heads)  # the 2017 layout
+assert (gqa_8b.n_layers, gqa_8b.n_heads, gqa_8b.n_kv_heads, gqa_8b.head_dim) == (32, 32, 8, 128)
+mha_8b = gqa_8b.replace(n_kv_heads=gqa_8b.n_heads)  # the 2017 layout
 S128K = 128 * 1024
 weights_8b = count_params(gqa_8b).total * 2  # bf16, the released model
 print(f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters = {weights_8b / 1e9:.2f} GB "
@@ -280,7 +266,7 @@ for name, cfg in (("MHA, 32 K/V heads", mha_8b), ("GQA, 8 K/V heads", gqa_8b)):
     room = max_context_tokens(80 * GIB, weights_8b, per_token[name])
     print(f"{name}: {per_token[name] / KIB:.0f} KiB/token; 128k tokens: {at_128k / GIB:.0f} GiB "
           f"= {at_128k / weights_8b:.1f}× the weights; an 80 GiB GPU holds {room:,} tokens")
-    assert per_token[name] == 2 * 32 * cfg.kv_heads * 128 * 2
+    assert per_token[name] == 2 * 32 * cfg.n_kv_heads * 128 * 2
 assert per_token["MHA, 32 K/V heads"] == 512 * KIB and per_token["GQA, 8 K/V heads"] == 128 * KIB
 assert kv_cache_bytes(mha_8b, S128K) == 64 * GIB and kv_cache_bytes(gqa_8b, S128K) == 16 * GIB
 assert weights_8b == 16_060_522_496  # 16.1 GB, 15.0 GiB
@@ -313,7 +299,7 @@ assert rows["gpt2"][0] == 36 and rows["llama2-7b"][0] == 512 and rows["smollm2-1
 assert rows["deepseek-v3"][0] == 70_272 / KIB  # 68.6 KiB, the smallest of the large models
 assert rows["mistral-7b"][1] == 0.5  # a 4096-token window caps the whole cache
 assert rows["llama3.1-8b"][1] == 16 and rows["llama3.1-8b"][1] > rows["llama3.1-8b"][2]
-mha_presets = [name for name, cfg in PRESETS.items() if not cfg.is_mla and cfg.kv_heads == cfg.n_heads]
+mha_presets = [name for name, cfg in PRESETS.items() if not cfg.is_mla and cfg.n_kv_heads == cfg.n_heads]
 assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
 assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
 big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 weights
@@ -651,10 +637,10 @@ assert mha_width == 80
 # switched to the absorbed form on the same weights generates the same tokens:
 
 # %%
-mla_cfg = dataclasses.replace(tiny_cfg, n_kv_heads=None, **MLA_DIMS, mla_form="naive")
+mla_cfg = tiny_cfg.replace(n_kv_heads=None, **MLA_DIMS, mla_form="naive")
 seed_everything(5)
 mla_naive_lm = DecoderLM(mla_cfg).eval()
-mla_absorbed_lm = DecoderLM(dataclasses.replace(mla_cfg, mla_form="absorbed")).eval()
+mla_absorbed_lm = DecoderLM(mla_cfg.replace(mla_form="absorbed")).eval()
 mla_absorbed_lm.load_state_dict(mla_naive_lm.state_dict())
 tokens_naive = mla_naive_lm.generate(prompt.cpu(), 24)
 tokens_absorbed = mla_absorbed_lm.generate(prompt.cpu(), 24)
@@ -714,7 +700,7 @@ kib_per_token = {
 }
 assert kib_per_token["MHA"] == kv_cache_bytes_per_token(mha_8b) / KIB == 512
 assert kib_per_token["GQA (8 K/V heads)"] == kv_cache_bytes_per_token(gqa_8b) / KIB == 128
-assert kib_per_token["MQA"] == kv_cache_bytes_per_token(dataclasses.replace(gqa_8b, n_kv_heads=1)) / KIB == 16
+assert kib_per_token["MQA"] == kv_cache_bytes_per_token(gqa_8b.replace(n_kv_heads=1)) / KIB == 16
 assert kib_per_token["MLA (r = 512, d_R = 64)"] == bytes_per_token(512, 64, L8) / KIB == 36
 print({name: f"{kib:.0f} KiB/token" for name, kib in kib_per_token.items()})
 
@@ -777,12 +763,12 @@ Code(inspect.getsource(decode_one_token) + "\n" + inspect.getsource(KVCache.upda
 # heads) the compiled step writes the same tokens as the eager one:
 
 # %%
-fast = tiny.generate(prompt, NEW, compile=True)
-reference = tiny.generate(prompt, NEW)
+fast = tiny_lm.generate(prompt, NEW, compile=True)
+reference = tiny_lm.generate(prompt, NEW)
 print(f"compiled decode step: same {NEW} tokens as the eager one: {torch.equal(fast, reference)}")
 assert torch.equal(fast, reference)
 smol = preset("smollm2-135m")  # the benchmark's model
-assert (smol.n_layers, smol.n_heads, smol.kv_heads) == (30, 9, 3)
+assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 
 # %% [markdown]
 # `python -m companion.bench decode` runs both, and transformers' `generate`, on the real

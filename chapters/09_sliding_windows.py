@@ -78,7 +78,7 @@ from companion.device import default_device, describe
 from companion.layers.kv_cache import SlidingWindowCache, position_mask
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.models.presets import preset, spec_row
+from companion.models.presets import preset, spec_row, tiny
 from companion.plotting import PALETTE, animate, heatmap, use_style
 from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
@@ -189,20 +189,9 @@ assert [receptive_field_size(n, W_RF) for n in (1, 2, 3)] == [4, 7, 10]
 def local_model(kinds: tuple[str, ...], window: int = W_RF) -> DecoderLM:
     """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with the given layer kinds."""
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=64,
-        d_model=32,
-        n_layers=len(kinds),
-        n_heads=4,
-        norm="rmsnorm",
-        position="rope",
-        ffn="glu",
-        activation="silu",
-        bias=False,
-        attn_impl="reference",
-        sliding_window=window,
-        layer_types=kinds,
-        max_seq_len=64,
+    cfg = tiny(
+        n_layers=len(kinds), attn_impl="reference", sliding_window=window,
+        layer_types=kinds, n_kv_heads=None,
     )
     return DecoderLM(cfg)
 
@@ -263,7 +252,7 @@ plt.show()
 
 # %%
 mistral = preset("mistral-7b")
-assert set(mistral.layer_kinds) == {"sliding"} and mistral.sliding_window == 4096
+assert set(mistral.layer_types) == {"sliding"} and mistral.sliding_window == 4096
 reach = receptive_field_size(mistral.n_layers, mistral.sliding_window)
 print(f"Mistral 7B: {mistral.n_layers} local layers × (4096 − 1) + 1 = {reach:,} tokens")
 assert reach == 131_041 and mistral.n_layers * mistral.sliding_window == 131_072
@@ -331,7 +320,7 @@ HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
 #
 # The table collects the patterns of seven models. Where `companion.models.presets` holds the
 # released config, the ratio, the window and the kind of the last layer below are **read
-# from the preset** (`cfg.layer_kinds`, `cfg.sliding_window`) and asserted against the
+# from the preset** (`cfg.layer_types`, `cfg.sliding_window`) and asserted against the
 # table; the other rows come from the papers.
 
 # %%
@@ -349,7 +338,7 @@ TABLE = [  # model, local : global, window, note, preset (None: not in companion
 def layer_pattern(cfg: ModelConfig) -> tuple[str, str]:
     """(local : global ratio, window) as the table writes them, from the preset's config."""
     unit = re.search(r"SWA (\d+)(?: at (\d+):(\d+))?", spec_row(cfg)["attention"])
-    kinds = cfg.layer_kinds
+    kinds = cfg.layer_types
     n_local, n_global = kinds.count("sliding"), kinds.count("full")
     ratio = f"{unit[2]}:{unit[3]}" if unit[2] else "all local"
     assert n_local + n_global == cfg.n_layers and (n_global == 0) == (ratio == "all local")
@@ -362,15 +351,15 @@ for model, ratio, window, note, name in TABLE:
     if name is not None:
         cfg = preset(name)
         assert layer_pattern(cfg) == (ratio, window), name
-        kinds = cfg.layer_kinds
+        kinds = cfg.layer_types
         layers = f"{kinds.count('sliding')}/{kinds.count('full')}, last {kinds[-1]}"
     print(f"{model:<21} {ratio:>12} {window:>7}  {layers:<28} {note}")
 
 olmo, gemma, gpt_oss = preset("olmo3-32b"), preset("gemma3-27b"), preset("gpt-oss-120b")
-assert olmo.layer_kinds[-1] == "full" and olmo.layer_kinds.count("full") == 16
-assert gemma.layer_kinds[-1] == "sliding" and gemma.layer_kinds.count("full") == 10  # 62 = 6·10 + 2
+assert olmo.layer_types[-1] == "full" and olmo.layer_types.count("full") == 16
+assert gemma.layer_types[-1] == "sliding" and gemma.layer_types.count("full") == 10  # 62 = 6·10 + 2
 assert (gemma.rope_local_theta, gemma.rope_theta) == (1e4, 1e6)
-assert gpt_oss.layer_kinds[:2] == ("sliding", "full")  # starts local, then alternates
+assert gpt_oss.layer_types[:2] == ("sliding", "full")  # starts local, then alternates
 
 # %% [markdown]
 # Reading the configs turns up details the ratios hide. Olmo 3 puts its global layer at the
@@ -441,7 +430,7 @@ for j, (ax, (title, (cfg_f, cfg_w, ctx))) in enumerate(zip(axes, PAIRS.items(), 
     full_gib = [kv_cache_bytes(cfg_f, int(n)) / GiB for n in s]
     swa_gib = [kv_cache_bytes(cfg_w, int(n)) / GiB for n in s]
     per = kv_cache_bytes_per_token(cfg_w) // cfg_w.n_layers  # one layer, one token
-    local_gib = cfg_w.layer_kinds.count("sliding") * np.minimum(s, cfg_w.sliding_window) * per / GiB
+    local_gib = cfg_w.layer_types.count("sliding") * np.minimum(s, cfg_w.sliding_window) * per / GiB
     ax.plot(s / 1024, full_gib, color=PALETTE[0], label="full attention in every layer")
     ax.plot(s / 1024, swa_gib, color=PALETTE[1], label="local : global")
     ax.fill_between(s / 1024, 0, local_gib, color=PALETTE[1], alpha=0.3, label="its local layers")
@@ -449,7 +438,7 @@ for j, (ax, (title, (cfg_f, cfg_w, ctx))) in enumerate(zip(axes, PAIRS.items(), 
     ax.legend(loc="upper left")
     far = np.unique(np.logspace(10, 20, 201, base=2).astype(int))  # 1K to 1M tokens
     ratio = [kv_cache_bytes(cfg_f, int(n)) / kv_cache_bytes(cfg_w, int(n)) for n in far]
-    n_global = cfg_w.layer_kinds.count("full")
+    n_global = cfg_w.layer_types.count("full")
     axes[2].semilogx(far, ratio, base=2, color=PALETTE[2 + j], label=title.split(" (")[0])
     axes[2].axhline(cfg_w.n_layers / n_global, color=PALETTE[2 + j], ls=":", lw=1)
 axes[2].set(
@@ -486,10 +475,9 @@ Code(inspect.getsource(SlidingWindowCache.update), language="python")
 
 # %%
 W_RING, N_TOK, N_PROMPT = 8, 40, 12
-ring_cfg = ModelConfig(
-    vocab_size=50, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, norm="rmsnorm",
-    position="rope", ffn="glu", activation="silu", bias=False, max_seq_len=64,
-    sliding_window=W_RING, layer_types=("sliding", "sliding", "sliding", "full"),
+ring_cfg = tiny(
+    vocab_size=50, n_layers=4, sliding_window=W_RING,
+    layer_types=("sliding", "sliding", "sliding", "full"),
 )  # fmt: skip
 torch.manual_seed(0)
 ring_model = DecoderLM(ring_cfg).eval()
@@ -529,7 +517,7 @@ assert cache.layers[3].k.shape[2] == N_TOK  # the global layer keeps all 40
 # %%
 torch.manual_seed(0)  # all 4 layers local; larger weights, so attention is far from uniform
 local_ring = DecoderLM(ring_cfg.replace(layer_types=None, init_std=0.2)).eval()
-assert set(local_ring.cfg.layer_kinds) == {"sliding"}
+assert set(local_ring.cfg.layer_types) == {"sliding"}
 field = receptive_field_size(4, W_RING)  # 4 · 7 + 1 = 29
 with torch.no_grad():
     last = local_ring(ids_ring)[:, -1]
@@ -568,11 +556,11 @@ VARIANTS = {
 
 def lm_config(kinds: tuple[str, ...] | None) -> ModelConfig:
     """The chapter's small decoder; only the attention pattern varies."""
-    return ModelConfig(
+    return tiny(
         vocab_size=chars.vocab_size, d_model=D_LM, n_layers=L_LM, n_heads=D_LM // 16,
-        d_ff=3 * D_LM, ffn="glu", activation="silu", norm="rmsnorm", position="rope",
-        bias=False, init_std=0.1, max_seq_len=SEQ,
+        d_ff=3 * D_LM, init_std=0.1, max_seq_len=SEQ,
         sliding_window=None if kinds is None else W_LM, layer_types=kinds,
+        n_kv_heads=None,
     )  # fmt: skip
 
 

@@ -78,7 +78,7 @@ from companion.layers.moe import MoEFeedForward
 from companion.layers.router import TopKRouter, load_balancing_loss, update_selection_bias
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.models.presets import preset
+from companion.models.presets import preset, tiny
 from companion.ops.experts import expert_load, experts_grouped
 from companion.plotting import PALETTE, animate, use_style
 from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
@@ -348,22 +348,11 @@ MODES = ("no balancing", "auxiliary loss", "selection bias")
 
 def moe_config(selection_bias: bool) -> ModelConfig:
     """A one-layer (four with FULL) decoder whose FFN is E experts, top-K."""
-    return ModelConfig(
-        vocab_size=chars.vocab_size,
-        d_model=128 if FULL else 48,
-        n_layers=4 if FULL else 1,
-        n_heads=8 if FULL else 3,
-        ffn="glu",
-        activation="silu",
-        norm="rmsnorm",
-        position="rope",
-        bias=False,
-        max_seq_len=SEQ,
-        init_std=0.1,
-        n_experts=E,
-        experts_per_token=K,
-        expert_d_ff=32,
-        router_selection_bias=selection_bias,
+    return tiny(
+        vocab_size=chars.vocab_size, d_model=128 if FULL else 48,
+        n_layers=4 if FULL else 1, n_heads=8 if FULL else 3, max_seq_len=SEQ,
+        init_std=0.1, n_experts=E, experts_per_token=K, expert_d_ff=32,
+        router_selection_bias=selection_bias, n_kv_heads=None,
     )
 
 

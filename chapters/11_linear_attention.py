@@ -56,7 +56,6 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
-import dataclasses
 import inspect
 import math
 import time
@@ -70,9 +69,8 @@ from IPython.display import HTML, Code
 from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.device import default_device, describe
 from companion.layers.gated_deltanet import GatedDeltaNetCache
-from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.models.presets import preset
+from companion.models.presets import preset, tiny
 from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -448,8 +446,8 @@ print("recall of the oldest / newest quarter at N = 256:",
 
 # %%
 qwen = preset("qwen3-next-80b-a3b")
-assert qwen.layer_kinds == ("linear", "linear", "linear", "full") * 12
-all_full = dataclasses.replace(qwen, layer_types=None)
+assert qwen.layer_types == ("linear", "linear", "linear", "full") * 12
+all_full = qwen.replace(layer_types=None)
 layer_state = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2  # fp32 state, bf16 conv
 cache = GatedDeltaNetCache(1, 2 * 16 * 128 + 32 * 128, 4, 32, 128, 128, dtype=torch.bfloat16)
 held = sum(b.numel() * b.element_size() for b in cache.buffers())
@@ -519,14 +517,12 @@ HTML(animate(fig, draw_memory, STEPS, interval_ms=500))
 # must not grow while it does.
 
 # %%
-tiny = ModelConfig(
-    vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
-    norm="rmsnorm", position="rope", ffn="glu", activation="silu", bias=False,
-    layer_types=("linear", "linear", "linear", "full"),
-    linear_key_heads=2, linear_value_heads=4, linear_key_dim=8, linear_value_dim=8,
+tiny_cfg = tiny(
+    n_layers=4, layer_types=("linear", "linear", "linear", "full"), linear_key_heads=2,
+    linear_value_heads=4, linear_key_dim=8, linear_value_dim=8,
 )
 torch.manual_seed(0)
-model = DecoderLM(tiny).double().eval()
+model = DecoderLM(tiny_cfg).double().eval()
 ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     full_logits = model(ids)

@@ -63,10 +63,9 @@ from companion.analysis.peak_memory import PeakMemory
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.rotary import RotaryEmbedding
-from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.mtp import MTPModule, mtp_losses, trunk_forward
-from companion.models.presets import PRESETS, preset
+from companion.models.presets import PRESETS, preset, tiny
 from companion.ops.cross_entropy import (
     ChunkedCrossEntropy,
     chunked_cross_entropy,
@@ -299,7 +298,7 @@ assert gap_rope > 1e-2
 # gives none. Among our presets only GPT-2 and gpt-oss carry attention biases:
 
 # %%
-with_biases = [n for n, c in PRESETS.items() if c.attn_bias]
+with_biases = [n for n, c in PRESETS.items() if c.qkv_bias]
 print(with_biases)
 assert with_biases == ["gpt2", "gpt2-xl", "gpt-oss-120b"]
 
@@ -444,7 +443,7 @@ gate_params = (
     - count_params(next_cfg.replace(attn_output_gate=False)).breakdown["attention"]
 )
 print(f"Qwen3-Next-80B's output gates: {gate_params:,} parameters")
-assert gate_params == next_cfg.layer_kinds.count("full") * 2048 * 16 * 256 == 100_663_296
+assert gate_params == next_cfg.layer_types.count("full") * 2048 * 16 * 256 == 100_663_296
 
 # %% [markdown]
 # A closed gate silences the head completely (the output is $\sigma(-30) \approx 10^{-13}$
@@ -479,9 +478,9 @@ text = load_shakespeare()
 chars = CharTokenizer(text)
 train_ids, val_ids = split_tokens(torch.tensor(chars.encode(text)), 0.1)
 SEQ, BATCH, STEPS, LR = (256, 64, 2000, 3e-3) if FULL else (64, 32, 100, 1e-2)
-cfg = ModelConfig(
-    vocab_size=chars.vocab_size, d_model=64, n_layers=2, n_heads=4, max_seq_len=SEQ,
-    norm="rmsnorm", position="rope", ffn="glu", activation="silu", bias=False, init_std=0.1,
+cfg = tiny(
+    vocab_size=chars.vocab_size, d_model=64, max_seq_len=SEQ, init_std=0.1,
+    n_kv_heads=None,
 )
 x_val, y_val = sample_windows(val_ids, 128, SEQ, torch.Generator().manual_seed(5))
 results = {}
@@ -553,7 +552,7 @@ gpt_oss_20b = preset("gpt-oss-120b").replace(
     n_layers=24, n_experts=32, layer_types=tuple("full" if i % 2 else "sliding" for i in range(24))
 )
 qwen3_30b = preset("qwen3-235b-a22b").replace(
-    d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_size=128, d_ff=6144,
+    d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, d_ff=6144,
     expert_d_ff=768, n_experts=128, experts_per_token=8,
 )
 shape = {}

@@ -110,7 +110,7 @@ Code(
 # %%
 def shapes(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
     """(L, d, d_h, n_q, n_kv, V) of a config, the letters of the formulas."""
-    return cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.kv_heads, cfg.vocab_size
+    return cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size
 
 
 llama3 = preset("llama3-8b")
@@ -141,7 +141,7 @@ assert round(p_ffn / pc.total, 3) == 0.702  # 70.2% of the model is FFN
 # %%
 mixtral = preset("mixtral-8x7b")
 L, d, d_h, n_q, n_kv, V = shapes(mixtral)
-N, k, d_e = mixtral.n_experts, mixtral.experts_per_token, mixtral.moe_d_ff
+N, k, d_e = mixtral.n_experts, mixtral.experts_per_token, mixtral.expert_d_ff
 p_attn = 2 * L * d * d_h * (n_q + n_kv)
 p_total_formula = p_attn + 3 * L * d * d_e * N
 p_active_formula = p_attn + 3 * L * d * d_e * k
@@ -318,13 +318,12 @@ assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
 def build(name: str, layers=None, width=None, kv_heads=None, experts=None, top_k=None) -> ModelConfig:
     """A preset with some dials turned; None keeps the preset's value."""
     cfg = preset(name)
-    changes: dict[str, object] = {"head_size": cfg.head_dim}
+    changes: dict[str, object] = {"head_dim": cfg.head_dim}
     if layers is not None:
-        kinds = cfg.layer_kinds
+        kinds = cfg.layer_types
         period = next(p for p in range(1, len(kinds) + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
         changes["n_layers"] = layers
-        if cfg.layer_types is not None:
-            changes["layer_types"] = tuple(kinds[i % period] for i in range(layers))
+        changes["layer_types"] = tuple(kinds[i % period] for i in range(layers))
     if width is not None:
         changes["d_model"] = width
     if kv_heads is not None and not cfg.is_mla:
@@ -385,7 +384,7 @@ def reset(change) -> None:
     """Move the dials to the chosen preset's own values."""
     cfg = preset(change["new"])
     dials["layers"].value, dials["width"].value = cfg.n_layers, cfg.d_model
-    dials["kv_heads"].value = cfg.kv_heads
+    dials["kv_heads"].value = cfg.n_kv_heads
     dials["experts"].value = cfg.n_experts or 8
     dials["top_k"].value = cfg.experts_per_token or 2
     dials["context"].value = min(cfg.max_seq_len, 262144)

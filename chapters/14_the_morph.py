@@ -49,7 +49,6 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
-import dataclasses
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -173,13 +172,13 @@ if FULL:  # 8 layers: keep the 3:1 patterns
 names, configs = ["2017"], [base]
 for name, changes in MORPH:
     names.append(name)
-    configs.append(dataclasses.replace(configs[-1], **changes))
+    configs.append(configs[-1].replace(**changes))
 
 
 def changed_fields(a: ModelConfig, b: ModelConfig) -> dict[str, tuple]:
-    """The fields whose values differ between two configs: name -> (old, new)."""
-    old, new = dataclasses.asdict(a), dataclasses.asdict(b)
-    return {k: (old[k], new[k]) for k in old if old[k] != new[k]}
+    """The fields set differently in two configs: name -> (old, new), as the model uses them."""
+    old, new = a.settings(), b.settings()
+    return {k: (getattr(a, k), getattr(b, k)) for k in old if old[k] != new[k]}
 
 
 for i, (name, changes) in enumerate(MORPH, start=1):
@@ -191,7 +190,7 @@ assert len(configs) == 12
 
 # %% [markdown]
 # Every line is exactly one step's diff, and the assert checks that nothing else moved.
-# `dataclasses.replace` builds a fresh config, so each one is validated again: a step that
+# `replace` builds a fresh config, so each one is validated again: a step that
 # produced an impossible model (say, sliding layers without a window) would fail right here.
 #
 # ## What each step costs

@@ -39,8 +39,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "analysis.diagnostics": (
         "attention_logit_max", "AttentionLogitTracker", "block_grad_norms",
-        "capture_stream", "identity_path_jacobian", "IdentityPath", "residual_norms",
-        "residual_write_weights", "stream_states", "StreamTracker", "token_cosine",
+        "capture_stream", "identity_path_jacobian", "IdentityPath", "LayerTracker",
+        "residual_norms", "residual_write_weights", "stream_states", "StreamTracker",
+        "token_cosine",
     ),
     "analysis.extrapolation": (
         "ntk_theta", "per_position_loss", "per_position_loss_scaled", "position_config",
@@ -73,7 +74,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),
     "layers.embedding": ("embed_tokens", "embedding_params", "normal_init"),
-    "layers.ffn": ("ACTIVATIONS", "FeedForward", "GatedFeedForward", "glu_hidden_size"),
+    "layers.ffn": (
+        "ACTIVATIONS", "FeedForward", "FFN_FORMS", "GatedFeedForward", "glu_hidden_size",
+    ),
     "layers.gated_deltanet": ("GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"),
     "layers.kv_cache": (
         "attention_mask", "KVCache", "LatentCache", "position_mask", "query_positions",
@@ -87,16 +90,17 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "RMSNorm",
     ),
     "layers.positions": (
-        "LearnedPositions", "sinusoid_shift_matrix", "sinusoidal_table",
+        "LearnedPositions", "POSITIONS", "sinusoid_shift_matrix", "sinusoidal_table",
         "SinusoidalPositions",
     ),
     "layers.rnn": (
         "autograd_depth", "distant_recall", "GRU", "gru_cell", "LSTM", "lstm_cell",
         "RecurrentLM", "RNN", "rnn_cell",
     ),
+    "layers.recording": ("recorded_inputs",),
     "layers.rotary": ("RotaryEmbedding",),
     "layers.router": (
-        "load_balancing_loss", "Routing", "SCORINGS", "TopKRouter",
+        "check_routing", "load_balancing_loss", "Routing", "SCORINGS", "TopKRouter",
         "update_selection_bias",
     ),
     "models.beam_search": (
@@ -117,7 +121,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "base_param_breakdown", "PAPER_BASE_PARAMS", "Seq2SeqTransformer",
         "transformer_base_config",
     ),
-    "models.validation": ("check_token_ids", "ConfigError", "LAYER_TYPES", "validate"),
+    "models.validation": (
+        "check_token_ids", "ConfigError", "LAYER_TYPES", "validate", "validate_rope",
+    ),
     "numerics": ("applies", "pin_cpu_path", "PINNED_ENV", "pinned_path", "read_path", "THREADS"),
     "ops.attention": (
         "attention_weights", "check_qkv", "full_mask", "masked_scores", "naive_attention",
@@ -147,7 +153,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),
     "ops.rope": (
         "apply_rope", "apply_rope_reference", "LAYOUTS", "rope_cos_sin",
-        "rope_frequencies", "ROPE_TYPES", "yarn_mscale",
+        "rope_frequencies", "ROPE_TYPES", "RopeScaling", "yarn_mscale",
     ),
     "ops.sinks": (
         "check_sinks", "sink_as_key", "sink_attention_weights", "sink_naive_attention",

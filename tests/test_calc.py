@@ -22,7 +22,7 @@ from companion.analysis.calculator import (
 )
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.models.presets import PRESETS, preset, spec_row
+from companion.models.presets import PRESETS, preset, spec_row, tiny
 
 KIB, GIB = 2**10, 2**30
 
@@ -276,19 +276,9 @@ def test_flops_moe_use_active_weights_and_windows_cap() -> None:
 
 
 def test_flops_match_torch_flop_counter() -> None:
-    cfg = ModelConfig(
-        vocab_size=50,
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=48,
-        ffn="glu",
-        norm="rmsnorm",
-        position="rope",
-        bias=False,
-        tie_embeddings=False,
-        attn_impl="reference",
+    cfg = tiny(
+        vocab_size=50, d_ff=48, tie_embeddings=False, attn_impl="reference",
+        max_seq_len=256, activation="gelu",
     )
     model = DecoderLM(cfg).eval()
     t = 8
@@ -307,10 +297,10 @@ def test_preset_unknown_name_lists_the_valid_ones() -> None:
 
 
 def test_presets_layer_patterns() -> None:
-    assert preset("gemma3-27b").layer_kinds.count("full") == 10  # every 6th of 62
-    assert preset("olmo3-32b").layer_kinds[-1] == "full"  # final layer is global
-    assert preset("gpt-oss-120b").layer_kinds[:2] == ("sliding", "full")
-    assert preset("qwen3-next-80b-a3b").layer_kinds.count("linear") == 36
+    assert preset("gemma3-27b").layer_types.count("full") == 10  # every 6th of 62
+    assert preset("olmo3-32b").layer_types[-1] == "full"  # final layer is global
+    assert preset("gpt-oss-120b").layer_types[:2] == ("sliding", "full")
+    assert preset("qwen3-next-80b-a3b").layer_types.count("linear") == 36
     assert all(c.attn_impl == "sdpa" for c in PRESETS.values())
 
 

@@ -3,7 +3,9 @@
 import pytest
 
 from companion.models.config import ModelConfig
+from companion.models.presets import PRESETS, preset
 from companion.models.validation import ConfigError
+from companion.ops.rope import RopeScaling
 
 BAD = [
     pytest.param({"vocab_size": 0}, "vocab_size must be a positive integer", id="vocab-zero"),
@@ -58,6 +60,16 @@ BAD = [
         r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)",
         id="gqa-groups",
     ),
+    pytest.param(
+        {"n_experts": 8, "experts_per_token": 3, "router_groups": 4, "router_topk_groups": 1},
+        r"experts_per_token <= router_topk_groups \* n_experts / router_groups",
+        id="moe-groups",
+    ),
+    pytest.param(
+        {"n_experts": 8, "experts_per_token": 2, "router_groups": 3},
+        "router_groups must divide n_experts=8, got 3",
+        id="moe-group-divide",
+    ),
     pytest.param({"n_kv_heads": 0}, "n_kv_heads must be a positive integer", id="kv-heads-zero"),
     pytest.param(
         {"n_layers": 2, "layer_types": ("full",)},
@@ -83,9 +95,24 @@ BAD = [
         id="nope-index",
     ),
     pytest.param(
-        {"position": "rope", "rope_scaling": {"rope_type": "ntk"}},
-        "rope settings: rope_type must be one of",
-        id="rope-type",
+        {"position": "rope", "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        r"rope_scaling must be a RopeScaling or None, got dict .*RopeScaling\('linear'",
+        id="rope-dict",
+    ),
+    pytest.param(
+        {"n_layers": 2, "layer_types": ["full"] * 2}, "layer_types must be a tuple", id="list"
+    ),
+    pytest.param(
+        {
+            "position": "rope",
+            "kv_lora_rank": 8,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 8,
+            "head_dim": 4,
+        },
+        r"head_dim under multi-head latent attention is .* = 12 \(or None\), got 4",
+        id="mla-head-dim",
     ),
     pytest.param(
         {"position": "rope", "d_model": 12, "n_heads": 2, "partial_rotary_factor": 0.5},
@@ -93,7 +120,7 @@ BAD = [
         id="rope-odd",
     ),
     pytest.param({"qkv_bias": 1}, "qkv_bias must be None, True or False", id="qkv-bias"),
-    pytest.param({"head_size": 0}, "head_size must be a positive integer", id="head-size"),
+    pytest.param({"head_dim": 0}, "head_dim must be a positive integer", id="head-dim"),
 ]
 
 
@@ -105,19 +132,36 @@ def test_bad_values_are_rejected_with_the_field_named(changes, message):
 
 def test_modern_derived_values():
     cfg = ModelConfig(
-        vocab_size=10, d_model=64, n_heads=8, n_kv_heads=2, head_size=32, bias=False, qkv_bias=True
+        vocab_size=10, d_model=64, n_heads=8, n_kv_heads=2, head_dim=32, bias=False, qkv_bias=True
     )
-    assert (cfg.head_dim, cfg.kv_heads, cfg.attn_bias) == (32, 2, True)
-    assert ModelConfig(vocab_size=10, n_layers=3, sliding_window=8).layer_kinds == ("sliding",) * 3
-    assert ModelConfig(vocab_size=10, n_layers=2).layer_kinds == ("full", "full")
+    assert (cfg.head_dim, cfg.n_kv_heads, cfg.qkv_bias) == (32, 2, True)
+    assert ModelConfig(vocab_size=10, n_layers=3, sliding_window=8).layer_types == ("sliding",) * 3
+    assert ModelConfig(vocab_size=10, n_layers=2).layer_types == ("full", "full")
 
 
 def test_defaults_and_derived_values():
-    cfg = ModelConfig(vocab_size=10, d_model=64, n_heads=4)
-    assert cfg.head_dim == 16
-    assert cfg.ffn_dim == 256
-    assert cfg.replace(d_ff=100).ffn_dim == 100
-    assert cfg.d_ff is None  # derived values never overwrite the field
+    cfg = ModelConfig(vocab_size=10, d_model=64, n_heads=4, n_experts=4, experts_per_token=1)
+    assert (cfg.head_dim, cfg.d_ff, cfg.expert_d_ff, cfg.n_kv_heads) == (16, 256, 256, 4)
+    assert cfg.replace(d_ff=100).d_ff == 100
+    assert cfg.replace(d_ff=100).expert_d_ff == 100  # a field left None follows its source
+    wider = cfg.replace(d_model=128, n_heads=8)
+    assert (wider.head_dim, wider.d_ff, wider.n_kv_heads) == (16, 512, 8)
+    assert wider.replace(n_layers=3, sliding_window=4).layer_types == ("sliding",) * 3
+    assert cfg.settings()["d_ff"] is None and ModelConfig(**cfg.settings()) == cfg
+    pinned = ModelConfig(vocab_size=10, d_model=64, n_heads=4, d_ff=256, n_kv_heads=4)
+    assert pinned == cfg.replace(n_experts=0, experts_per_token=0)  # equal values, equal configs
+    assert pinned.replace(d_model=128, n_heads=8).d_ff == 256  # a value the user set stays
+    assert pinned.replace(d_model=128, n_heads=8).n_kv_heads == 4
+
+
+def test_configs_hash_and_mla_derives_its_head_width():
+    assert len({preset(name) for name in PRESETS} | {preset(name) for name in PRESETS}) == len(
+        PRESETS
+    )
+    deepseek = preset("deepseek-v3")
+    assert deepseek.rope_dim == deepseek.qk_rope_head_dim
+    assert deepseek.head_dim == deepseek.qk_nope_head_dim + deepseek.qk_rope_head_dim
+    assert hash(deepseek.replace(rope_scaling=RopeScaling("linear", 2.0))) != hash(deepseek)
 
 
 def test_replace_validates_and_rejects_unknown_fields():

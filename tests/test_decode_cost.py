@@ -17,8 +17,8 @@ from companion.analysis.decode_cost import (
     ridge_point,
 )
 from companion.layers.kv_cache import KVCache
-from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.models.presets import tiny
 
 
 def _count_work(model: DecoderLM, prompt: torch.Tensor, new: int, use_cache: bool):
@@ -41,9 +41,8 @@ def _count_work(model: DecoderLM, prompt: torch.Tensor, new: int, use_cache: boo
 @pytest.mark.parametrize("prompt_len,new", [(1, 1), (5, 7), (8, 1), (3, 12)])
 def test_counts_match_a_generating_model(prompt_len: int, new: int) -> None:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=32, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, position="rope",
-        norm="rmsnorm", bias=False, max_seq_len=32,
+    cfg = tiny(
+        vocab_size=32, n_layers=1, max_seq_len=32, activation="gelu", ffn="mlp",
     )  # fmt: skip
     model = DecoderLM(cfg).eval()
     prompt = torch.randint(0, 32, (1, prompt_len))

@@ -20,6 +20,7 @@ from companion.analysis.diagnostics import (
 )
 from companion.analysis.op_counts import count_aten_ops, count_reductions
 from companion.layers.norms import layer_norm_reference, rms_norm_reference
+from companion.layers.recording import recorded_inputs
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.ops.rope import apply_rope
@@ -129,8 +130,10 @@ def test_attention_logit_max_matches_the_attention_weights(changes):
     got = attention_logit_max(model, IDS)
     # recompute layer 0 by hand from the attention weights: log p differs from the logit by a
     # per-row constant, so compare the largest |logit| through q and k directly
-    x = model.blocks[0].attention_input(model.embed(IDS))
     attn = model.blocks[0].attn
+    with recorded_inputs([attn]) as calls:
+        model(IDS)
+    x = calls[0][0][0]  # what layer 0's attention received: the normed stream
     qf, kf, _ = attn.project(x)
     q, k = attn.heads(qf, attn.n_heads), attn.heads(kf, attn.n_kv_heads)
     if model.cfg.position == "rope":

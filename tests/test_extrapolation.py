@@ -19,7 +19,7 @@ from companion.analysis.extrapolation import (
 )
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.ops.rope import rope_frequencies
+from companion.ops.rope import RopeScaling, rope_frequencies
 
 V = 11
 IDS = torch.arange(3000) % V  # a periodic "text": easy to learn, long enough to sample from
@@ -78,7 +78,7 @@ def test_ntk_theta_is_dynamic_scaling(seq_len):
     dynamic, _ = rope_frequencies(
         16,
         500.0,
-        {"rope_type": "dynamic", "factor": 1.0},
+        RopeScaling("dynamic", factor=1.0),
         max_position_embeddings=8,
         seq_len=seq_len,
     )

@@ -114,7 +114,7 @@ def test_converter_names_missing_unexpected_and_misshaped_tensors(hf_state, cfg)
 def test_bert_config_maps_fields_and_rejects_what_it_cannot_build():
     hf = json.loads((model_dir() / "config.json").read_text())
     cfg, extra = bert_config(hf)
-    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.ffn_dim) == (384, 6, 12, 1536)
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff) == (384, 6, 12, 1536)
     assert cfg.norm_placement == "post" and cfg.norm_eps == 1e-12 and not cfg.fused_qkv
     assert extra == {"type_vocab_size": 2}
     with pytest.raises(ValueError, match="hidden_act"):

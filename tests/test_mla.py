@@ -13,7 +13,7 @@ from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token, soft
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.ops.rope import apply_rope, rope_cos_sin, rope_frequencies
+from companion.ops.rope import RopeScaling, apply_rope, rope_cos_sin, rope_frequencies
 
 D, H, C, DN, R, DV = 32, 4, 16, 8, 4, 6
 DIMS = {"kv_lora_rank": C, "qk_nope_head_dim": DN, "qk_rope_head_dim": R, "v_head_dim": DV}
@@ -114,16 +114,17 @@ def _hf_pair(case: dict, form: str):
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0.0, 0.3) if p.ndim == 2 else p.uniform_(0.5, 1.5)
+    scaling = RopeScaling.from_mapping(case["scaling"] or {})
     ours = MultiHeadLatentAttention(
         D,
         H,
         **DIMS,
         q_lora_rank=case["q_lora_rank"] or 0,
         rope_layout="interleaved" if case["rope_interleave"] else "half",
-        scale=softmax_scale(DN + R, case["scaling"]),
+        scale=softmax_scale(DN + R, scaling),
         form=form,
         causal=True,
-        rope=RotaryEmbedding(R, 10000.0, case["scaling"], max_len=128),
+        rope=RotaryEmbedding(R, 10000.0, scaling, max_len=128),
     )
     ours.load_state_dict(convert_hf_attention(hf.state_dict()))
     return hf, DeepseekV3RotaryEmbedding(cfg), ours
@@ -252,9 +253,9 @@ def test_parameter_shapes():
 
 def test_softmax_scale():
     assert softmax_scale(192) == 1 / math.sqrt(192)
-    yarn = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    yarn = RopeScaling("yarn", factor=40.0, mscale=1.0, mscale_all_dim=1.0)
     assert softmax_scale(192, yarn) == pytest.approx((0.1 * math.log(40) + 1) ** 2 / math.sqrt(192))
-    assert softmax_scale(192, {"rope_type": "yarn", "factor": 40.0}) == 1 / math.sqrt(192)
+    assert softmax_scale(192, RopeScaling("yarn", factor=40.0)) == 1 / math.sqrt(192)
 
 
 def test_errors_name_the_problem():

@@ -5,6 +5,7 @@ import torch
 
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.ops.rope import RopeScaling
 
 
 def small(**kw) -> ModelConfig:
@@ -131,6 +132,13 @@ def test_attention_maps_are_causal_distributions():
     assert len(maps) == 2 and maps[0].shape == (1, 4, 9, 9)
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(1, 4, 9))
     assert maps[0].triu(1).abs().max() == 0
+    assert not any(b.attn._forward_pre_hooks for b in model.blocks)  # the hooks are gone
+    with torch.no_grad():  # the maps are the weights the forward pass used
+        ref = model.blocks[0].attn.attention_weights(
+            model.blocks[0].attn_norm(model.embed(torch.zeros(1, 9, dtype=torch.long))),
+            torch.arange(9),
+        )
+    torch.testing.assert_close(model.attention_maps(torch.zeros(1, 9, dtype=torch.long))[0], ref)
 
 
 MODERN = {
@@ -139,10 +147,10 @@ MODERN = {
         n_kv_heads=1,
         position="rope",
         rope_layout="interleaved",
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+        rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8),
     ),
     "qwen3-qknorm-headsize": dict(
-        n_kv_heads=2, head_size=12, qk_norm="head", position="rope", norm="rmsnorm", bias=False
+        n_kv_heads=2, head_dim=12, qk_norm="head", position="rope", norm="rmsnorm", bias=False
     ),
     "mistral-window": dict(n_kv_heads=2, position="rope", sliding_window=5, ffn="glu"),
     "gemma3-sandwich": dict(

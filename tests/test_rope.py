@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from companion.ops.rope import apply_rope, apply_rope_reference, rope_cos_sin, rope_frequencies
+from companion.ops.rope import (
+    RopeScaling,
+    apply_rope,
+    apply_rope_reference,
+    rope_cos_sin,
+    rope_frequencies,
+)
 
 SCALINGS = {
     "default": None,
@@ -86,7 +92,8 @@ def test_frequencies_match_transformers(name, partial):
         rope_parameters=params,
     )
     kind = params["rope_type"]
-    ours = rope_frequencies(32, 10000.0, SCALINGS[name], partial, 256, seq_len=600)
+    scaling = RopeScaling.from_mapping(SCALINGS[name] or {})
+    ours = rope_frequencies(32, 10000.0, scaling, partial, 256, seq_len=600)
     if kind == "default":
         theirs = (
             1.0 / 10000.0 ** (torch.arange(0, int(32 * partial), 2).float() / int(32 * partial)),
@@ -102,13 +109,19 @@ def test_frequencies_match_transformers(name, partial):
 
 def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="rope_type must be one of"):
-        rope_frequencies(16, scaling={"rope_type": "ntk-by-parts"})
-    with pytest.raises(ValueError, match="needs a positive 'factor'"):
-        rope_frequencies(16, scaling={"rope_type": "linear"})
+        RopeScaling("ntk-by-parts")
+    with pytest.raises(ValueError, match="needs a positive factor"):
+        RopeScaling("linear")
     with pytest.raises(ValueError, match="must be even"):
         rope_frequencies(6, partial_rotary_factor=0.5)
     with pytest.raises(ValueError, match=r"needs \['low_freq_factor'"):
-        rope_frequencies(16, scaling={"rope_type": "llama3", "factor": 8.0})
+        RopeScaling("llama3", factor=8.0)
+    with pytest.raises(ValueError, match=r"unknown RoPE scaling key\(s\) \['factr'\]"):
+        RopeScaling.from_mapping({"type": "linear", "factr": 2.0})
+    assert RopeScaling.from_mapping({"type": "linear", "factor": 2.0}) == RopeScaling("linear", 2.0)
+    assert RopeScaling.from_mapping({"rope_type": "default"}) is None
+    with pytest.raises(TypeError, match="scaling must be a RopeScaling or None, got dict"):
+        rope_frequencies(16, scaling={"rope_type": "linear", "factor": 2.0})
     cos, sin = rope_cos_sin(torch.arange(3), rope_frequencies(16)[0])
     with pytest.raises(ValueError, match="layout must be one of"):
         apply_rope(torch.randn(3, 16), cos, sin, "pairs")

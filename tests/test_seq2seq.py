@@ -155,7 +155,7 @@ def test_base_model_size():
     total = sum(parts.values())
     assert abs(total / PAPER_BASE_PARAMS - 1) < 0.05
     cfg = transformer_base_config()
-    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.ffn_dim) == (512, 6, 8, 2048)
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff) == (512, 6, 8, 2048)
     assert cfg.norm_placement == "post" and cfg.tie_embeddings and cfg.scale_embeddings
     assert transformer_base_config(dropout=0.3).dropout == 0.3
 

@@ -42,7 +42,7 @@ PROMPTS = [
 def test_config_and_chat_template(ours):
     model, tok = ours
     cfg = model.cfg
-    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.vocab_size) == (
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (
         30,
         576,
         9,
@@ -93,7 +93,7 @@ def test_interleaved_layout_reads_the_gguf_rows_as_stored(ours):
     cfg = model.cfg.replace(rope_layout="interleaved")
     twin = DecoderLM(cfg).eval()
     sd = dict(model.state_dict())
-    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
 
     def permute(w, n):  # the inverse of unpermute_qk
         rows, d = w.shape
@@ -104,7 +104,7 @@ def test_interleaved_layout_reads_the_gguf_rows_as_stored(ours):
         q, k, v = w.split([q_rows, kv_rows, kv_rows])
         assert torch.equal(unpermute_qk(permute(q, cfg.n_heads), cfg.n_heads), q)
         sd[f"blocks.{i}.attn.qkv.weight"] = torch.cat(
-            [permute(q, cfg.n_heads), permute(k, cfg.kv_heads), v]
+            [permute(q, cfg.n_heads), permute(k, cfg.n_kv_heads), v]
         )
     load_state_dict_strict(twin, sd)
     ids = torch.tensor([tok.encode("The capital of France is")])

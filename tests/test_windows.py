@@ -13,8 +13,8 @@ from companion.analysis.receptive_fields import (
     receptive_fields,
     visible_pairs,
 )
-from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.models.presets import tiny
 
 
 @pytest.mark.parametrize("seq_len", [1, 5, 16, 33])
@@ -78,20 +78,9 @@ def test_receptive_fields_rejects_bad_masks() -> None:
 
 def _model(kinds: tuple[str, ...], window: int) -> DecoderLM:
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=40,
-        d_model=32,
-        n_layers=len(kinds),
-        n_heads=4,
-        norm="rmsnorm",
-        position="rope",
-        ffn="glu",
-        activation="silu",
-        bias=False,
-        attn_impl="reference",
-        sliding_window=window,
-        layer_types=kinds,
-        max_seq_len=32,
+    cfg = tiny(
+        vocab_size=40, n_layers=len(kinds), attn_impl="reference",
+        sliding_window=window, layer_types=kinds, max_seq_len=32, n_kv_heads=None,
     )
     return DecoderLM(cfg)
 

@@ -130,9 +130,9 @@ def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix weights) of one softmax-attention layer with H and H_kv heads."""
     d, h, d_head = cfg.d_model, cfg.n_heads, cfg.head_dim
     q_out = h * d_head * (2 if cfg.attn_output_gate else 1)  # the gate rides on q's matrix
-    kv_out = cfg.kv_heads * d_head
+    kv_out = cfg.n_kv_heads * d_head
     matrices = d * (q_out + 2 * kv_out) + h * d_head * d
-    extra = (q_out + 2 * kv_out if cfg.attn_bias else 0) + (d if cfg.bias else 0)
+    extra = (q_out + 2 * kv_out if cfg.qkv_bias else 0) + (d if cfg.bias else 0)
     if cfg.qk_norm == "head":
         extra += 2 * d_head
     elif cfg.qk_norm == "full":
@@ -145,7 +145,7 @@ def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
 def latent_attention_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix weights) of one MLA layer; its two norms have no bias."""
     d, h, r, r_q = cfg.d_model, cfg.n_heads, cfg.kv_lora_rank, cfg.q_lora_rank
-    q_heads = h * cfg.qk_head_dim
+    q_heads = h * cfg.head_dim
     q = d * q_heads if r_q == 0 else d * r_q + r_q * q_heads
     kv_a = d * (r + cfg.qk_rope_head_dim)
     kv_b = r * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
@@ -168,7 +168,7 @@ def gated_deltanet_params(cfg: ModelConfig) -> tuple[int, int]:
 
 def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix weights) of one dense FFN of width F."""
-    d, f = cfg.d_model, cfg.ffn_dim
+    d, f = cfg.d_model, cfg.d_ff
     glu = cfg.ffn == "glu"
     matrices = (3 if glu else 2) * d * f
     biases = ((2 * f if glu else f) + d) if cfg.bias else 0
@@ -177,7 +177,7 @@ def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
 
 def tally_moe(cfg: ModelConfig, tally: Tally) -> None:
     """One MoE layer: the router scores all E experts, k of them run, the shared one always."""
-    d, e, k, f_e = cfg.d_model, cfg.n_experts, cfg.experts_per_token, cfg.moe_d_ff
+    d, e, k, f_e = cfg.d_model, cfg.n_experts, cfg.experts_per_token, cfg.expert_d_ff
     router = e * d + (e if cfg.router_bias else 0)
     if cfg.router_selection_bias:
         router += e
@@ -198,7 +198,7 @@ def _tally(cfg: ModelConfig) -> Tally:
     if cfg.position == "learned":
         tally.add("positions", cfg.max_seq_len * d)
     norm = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-    for layer, kind in enumerate(cfg.layer_kinds):
+    for layer, kind in enumerate(cfg.layer_types):
         if kind == "linear":
             params, weights = gated_deltanet_params(cfg)
         elif cfg.is_mla:
@@ -228,7 +228,7 @@ def _cache_width(cfg: ModelConfig) -> int:
     """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE key."""
     if cfg.is_mla:
         return cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    return 2 * cfg.kv_heads * cfg.head_dim
+    return 2 * cfg.n_kv_heads * cfg.head_dim
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -237,7 +237,7 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
     layers add nothing per token (see :func:`kv_cache_bytes` for their fixed state)."""
     _check_config(cfg)
     check_int("dtype_bytes", dtype_bytes, 1)
-    layers = sum(kind != "linear" for kind in cfg.layer_kinds)
+    layers = sum(kind != "linear" for kind in cfg.layer_types)
     return layers * _cache_width(cfg) * dtype_bytes
 
 
@@ -261,7 +261,7 @@ def kv_cache_bytes(
     check_int("batch", batch, 1)
     check_int("state_dtype_bytes", state_dtype_bytes, 1)
     total = 0
-    for kind in cfg.layer_kinds:
+    for kind in cfg.layer_types:
         if kind == "linear":
             h_k, h_v = cfg.linear_key_heads, cfg.linear_value_heads
             d_k, d_v = cfg.linear_key_dim, cfg.linear_value_dim
@@ -284,11 +284,11 @@ def flops_per_token(cfg: ModelConfig, context: int) -> int:
     tally = _tally(cfg)
     check_int("context", context, 0)
     mixing = 0
-    for kind in cfg.layer_kinds:
+    for kind in cfg.layer_types:
         if kind == "linear":
             mixing += 6 * cfg.linear_value_heads * cfg.linear_key_dim * cfg.linear_value_dim
             continue
         s = min(context, cfg.sliding_window) if kind == "sliding" else context
         d_v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-        mixing += 2 * s * cfg.n_heads * (cfg.qk_head_dim + d_v)
+        mixing += 2 * s * cfg.n_heads * (cfg.head_dim + d_v)
     return 2 * tally.macs + mixing

@@ -10,6 +10,7 @@ use forward hooks and leave the model unchanged.
   block 0 and after each block, ``L + 1`` states.
 - :func:`block_grad_norms`: the gradient norm of each block's parameters for one batch.
 - :func:`identity_path_jacobian`: ‖∂x_L/∂x_ℓ‖ and its trace per layer, from random probes.
+- :class:`LayerTracker`: the base of the two trackers below, one number per layer and pass.
 - :func:`attention_logit_max` and :class:`AttentionLogitTracker`: the largest ``|q·k|·scale``
   of each layer, once or at every forward pass during training.
 - :func:`token_cosine` and :class:`StreamTracker`: how alike the tokens' stream vectors
@@ -33,6 +34,7 @@ from companion.training import lm_loss
 __all__ = [
     "AttentionLogitTracker",
     "IdentityPath",
+    "LayerTracker",
     "StreamTracker",
     "attention_logit_max",
     "block_grad_norms",
@@ -174,34 +176,29 @@ def _logit_max(attn: nn.Module, args: tuple, kwargs: dict) -> Tensor:
     return logits.amax()
 
 
-class AttentionLogitTracker:
-    """Record every layer's largest attention logit at each forward pass while active.
+class LayerTracker:
+    """Record one number per layer at every forward pass while active (a context manager).
 
-    Use as a context manager around training: ``with AttentionLogitTracker(model) as t:``;
-    afterwards ``t.history`` is ``(calls, L)``: one row per forward pass. The logits are
-    recomputed from each attention module's input (``attention_inputs``: projections, RoPE,
-    mask), under ``no_grad``, so training is unchanged. Cached decoding is not supported.
+    ``with tracker: train(...)``; afterwards ``tracker.history`` is ``(calls, L)``. A
+    subclass says which module of each layer it watches and what it measures there
+    (:meth:`_watch`), and calls :meth:`_record` once per layer and pass, in layer order.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        self.attns = [b.attn for b in _blocks(model)]
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self.modules = list(modules)
         self._rows: list[list[float]] = []
-        self._current: list[float] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def _hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if (args[2] if len(args) > 2 else kwargs.get("cache")) is not None:
-            raise ValueError("AttentionLogitTracker does not support cached decoding")
-        with torch.no_grad():
-            self._current.append(_logit_max(module, args, kwargs).item())
-        if len(self._current) == len(self.attns):
-            self._rows.append(self._current)
-            self._current = []
+    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        raise NotImplementedError
 
-    def __enter__(self) -> AttentionLogitTracker:
-        self._handles = [
-            a.register_forward_pre_hook(self._hook, with_kwargs=True) for a in self.attns
-        ]
+    def _record(self, index: int, value: float) -> None:
+        if index == 0:
+            self._rows.append([])
+        self._rows[-1].append(value)
+
+    def __enter__(self) -> LayerTracker:
+        self._handles = [self._watch(i, m) for i, m in enumerate(self.modules)]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,8 +208,30 @@ class AttentionLogitTracker:
 
     @property
     def history(self) -> Tensor:
-        """``(calls, L)``: the max ``|logit|`` of each layer at each recorded forward pass."""
-        return torch.tensor(self._rows).reshape(-1, len(self.attns))
+        """``(calls, L)``: the measure of each layer at each recorded forward pass."""
+        return torch.tensor(self._rows).reshape(-1, len(self.modules))
+
+
+class AttentionLogitTracker(LayerTracker):
+    """Record every layer's largest attention logit at each forward pass while active.
+
+    ``with AttentionLogitTracker(model) as t:`` around training; ``t.history`` is
+    ``(calls, L)``. The logits are recomputed from each attention module's input
+    (``attention_inputs``: projections, RoPE, mask), under ``no_grad``, so training is
+    unchanged. Cached decoding is not supported.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__([b.attn for b in _blocks(model)])
+
+    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
+            if (args[2] if len(args) > 2 else kwargs.get("cache")) is not None:
+                raise ValueError("AttentionLogitTracker does not support cached decoding")
+            with torch.no_grad():
+                self._record(index, _logit_max(attn, args, kwargs).item())
+
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def attention_logit_max(model: nn.Module, input_ids: Tensor) -> Tensor:
@@ -233,7 +252,7 @@ def token_cosine(x: Tensor) -> float:
     return ((total - n) / (n * (n - 1))).item()
 
 
-class StreamTracker:
+class StreamTracker(LayerTracker):
     """Record ``measure(x_ℓ)`` for the output of every block at every forward pass.
 
     ``with StreamTracker(model, token_cosine) as t: train(...)`` gives ``t.history``,
@@ -241,31 +260,13 @@ class StreamTracker:
     """
 
     def __init__(self, model: nn.Module, measure: Callable[[Tensor], float]) -> None:
-        self.blocks, self.measure = _blocks(model), measure
-        self._rows: list[list[float]] = []
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        super().__init__(_blocks(model))
+        self.measure = measure
 
-    def _hook(self, index: int, out: Tensor) -> None:
-        if index == 0:
-            self._rows.append([])
-        self._rows[-1].append(self.measure(out))
-
-    def __enter__(self) -> StreamTracker:
-        self._handles = [
-            b.register_forward_hook(lambda m, args, out, i=i: self._hook(i, out))
-            for i, b in enumerate(self.blocks)
-        ]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    @property
-    def history(self) -> Tensor:
-        """``(calls, L)``: the measure of each block's output at each recorded forward pass."""
-        return torch.tensor(self._rows).reshape(-1, len(self.blocks))
+    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+        return module.register_forward_hook(
+            lambda _m, _args, out: self._record(index, self.measure(out))
+        )
 
 
 def residual_write_weights(model: nn.Module) -> list[nn.Parameter]:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.ops.rope import RopeScaling
 from companion.tasks.text import sample_windows
 from companion.training import History, cosine_lr, make_adamw, train
 
@@ -146,7 +147,7 @@ def ntk_theta(theta: float, rotary_dim: int, train_len: int, seq_len: int) -> fl
     """The base that dynamic ("NTK-aware") scaling uses for a ``seq_len``-token sequence.
 
     θ' = θ · (seq_len / train_len)^(R / (R − 2)) once ``seq_len`` exceeds ``train_len``:
-    the same frequencies as ``rope_frequencies(..., {"rope_type": "dynamic", "factor": 1})``
+    the same frequencies as ``rope_frequencies(..., RopeScaling("dynamic", factor=1))``
     with ``max_position_embeddings=train_len``. The fastest pair keeps its speed, the
     slowest turns ``seq_len / train_len`` times slower.
     """
@@ -163,7 +164,7 @@ def same_weights(model: DecoderLM, **changes: object) -> DecoderLM:
 
 
 def with_rope(
-    model: DecoderLM, *, theta: float | None = None, scaling: dict | None = None
+    model: DecoderLM, *, theta: float | None = None, scaling: RopeScaling | None = None
 ) -> DecoderLM:
     """A copy of a RoPE ``model`` (same weights, new tables) with base ``theta`` (default:
     the model's) and ``rope_scaling`` ``scaling`` (None: plain RoPE)."""
@@ -189,16 +190,12 @@ def rope_scaling_for(method: str, cfg: ModelConfig, train_len: int, seq_len: int
     if method == "none" or factor <= 1:
         return {}
     if method == "linear":
-        return {"scaling": {"rope_type": "linear", "factor": factor}}
+        return {"scaling": RopeScaling("linear", factor=factor)}
     if method == "ntk":
         rotary = int(cfg.head_dim * cfg.partial_rotary_factor)
         return {"theta": ntk_theta(cfg.rope_theta, rotary, train_len, seq_len)}
     return {
-        "scaling": {
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": train_len,
-        }
+        "scaling": RopeScaling("yarn", factor=factor, original_max_position_embeddings=train_len)
     }
 
 

@@ -136,7 +136,7 @@ def state_dict_from_gguf(
             out[name] = t
     for i, p in qkv.items():
         q = unpermute_qk(p["q"], cfg.n_heads)
-        k = unpermute_qk(p["k"], cfg.kv_heads)
+        k = unpermute_qk(p["k"], cfg.n_kv_heads)
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, p["v"]], dim=0)
     return out
 

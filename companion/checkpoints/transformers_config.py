@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from companion.models.config import ModelConfig
+from companion.ops.rope import RopeScaling
 
 __all__ = ["SUPPORTED", "architecture", "config_from_hf"]
 
@@ -66,12 +67,11 @@ def architecture(hf_config: object) -> str:
     )
 
 
-def _rope(params: Mapping) -> tuple[float, dict | None]:
+def _rope(params: Mapping) -> tuple[float, RopeScaling | None]:
     params = dict(params)
     theta = float(params.pop("rope_theta"))
     params.pop("partial_rotary_factor", None)  # a config field of its own
-    kind = params.get("rope_type", "default")
-    return theta, (None if kind == "default" else params)
+    return theta, RopeScaling.from_mapping(params)
 
 
 def _sparse_layers_ok(c: object) -> bool:
@@ -165,7 +165,7 @@ def config_from_hf(hf_config: object) -> ModelConfig:
         rope = dict(rope["full_attention"])
         local_theta, local_scaling = _rope(local)
         if local_scaling is not None:
-            problems.append(f"RoPE scaling on sliding layers ({local_scaling['rope_type']!r})")
+            problems.append(f"RoPE scaling on sliding layers ({local_scaling.rope_type!r})")
     theta, scaling = _rope(rope)
     if arch == "GptOssForCausalLM" and (c.swiglu_limit, c.swiglu_alpha) != (7.0, 1.702):
         problems.append(f"swiglu_limit/alpha={c.swiglu_limit}/{c.swiglu_alpha} (only 7.0/1.702)")
@@ -184,14 +184,14 @@ def config_from_hf(hf_config: object) -> ModelConfig:
     placement = SUPPORTED[arch]
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if arch == "DeepseekV3ForCausalLM":
-        head_dim = c.qk_rope_head_dim  # MLA: head_size only sizes the RoPE tables
+        head_dim = None  # MLA: qk_nope_head_dim + qk_rope_head_dim (HF's head_dim is the rope part)
     fields = dict(
         vocab_size=c.vocab_size,
         d_model=c.hidden_size,
         n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads,
         n_kv_heads=c.num_key_value_heads,
-        head_size=head_dim,
+        head_dim=head_dim,
         d_ff=c.intermediate_size,
         max_seq_len=c.max_position_embeddings,
         norm="rmsnorm",

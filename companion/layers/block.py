@@ -101,7 +101,3 @@ class TransformerBlock(nn.Module):
                 lambda h: self.cross_attn(h, mask=context_mask, context=context),
             )
         return self.residual(x, self.ffn_norm, self.ffn_out_norm, self.ffn)
-
-    def attention_input(self, x: Tensor) -> Tensor:
-        """What the self-attention sublayer sees: the normed stream, or the stream itself."""
-        return self.attn_norm(x) if self.placement in ("pre", "sandwich") else x

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FeedForward", "GatedFeedForward", "glu_hidden_size"]
+__all__ = ["ACTIVATIONS", "FFN_FORMS", "FeedForward", "GatedFeedForward", "glu_hidden_size"]
+
+FFN_FORMS = ("mlp", "glu")  # FeedForward, GatedFeedForward
 
 
 def _gelu_tanh(x: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ from companion.layers.rotary import RotaryEmbedding
 from companion.ops.attention import attention_weights
 from companion.ops.dispatch import IMPLS, attention
 from companion.ops.grouped import expand_kv
-from companion.ops.rope import LAYOUTS, apply_rope, yarn_mscale
+from companion.ops.rope import LAYOUTS, RopeScaling, apply_rope, yarn_mscale
 
 __all__ = [
     "FORMS",
@@ -56,13 +56,13 @@ def bytes_per_token(
     return (kv_lora_rank + qk_rope_head_dim) * n_layers * bytes_per_element
 
 
-def softmax_scale(qk_head_dim: int, rope_scaling: dict | None = None) -> float:
+def softmax_scale(qk_head_dim: int, rope_scaling: RopeScaling | None = None) -> float:
     """1/√(Dn + R), times ``mscale(factor, mscale_all_dim)²`` for scaled RoPE that sets
     ``mscale_all_dim`` (DeepSeek's YaRN): the logit sharpening is applied here, not in cos/sin."""
     scale = 1.0 / math.sqrt(qk_head_dim)
-    p = rope_scaling or {}
-    if p.get("rope_type", p.get("type", "default")) != "default" and p.get("mscale_all_dim"):
-        scale *= yarn_mscale(p["factor"], p["mscale_all_dim"]) ** 2
+    p = rope_scaling
+    if p is not None and p.mscale_all_dim:
+        scale *= yarn_mscale(p.factor or 1.0, p.mscale_all_dim) ** 2
     return scale
 
 

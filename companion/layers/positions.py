@@ -11,7 +11,16 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LearnedPositions", "SinusoidalPositions", "sinusoid_shift_matrix", "sinusoidal_table"]
+__all__ = [
+    "POSITIONS",
+    "LearnedPositions",
+    "SinusoidalPositions",
+    "sinusoid_shift_matrix",
+    "sinusoidal_table",
+]
+
+# the position schemes a model can use: the two added here, rotary (layers.rotary), none (NoPE)
+POSITIONS = ("sinusoidal", "learned", "rope", "none")
 
 
 def sinusoidal_table(n_positions: int, d: int, base: float = 10000.0) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from companion.ops.rope import rope_cos_sin, rope_frequencies
+from companion.ops.rope import RopeScaling, rope_cos_sin, rope_frequencies
 
 __all__ = ["RotaryEmbedding"]
 
@@ -30,14 +30,14 @@ class RotaryEmbedding(nn.Module):
         self,
         head_dim: int,
         theta: float = 10000.0,
-        scaling: dict | None = None,
+        scaling: RopeScaling | None = None,
         partial_rotary_factor: float = 1.0,
         max_len: int = 2048,
     ) -> None:
         super().__init__()
         self.head_dim, self.theta, self.max_len = head_dim, theta, max_len
         self.scaling, self.partial_rotary_factor = scaling, partial_rotary_factor
-        self.dynamic = (scaling or {}).get("rope_type", (scaling or {}).get("type")) == "dynamic"
+        self.dynamic = scaling is not None and scaling.rope_type == "dynamic"
         with torch.device("cpu"):  # real numbers, even when a model is built on "meta"
             self.inv_freq, self.attention_scale = rope_frequencies(
                 head_dim, theta, scaling, partial_rotary_factor, max_len

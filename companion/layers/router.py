@@ -18,6 +18,7 @@ from companion.checks import check_choice
 from companion.ops.experts import expert_load
 
 __all__ = [
+    "check_routing",
     "SCORINGS",
     "Routing",
     "TopKRouter",
@@ -34,6 +35,35 @@ class Routing(NamedTuple):
     weights: torch.Tensor
     indices: torch.Tensor
     scores: torch.Tensor
+
+
+def check_routing(
+    n_experts: int,
+    top_k: int,
+    n_groups: int = 1,
+    topk_groups: int = 1,
+    *,
+    names: dict[str, str] | None = None,
+    error: type[ValueError] = ValueError,
+) -> None:
+    """Raise ``error`` unless top-``top_k`` routing over ``n_experts`` experts in ``n_groups``
+    groups, of which ``topk_groups`` are searched, can choose its experts. ``names`` renames
+    the arguments in the message (a config calls ``top_k`` ``experts_per_token``)."""
+    name = {"top_k": "top_k", "n_groups": "n_groups", "topk_groups": "topk_groups"}
+    name |= names or {}
+    k, g, tg = name["top_k"], name["n_groups"], name["topk_groups"]
+    if not 1 <= top_k <= n_experts:
+        raise error(f"{k} must be in [1, n_experts={n_experts}], got {top_k}")
+    if n_groups < 1 or n_experts % n_groups != 0:
+        raise error(f"{g} must divide n_experts={n_experts}, got {n_groups}")
+    if not 1 <= topk_groups <= n_groups:
+        raise error(f"{tg} must be in [1, {g}={n_groups}], got {topk_groups}")
+    if n_groups > 1 and (n_experts // n_groups < 2 or top_k > topk_groups * n_experts // n_groups):
+        raise error(
+            f"group-limited routing needs >= 2 experts per group and {k} <= "
+            f"{tg} * n_experts / {g}, got n_experts={n_experts}, "
+            f"{g}={n_groups}, {tg}={topk_groups}, {k}={top_k}"
+        )
 
 
 class TopKRouter(nn.Module):
@@ -61,20 +91,7 @@ class TopKRouter(nn.Module):
     ) -> None:
         super().__init__()
         check_choice("scoring", scoring, SCORINGS)
-        if not 1 <= top_k <= n_experts:
-            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
-        if n_groups < 1 or n_experts % n_groups != 0:
-            raise ValueError(f"n_groups must divide n_experts={n_experts}, got {n_groups}")
-        if not 1 <= topk_groups <= n_groups:
-            raise ValueError(f"topk_groups must be in [1, n_groups={n_groups}], got {topk_groups}")
-        if n_groups > 1 and (
-            n_experts // n_groups < 2 or top_k > topk_groups * n_experts // n_groups
-        ):
-            raise ValueError(
-                f"group-limited routing needs >= 2 experts per group and top_k <= "
-                f"topk_groups * n_experts / n_groups, got n_experts={n_experts}, "
-                f"n_groups={n_groups}, topk_groups={topk_groups}, top_k={top_k}"
-            )
+        check_routing(n_experts, top_k, n_groups, topk_groups)
         self.n_experts, self.top_k, self.scoring = n_experts, top_k, scoring
         self.norm_topk, self.scale = norm_topk, scale
         self.n_groups, self.topk_groups = n_groups, topk_groups

@@ -29,6 +29,7 @@ from companion.layers.moe import MoEFeedForward
 from companion.layers.norms import build_norm
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
+from companion.ops.rope import RopeScaling
 
 __all__ = [
     "build_block",
@@ -41,12 +42,10 @@ __all__ = [
 
 @functools.lru_cache(maxsize=64)
 def _shared_rope(
-    head_dim: int, theta: float, scaling: tuple | None, factor: float, max_len: int
+    head_dim: int, theta: float, scaling: RopeScaling | None, factor: float, max_len: int
 ) -> RotaryEmbedding:
     """One RoPE module per setting, shared by every layer (and model) that uses it."""
-    return RotaryEmbedding(
-        head_dim, theta, None if scaling is None else dict(scaling), factor, max_len
-    )
+    return RotaryEmbedding(head_dim, theta, scaling, factor, max_len)
 
 
 def rotary_embedding(cfg: ModelConfig, local: bool = False) -> RotaryEmbedding | None:
@@ -58,9 +57,8 @@ def rotary_embedding(cfg: ModelConfig, local: bool = False) -> RotaryEmbedding |
         return _shared_rope(
             cfg.rope_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor, cfg.max_seq_len
         )
-    scaling = None if cfg.rope_scaling is None else tuple(sorted(cfg.rope_scaling.items()))
     return _shared_rope(
-        cfg.rope_dim, cfg.rope_theta, scaling, cfg.partial_rotary_factor, cfg.max_seq_len
+        cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor, cfg.max_seq_len
     )
 
 
@@ -79,10 +77,10 @@ def _attention(cfg: ModelConfig, **fixed: object) -> MultiHeadAttention:
     return MultiHeadAttention(
         cfg.d_model,
         cfg.n_heads,
-        n_kv_heads=cfg.kv_heads,
+        n_kv_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim,
         bias=cfg.bias,
-        qkv_bias=cfg.attn_bias,
+        qkv_bias=cfg.qkv_bias,
         fused_qkv=cfg.fused_qkv,
         impl=cfg.attn_impl,
         dropout=cfg.attn_dropout,
@@ -100,7 +98,7 @@ def _attention(cfg: ModelConfig, **fixed: object) -> MultiHeadAttention:
 def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAttention:
     scale = cfg.attn_scale
     if scale is None:
-        scale = softmax_scale(cfg.qk_head_dim, cfg.rope_scaling)
+        scale = softmax_scale(cfg.head_dim, cfg.rope_scaling)
     return MultiHeadLatentAttention(
         cfg.d_model,
         cfg.n_heads,
@@ -122,7 +120,7 @@ def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAtten
 def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.Module:
     """Layer ``layer``'s token mixer: Gated DeltaNet on ``"linear"`` layers, else MLA or
     multi-head attention, with this layer's window and RoPE table fixed in it."""
-    kind = cfg.layer_kinds[layer]
+    kind = cfg.layer_types[layer]
     if kind == "linear":
         return GatedDeltaNet(
             cfg.d_model,
@@ -147,7 +145,7 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
             cfg.d_model,
             cfg.n_experts,
             cfg.experts_per_token,
-            cfg.moe_d_ff,
+            cfg.expert_d_ff,
             scoring=cfg.router,
             norm_topk=cfg.router_norm_topk,
             n_groups=cfg.router_groups,
@@ -160,7 +158,7 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
             shared_gate=cfg.shared_expert_gate,
         )
     ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
-    return ffn_cls(cfg.d_model, cfg.ffn_dim, cfg.activation, cfg.bias, cfg.dropout)
+    return ffn_cls(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
 
 
 def build_block(

@@ -3,24 +3,30 @@
 Later chapters add fields (RoPE, RMSNorm, GQA, experts...). Each field's allowed values
 live in ``CHOICES`` (the mechanism's own tuple) or in a check in
 :mod:`companion.models.validation`, so an error always names
-the field, what it got, and what it accepts. Derived values are properties; ``__post_init__``
-never rewrites what the user set.
+the field, what it got, and what it accepts.
+
+One name per quantity: a field that defaults from others (``d_ff``, ``head_dim``,
+``n_kv_heads``, ``qkv_bias``, ``expert_d_ff``, ``layer_types``) is given as None and
+filled in when the config is built, so ``cfg.d_ff`` is always the width the model uses.
+``replace`` derives such a field again from the changed fields; a value the user set stays.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 from companion.layers.block import PLACEMENTS
-from companion.layers.ffn import ACTIVATIONS
+from companion.layers.ffn import ACTIVATIONS, FFN_FORMS
 from companion.layers.mha import QK_NORMS
 from companion.layers.mla import FORMS as MLA_FORMS
 from companion.layers.moe import EXPERT_KINDS
 from companion.layers.norms import NORMS
+from companion.layers.positions import POSITIONS
 from companion.layers.router import SCORINGS
-from companion.models.validation import ConfigError, validate
+from companion.models.validation import ConfigError, validate, validate_rope
 from companion.ops.dispatch import IMPLS
-from companion.ops.rope import LAYOUTS
+from companion.ops.rope import LAYOUTS, RopeScaling
 
 __all__ = ["CHOICES", "ModelConfig"]
 
@@ -31,14 +37,35 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "norm": NORMS,
     "norm_placement": PLACEMENTS,
     "activation": tuple(ACTIVATIONS),
-    "ffn": ("mlp", "glu"),
-    "position": ("sinusoidal", "learned", "rope", "none"),
+    "ffn": FFN_FORMS,
+    "position": POSITIONS,
     "rope_layout": LAYOUTS,
     "qk_norm": QK_NORMS,
     "attn_impl": IMPLS,
     "router": SCORINGS,
     "expert_kind": EXPERT_KINDS,
     "mla_form": MLA_FORMS,
+}
+
+
+def _kinds(cfg: ModelConfig) -> tuple[str, ...]:
+    return ("sliding" if cfg.sliding_window else "full",) * cfg.n_layers
+
+
+def _head_dim(cfg: ModelConfig) -> int:
+    if cfg.kv_lora_rank > 0:
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    return cfg.d_model // cfg.n_heads
+
+
+# the fields a None derives, in order (expert_d_ff reads the derived d_ff)
+_DERIVED: dict[str, Callable[[ModelConfig], object]] = {
+    "d_ff": lambda cfg: 4 * cfg.d_model,
+    "head_dim": _head_dim,
+    "n_kv_heads": lambda cfg: cfg.n_heads,
+    "qkv_bias": lambda cfg: cfg.bias,
+    "expert_d_ff": lambda cfg: cfg.d_ff,
+    "layer_types": _kinds,
 }
 
 
@@ -78,13 +105,13 @@ class ModelConfig:
     init_std: float = 0.02
     # --- the modern dense block (chapters 05-09) ---
     n_kv_heads: int | None = None  # None: n_heads (MHA); 1: MQA; in between: GQA
-    head_size: int | None = None  # None: d_model // n_heads
+    head_dim: int | None = None  # None: d_model // n_heads (MLA: qk_nope + qk_rope)
     ffn: str = "mlp"
     qkv_bias: bool | None = None  # None: same as `bias`
     norm_offset: float = 0.0  # 1.0: RMSNorm gain stored as 1 + w (Gemma)
     qk_norm: str = "none"
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"rope_type": "linear"|"dynamic"|"yarn"|"llama3", ...}
+    rope_scaling: RopeScaling | None = None  # linear, dynamic, yarn or llama3; None: plain
     rope_local_theta: float | None = None
     partial_rotary_factor: float = 1.0
     rope_layout: str = "half"
@@ -120,14 +147,15 @@ class ModelConfig:
     linear_key_dim: int = 0  # ... width of one query/key head
     linear_value_dim: int = 0  # ... width of one value head
     linear_conv_kernel: int = 4  # ... the short causal convolution's width
+    _derived: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate(self, CHOICES)
-
-    @property
-    def head_dim(self) -> int:
-        """The width D of one head (``head_size`` if given, else d / H)."""
-        return self.head_size if self.head_size is not None else self.d_model // self.n_heads
+        derived = tuple(name for name in _DERIVED if getattr(self, name) is None)
+        for name in derived:
+            object.__setattr__(self, name, _DERIVED[name](self))
+        object.__setattr__(self, "_derived", frozenset(derived))
+        validate_rope(self)
 
     @property
     def is_mla(self) -> bool:
@@ -135,57 +163,33 @@ class ModelConfig:
         return self.kv_lora_rank > 0
 
     @property
-    def qk_head_dim(self) -> int:
-        """The width of one head's query and key (D, or nope + rope under MLA)."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
-
-    @property
     def rope_dim(self) -> int:
         """The channels per head that RoPE's tables are built for (under MLA, the RoPE part)."""
         return self.qk_rope_head_dim if self.is_mla else self.head_dim
-
-    @property
-    def moe_d_ff(self) -> int:
-        """The hidden width of one routed expert."""
-        return self.expert_d_ff if self.expert_d_ff is not None else self.ffn_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         """True if layer ``layer`` routes its FFN through experts."""
         return self.n_experts > 0 and layer >= self.dense_layers
 
-    @property
-    def kv_heads(self) -> int:
-        """The number H_kv of key/value heads."""
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    @property
-    def attn_bias(self) -> bool:
-        """True if the q, k and v projections carry biases."""
-        return self.bias if self.qkv_bias is None else self.qkv_bias
-
-    @property
-    def layer_kinds(self) -> tuple[str, ...]:
-        """The token mixer of each layer, ``"full"``, ``"sliding"`` or ``"linear"``."""
-        if self.layer_types is not None:
-            return tuple(self.layer_types)
-        return ("sliding" if self.sliding_window else "full",) * self.n_layers
-
-    @property
-    def ffn_dim(self) -> int:
-        """The FFN's hidden width, ``d_ff`` if given, else 4·d."""
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
     def replace(self, **changes: object) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
-        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}; known: {self.field_names()}")
-        return ModelConfig(**{**asdict(self), **changes})
+        return ModelConfig(**{**self.settings(), **changes})
+
+    def settings(self) -> dict[str, object]:
+        """The fields as the user set them: a derived field (left None) is None again, so
+        ``ModelConfig(**cfg.settings()) == cfg`` and a ``replace`` re-derives it."""
+        return {
+            name: None if name in self._derived else getattr(self, name)
+            for name in self.field_names()
+        }
 
     @classmethod
     def field_names(cls) -> list[str]:
         """All field names, for error messages and docs."""
-        return [f.name for f in fields(cls)]
+        return [f.name for f in fields(cls) if f.init]
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> ModelConfig:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from companion.layers.embedding import embed_tokens, embedding_params, normal_init
 from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
+from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block, rotary_embedding
 from companion.models.config import ModelConfig
 from companion.models.generation import generate
@@ -169,21 +170,20 @@ class DecoderLM(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, input_ids: Tensor) -> list[Tensor]:
-        """Each block's causal attention weights, a list of L tensors ``(B, H, T, T)``."""
-        self.check_input_ids(input_ids)
-        maps = []
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.embed(input_ids, positions)
+        """Each block's causal attention weights, a list of L tensors ``(B, H, T, T)``,
+        recomputed from what each attention module received in one forward pass."""
         for i, block in enumerate(self.blocks):
-            weights = getattr(block.attn, "attention_weights", None)
-            if weights is None:
+            if not hasattr(block.attn, "attention_weights"):
                 raise ValueError(
                     f"attention_maps: layer {i} ({type(block.attn).__name__}) has no "
                     "attention weights"
                 )
-            maps.append(weights(block.attention_input(x), positions))
-            x = block(x, positions)
-        return maps
+        with recorded_inputs([b.attn for b in self.blocks]) as calls:
+            self(input_ids)
+        return [
+            block.attn.attention_weights(*args[:2], **kwargs)
+            for block, (args, kwargs) in zip(self.blocks, calls, strict=True)
+        ]
 
     @torch.no_grad()
     def generate(

@@ -74,7 +74,7 @@ class Encoder(nn.Module):
                 f"the encoder adds absolute positions: position must be one of "
                 f"('learned', 'sinusoidal', 'none'), got {cfg.position!r}"
             )
-        if "sliding" in cfg.layer_kinds:
+        if "sliding" in cfg.layer_types:
             raise ValueError("the encoder attends to the whole input: set sliding_window=None")
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)

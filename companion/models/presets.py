@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from companion.models.config import ModelConfig
+from companion.ops.rope import RopeScaling
 
 __all__ = ["PRESETS", "preset", "spec_row", "tiny"]
 
@@ -56,15 +57,15 @@ def _every(n: int, layers: int, kind: str) -> tuple[str, ...]:
     return tuple("full" if (i + 1) % n == 0 else kind for i in range(layers))
 
 
-_DEEPSEEK_YARN = {
-    "rope_type": "yarn",
-    "factor": 40.0,
-    "original_max_position_embeddings": 4096,
-    "beta_fast": 32,
-    "beta_slow": 1,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-}
+_DEEPSEEK_YARN = RopeScaling(
+    "yarn",
+    factor=40.0,
+    original_max_position_embeddings=4096,
+    beta_fast=32,
+    beta_slow=1,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+)
 
 PRESETS: dict[str, ModelConfig] = {
     "gpt2": _gpt2(d_model=768, n_layers=12, n_heads=12),
@@ -123,20 +124,19 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=131072,
         norm_eps=1e-5,
         rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        rope_scaling=RopeScaling(
+            "llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
     ),
     "deepseek-v3": _modern(
         vocab_size=129280,
         d_model=7168,
         n_layers=61,
         n_heads=128,
-        head_size=64,  # the decoupled RoPE width: what the rotary tables are built for
         d_ff=18432,
         max_seq_len=163840,
         norm_eps=1e-6,
@@ -166,7 +166,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_layers=94,
         n_heads=64,
         n_kv_heads=4,
-        head_size=128,
+        head_dim=128,
         d_ff=12288,
         max_seq_len=40960,
         norm_eps=1e-6,
@@ -182,20 +182,20 @@ PRESETS: dict[str, ModelConfig] = {
         n_layers=36,
         n_heads=64,
         n_kv_heads=8,
-        head_size=64,
+        head_dim=64,
         d_ff=2880,
         max_seq_len=131072,
         norm_eps=1e-5,
         bias=True,  # q, k, v and output projections carry biases
         rope_theta=150000.0,
-        rope_scaling={
-            "rope_type": "yarn",
-            "factor": 32.0,
-            "original_max_position_embeddings": 4096,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-        },
+        rope_scaling=RopeScaling(
+            "yarn",
+            factor=32.0,
+            original_max_position_embeddings=4096,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+        ),
         sliding_window=128,
         layer_types=_every(2, 36, "sliding"),
         attn_sinks=True,
@@ -211,7 +211,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_layers=62,
         n_heads=32,
         n_kv_heads=16,
-        head_size=128,
+        head_dim=128,
         d_ff=21504,
         max_seq_len=131072,
         norm_eps=1e-6,
@@ -220,7 +220,7 @@ PRESETS: dict[str, ModelConfig] = {
         activation="gelu_tanh",
         qk_norm="head",
         rope_theta=1000000.0,
-        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        rope_scaling=RopeScaling("linear", factor=8.0),
         rope_local_theta=10000.0,
         sliding_window=1024,
         layer_types=_every(6, 62, "sliding"),
@@ -240,14 +240,14 @@ PRESETS: dict[str, ModelConfig] = {
         norm_placement="post_branch",
         qk_norm="full",
         rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "yarn",
-            "factor": 8.0,
-            "original_max_position_embeddings": 8192,
-            "attention_factor": 1.2079441541679836,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-        },
+        rope_scaling=RopeScaling(
+            "yarn",
+            factor=8.0,
+            original_max_position_embeddings=8192,
+            attention_factor=1.2079441541679836,
+            beta_fast=32.0,
+            beta_slow=1.0,
+        ),
         rope_local_theta=500000.0,  # sliding layers: the same base, without YaRN
         sliding_window=4096,
         layer_types=_every(4, 64, "sliding"),
@@ -258,7 +258,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_layers=48,
         n_heads=16,
         n_kv_heads=2,
-        head_size=256,
+        head_dim=256,
         d_ff=5120,
         max_seq_len=262144,
         norm_eps=1e-6,
@@ -351,10 +351,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
         position = f"RoPE, b={_base(cfg.rope_theta)}"
         if cfg.partial_rotary_factor < 1:
             position += f", on {cfg.partial_rotary_factor:g} of D"
-        if cfg.rope_scaling:
-            scaling = cfg.rope_scaling
-            factor = scaling.get("factor")
-            position += f", {scaling.get('rope_type', scaling.get('type'))}"
+        if cfg.rope_scaling is not None:
+            factor = cfg.rope_scaling.factor
+            position += f", {cfg.rope_scaling.rope_type}"
             position += f" ×{factor:g}" if factor else ""
         if cfg.rope_local_theta is not None:
             position += f"; local b={_base(cfg.rope_local_theta)}"
@@ -363,17 +362,17 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     if cfg.n_experts:
         shared = "+1" if cfg.shared_d_ff else ""
         ffn = "clamped " + ffn if cfg.expert_kind == "gpt_oss" else ffn
-        ffn = f"MoE {cfg.n_experts}{shared}, top-{cfg.experts_per_token}, {ffn} {cfg.moe_d_ff}"
+        ffn = f"MoE {cfg.n_experts}{shared}, top-{cfg.experts_per_token}, {ffn} {cfg.expert_d_ff}"
     else:
-        ffn += f", d_ff {cfg.ffn_dim}"
-    h, h_kv = cfg.n_heads, cfg.kv_heads
+        ffn += f", d_ff {cfg.d_ff}"
+    h, h_kv = cfg.n_heads, cfg.n_kv_heads
     if cfg.is_mla:
         attention = f"MLA r={cfg.kv_lora_rank}, {h} heads"
     else:
         attention = f"MHA {h}" if h == h_kv else f"{'MQA' if h_kv == 1 else 'GQA'} {h}:{h_kv}"
     if cfg.attn_output_gate:
         attention = "gated " + attention
-    unit = _period(cfg.layer_kinds)
+    unit = _period(cfg.layer_types)
     if "sliding" in unit:
         attention += f", SWA {cfg.sliding_window}"
         if "full" in unit:

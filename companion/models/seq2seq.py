@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from companion.layers.embedding import embed_tokens, embedding_params
 from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
+from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
 from companion.models.validation import check_token_ids
@@ -207,25 +208,16 @@ class Seq2SeqTransformer(nn.Module):
         Hooks record exactly what each cross-attention sublayer receives during one forward
         pass; the reference attention then recomputes its softmax weights.
         """
-        seen: list[tuple[Tensor, dict[str, Tensor | None]]] = []
-
-        def grab(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            seen.append((args[0], kwargs))
-
-        hooks = [
-            b.cross_attn.register_forward_pre_hook(grab, with_kwargs=True) for b in self.decoder
-        ]
         was_training = self.training
         self.eval()  # no dropout: the maps of the model as it translates
         try:
-            self(src, tgt_in, src_mask)
+            with recorded_inputs([b.cross_attn for b in self.decoder]) as calls:
+                self(src, tgt_in, src_mask)
         finally:
             self.train(was_training)
-            for h in hooks:
-                h.remove()
         return [
-            block.cross_attn.attention_weights(x, context=kw["context"], mask=kw["mask"])
-            for block, (x, kw) in zip(self.decoder, seen, strict=True)
+            block.cross_attn.attention_weights(args[0], context=kw["context"], mask=kw["mask"])
+            for block, (args, kw) in zip(self.decoder, calls, strict=True)
         ]
 
 

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from companion.checks import check_int
+from companion.layers.router import check_routing
+from companion.ops.rope import RopeScaling, rope_frequencies
 
 if TYPE_CHECKING:
     from companion.models.config import ModelConfig
 
-__all__ = ["LAYER_TYPES", "ConfigError", "check_token_ids", "validate"]
+__all__ = ["LAYER_TYPES", "ConfigError", "check_token_ids", "validate", "validate_rope"]
 
 LAYER_TYPES = ("full", "sliding", "linear")
 
@@ -46,9 +48,9 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
     for name in ("fused_qkv", "bias", "tie_embeddings", "scale_embeddings"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
-    if cfg.head_size is not None:
-        check_int("head_size", cfg.head_size, 1, ConfigError)
-    elif cfg.d_model % cfg.n_heads != 0:
+    if cfg.head_dim is not None:
+        check_int("head_dim", cfg.head_dim, 1, ConfigError)
+    elif cfg.kv_lora_rank == 0 and cfg.d_model % cfg.n_heads != 0:
         divisors = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0][:12]
         raise ConfigError(
             f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads}); "
@@ -62,6 +64,10 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             )
     if cfg.sliding_window is not None:
         check_int("sliding_window", cfg.sliding_window, 1, ConfigError)
+    for name in ("layer_types", "nope_layers"):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, tuple):
+            raise ConfigError(f"{name} must be a tuple, got {type(value).__name__} {value!r}")
     if cfg.layer_types is not None:
         if len(cfg.layer_types) != cfg.n_layers:
             raise ConfigError(
@@ -81,19 +87,33 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
         )
     _validate_moe(cfg)
     _validate_mla(cfg)
-    if cfg.position == "rope":
-        from companion.ops.rope import rope_frequencies
-
-        try:
-            rope_frequencies(
-                cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
-            )
-        except ValueError as err:
-            raise ConfigError(f"rope settings: {err}") from None
+    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, RopeScaling):
+        raise ConfigError(
+            f"rope_scaling must be a RopeScaling or None, got {type(cfg.rope_scaling).__name__} "
+            f"{cfg.rope_scaling!r}; e.g. RopeScaling('linear', factor=8.0)"
+        )
     if not (isinstance(cfg.norm_eps, (int, float)) and cfg.norm_eps > 0):
         raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
     if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):
         raise ConfigError(f"init_std must be a positive number, got {cfg.init_std!r}")
+
+
+def validate_rope(cfg: ModelConfig) -> None:
+    """Raise a ConfigError if RoPE's tables cannot be built for ``cfg`` (resolved widths)."""
+    if cfg.position != "rope":
+        return
+    try:
+        rope_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor)
+    except ValueError as err:
+        raise ConfigError(f"rope settings: {err}") from None
+
+
+# TopKRouter's argument -> the config field that sets it
+_ROUTER_NAMES = {
+    "top_k": "experts_per_token",
+    "n_groups": "router_groups",
+    "topk_groups": "router_topk_groups",
+}
 
 
 def _validate_moe(cfg: ModelConfig) -> None:
@@ -111,34 +131,18 @@ def _validate_moe(cfg: ModelConfig) -> None:
             raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
     if cfg.n_experts == 0:
         return
-    if not 1 <= cfg.experts_per_token <= cfg.n_experts:
-        raise ConfigError(
-            f"experts_per_token must be in [1, n_experts={cfg.n_experts}], "
-            f"got {cfg.experts_per_token}"
-        )
     if cfg.expert_d_ff is not None:
         check_int("expert_d_ff", cfg.expert_d_ff, 1, ConfigError)
     for name in ("router_groups", "router_topk_groups"):
         check_int(name, getattr(cfg, name), 1, ConfigError)
-    if cfg.n_experts % cfg.router_groups != 0:
-        raise ConfigError(
-            f"n_experts ({cfg.n_experts}) must be a multiple of router_groups ({cfg.router_groups})"
-        )
-    if cfg.router_topk_groups > cfg.router_groups:
-        raise ConfigError(
-            f"router_topk_groups ({cfg.router_topk_groups}) must be <= router_groups "
-            f"({cfg.router_groups})"
-        )
-    per_group = cfg.n_experts // cfg.router_groups
-    if cfg.router_groups > 1 and (
-        per_group < 2 or cfg.experts_per_token > cfg.router_topk_groups * per_group
-    ):
-        raise ConfigError(
-            f"group-limited routing needs >= 2 experts per group and experts_per_token <= "
-            f"router_topk_groups * n_experts / router_groups; got n_experts={cfg.n_experts}, "
-            f"router_groups={cfg.router_groups}, router_topk_groups={cfg.router_topk_groups}, "
-            f"experts_per_token={cfg.experts_per_token}"
-        )
+    check_routing(
+        cfg.n_experts,
+        cfg.experts_per_token,
+        cfg.router_groups,
+        cfg.router_topk_groups,
+        names=_ROUTER_NAMES,
+        error=ConfigError,
+    )
     if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
         raise ConfigError("shared_expert_gate needs a shared expert: set shared_d_ff > 0")
 
@@ -161,6 +165,13 @@ def _validate_mla(cfg: ModelConfig) -> None:
     if cfg.position != "rope":
         raise ConfigError(
             f"multi-head latent attention needs position='rope', got {cfg.position!r}"
+        )
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    if cfg.head_dim not in (None, qk):
+        raise ConfigError(
+            f"head_dim under multi-head latent attention is qk_nope_head_dim + "
+            f"qk_rope_head_dim = {qk} (or None), got {cfg.head_dim}; MLA sets its widths "
+            "with qk_nope_head_dim, qk_rope_head_dim and v_head_dim"
         )
 
 

@@ -11,9 +11,9 @@ Meta's original Llama code). :func:`apply_rope_reference` rotates with complex n
 is the definition; :func:`apply_rope` is the fast real-valued form; tests check they agree.
 
 :func:`rope_frequencies` returns ``(inv_freq (F,), attention_scale)`` for a base ``theta``
-and an optional scaling dict ``{"rope_type": ..., ...}`` with the keys used by released
-configs: ``linear`` (``factor``), ``dynamic`` (``factor``; NTK base stretch once the
-sequence outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
+and an optional :class:`RopeScaling` whose fields are the keys released configs use:
+``linear`` (``factor``), ``dynamic`` (``factor``; NTK base stretch once the sequence
+outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
 ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
 ``mscale_all_dim``, ``attention_factor``, ``truncate``) and ``llama3`` (``factor``,
 ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
@@ -22,6 +22,8 @@ sequence outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -29,6 +31,7 @@ from torch import Tensor
 __all__ = [
     "LAYOUTS",
     "ROPE_TYPES",
+    "RopeScaling",
     "apply_rope",
     "apply_rope_reference",
     "rope_cos_sin",
@@ -38,6 +41,55 @@ __all__ = [
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 LAYOUTS = ("half", "interleaved")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """One context-extension setting of RoPE; frozen, so a config holding it hashes.
+
+    ``rope_type`` is one of :data:`ROPE_TYPES`; the other fields are the keys of released
+    configs (None: the scheme's default). Checked when built: ``linear``, ``dynamic`` and
+    ``llama3`` need a positive ``factor``, ``llama3`` its three other numbers.
+    """
+
+    rope_type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        kind = self.rope_type
+        if kind not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {kind!r}")
+        if kind in ("linear", "dynamic", "llama3") and not self.factor:
+            raise ValueError(f"rope_type {kind!r} needs a positive factor, got {self.factor!r}")
+        if kind == "llama3":
+            needed = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            missing = [name for name in needed if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"rope_type 'llama3' needs {missing}")
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, object]) -> RopeScaling | None:
+        """From a released config's dict (``type`` accepted for ``rope_type``); None for
+        ``default``. Unknown keys raise, naming the known ones."""
+        params = dict(params)
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params.pop("type")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise ValueError(f"unknown RoPE scaling key(s) {unknown}; known: {known}")
+        if params.get("rope_type", "default") == "default":
+            return None
+        return cls(**params)  # type: ignore[arg-type]
 
 
 def _base_inv_freq(rotary_dim: int, theta: float) -> Tensor:
@@ -52,24 +104,24 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def _yarn(
-    inv_freq: Tensor, rotary_dim: int, theta: float, p: dict, max_pos: int
+    inv_freq: Tensor, rotary_dim: int, theta: float, p: RopeScaling, max_pos: int
 ) -> tuple[Tensor, float]:
     """YaRN: keep fast-rotating pairs, interpolate slow ones, ramp in between; scale logits."""
-    orig = p.get("original_max_position_embeddings") or max_pos
-    factor = p.get("factor") or max_pos / orig
-    attn = p.get("attention_factor")
+    orig = p.original_max_position_embeddings or max_pos
+    factor = p.factor or max_pos / orig
+    attn = p.attention_factor
     if attn is None:
-        if p.get("mscale") and p.get("mscale_all_dim"):
-            attn = yarn_mscale(factor, p["mscale"]) / yarn_mscale(factor, p["mscale_all_dim"])
+        if p.mscale and p.mscale_all_dim:
+            attn = yarn_mscale(factor, p.mscale) / yarn_mscale(factor, p.mscale_all_dim)
         else:
             attn = yarn_mscale(factor)
-    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+    beta_fast, beta_slow = p.beta_fast or 32, p.beta_slow or 1
 
     def pair_index(n_rotations: float) -> float:  # the pair that turns n times over `orig`
         return rotary_dim * math.log(orig / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = pair_index(beta_fast), pair_index(beta_slow)
-    if p.get("truncate", True):
+    if p.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
@@ -79,10 +131,10 @@ def _yarn(
     return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attn)
 
 
-def _llama3(inv_freq: Tensor, p: dict) -> Tensor:
+def _llama3(inv_freq: Tensor, p: RopeScaling) -> Tensor:
     """Llama 3.1: divide long wavelengths by ``factor``, keep short ones, blend the middle."""
-    factor, orig = p["factor"], p["original_max_position_embeddings"]
-    low_f, high_f = p["low_freq_factor"], p["high_freq_factor"]
+    factor, orig = p.factor, p.original_max_position_embeddings
+    low_f, high_f = p.low_freq_factor, p.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > orig / low_f, inv_freq / factor, inv_freq)
     smooth = (orig / wavelen - low_f) / (high_f - low_f)
@@ -94,7 +146,7 @@ def _llama3(inv_freq: Tensor, p: dict) -> Tensor:
 def rope_frequencies(
     head_dim: int,
     theta: float = 10000.0,
-    scaling: dict | None = None,
+    scaling: RopeScaling | None = None,
     partial_rotary_factor: float = 1.0,
     max_position_embeddings: int = 2048,
     seq_len: int | None = None,
@@ -108,31 +160,22 @@ def rope_frequencies(
         raise ValueError(
             f"rotary width head_dim * partial_rotary_factor must be even and >= 2, got {rotary_dim}"
         )
-    p = dict(scaling or {})
-    kind = p.get("rope_type", p.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {kind!r}")
-    if kind in ("linear", "dynamic", "llama3") and not p.get("factor"):
-        raise ValueError(f"rope_type {kind!r} needs a positive 'factor', got {p.get('factor')!r}")
+    if scaling is not None and not isinstance(scaling, RopeScaling):
+        raise TypeError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
+    p = RopeScaling("default") if scaling is None else scaling
+    kind = p.rope_type
     if kind == "dynamic":
         n = max(seq_len or max_position_embeddings, max_position_embeddings)
-        grow = (p["factor"] * n / max_position_embeddings - (p["factor"] - 1)) ** (
+        grow = (p.factor * n / max_position_embeddings - (p.factor - 1)) ** (
             rotary_dim / (rotary_dim - 2)
         )
         return _base_inv_freq(rotary_dim, theta * grow), 1.0
     inv_freq = _base_inv_freq(rotary_dim, theta)
     if kind == "linear":
-        return inv_freq / p["factor"], 1.0
+        return inv_freq / p.factor, 1.0
     if kind == "yarn":
         return _yarn(inv_freq, rotary_dim, theta, p, max_position_embeddings)
     if kind == "llama3":
-        missing = [
-            k
-            for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-            if k not in p
-        ]
-        if missing:
-            raise ValueError(f"rope_type 'llama3' needs {missing}")
         return _llama3(inv_freq, p), 1.0
     return inv_freq, 1.0
 
