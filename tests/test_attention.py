@@ -159,7 +159,16 @@ BAD_INPUTS = {
     "v-S-mismatch": (_bad(v=torch.randn(1, 2, 7, 8)), r"k and v must share S"),
     "mask-not-bool": (_bad(mask=torch.ones(4, 6)), r"^mask must be a bool"),
     "mask-wrong-shape": (_bad(mask=torch.ones(3, 6, dtype=torch.bool)), r"^mask of shape"),
+    "mask-5d": (_bad(mask=torch.ones(1, 1, 2, 4, 6, dtype=torch.bool)), r"^mask of shape"),
 }
+
+
+def test_masks_that_broadcast_are_accepted():
+    q, k, v, _ = _bad()
+    want = naive_attention(q, k, v)
+    for shape in [(6,), (4, 6), (1, 4, 1), (2, 1, 6), (1, 2, 4, 6)]:
+        mask = torch.ones(shape, dtype=torch.bool)
+        torch.testing.assert_close(naive_attention(q, k, v, mask=mask), want)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
