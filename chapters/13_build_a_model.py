@@ -306,6 +306,35 @@ assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
 # three layers in four keep a fixed-size state instead of a cache (chapter 11). Qwen3-235B
 # is the exception that shows the dial: four KV heads, but 94 layers, so 188 KiB.
 #
+# ## Drawing the architecture
+#
+# The same config also draws the model. `block_diagram` draws one column per kind of block
+# a stack holds, the stream going up and the residual path on the left, and
+# `model_diagram` draws the stack as two strips, the token mixer of every layer over its
+# FFN. Every label is read from a field, so a changed field changes the drawing. Here is
+# the hybrid Qwen3-Next: a Gated DeltaNet block and a gated, grouped-query attention block,
+# both with 512 routed experts, and the 3:1 pattern of the two across its 48 layers.
+
+# %%
+from companion.analysis.diagrams import block_diagram, block_parts, model_diagram  # noqa: E402
+
+qwen_next = preset("qwen3-next-80b-a3b")
+block_diagram(qwen_next)
+plt.show()
+model_diagram(qwen_next)
+plt.show()
+# the drawing follows the config: one field changed, one label changed
+kinds = [p.kind for p in block_parts(qwen_next, 3)]  # layer 3: full attention
+assert kinds == ["norm", "full", "add", "norm", "moe", "add"]
+gqa = next(p for p in block_parts(qwen_next, 3) if p.kind == "full").title
+mqa = next(p for p in block_parts(qwen_next.replace(n_kv_heads=1), 3) if p.kind == "full").title
+print(f"{gqa}  ->  with n_kv_heads=1: {mqa}")
+assert gqa.startswith(f"GQA {qwen_next.n_heads}:{qwen_next.n_kv_heads}") and mqa.startswith("MQA")
+
+# %% [markdown]
+# *Top: Qwen3-Next-80B-A3B's two kinds of block, drawn from its preset; bottom: its 48
+# layers, each cell coloured by its token mixer (upper strip) and its FFN (lower strip).*
+#
 # ## The calculator
 #
 # One function builds a configuration from a preset and a few dials, through

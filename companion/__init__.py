@@ -37,6 +37,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "decode_attention_bytes", "decode_attention_flops", "max_context_tokens",
         "projected_tokens", "ridge_point",
     ),
+    "analysis.diagrams": (
+        "block_diagram", "block_parts", "COLORS", "layer_groups", "model_diagram", "Part",
+    ),
     "analysis.diagnostics": (
         "attention_logit_max", "AttentionLogitTracker", "block_grad_norms",
         "capture_stream", "identity_path_jacobian", "IdentityPath", "LayerTracker",
