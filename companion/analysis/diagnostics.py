@@ -181,7 +181,7 @@ class LayerTracker:
 
     ``with tracker: train(...)``; afterwards ``tracker.history`` is ``(calls, L)``. A
     subclass says which module of each layer it watches and what it measures there
-    (:meth:`_watch`), and calls :meth:`_record` once per layer and pass, in layer order.
+    (``_watch``), and calls ``_record`` once per layer and pass, in layer order.
     """
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:

@@ -40,7 +40,7 @@ _GLU = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh)", "relu": 
 
 @dataclass(frozen=True)
 class Part:
-    """One box of a block: its mechanism (a :data:`COLORS` key), title and detail line."""
+    """One box of a block: its mechanism (a ``COLORS`` key), title and detail line."""
 
     kind: str
     title: str

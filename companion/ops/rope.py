@@ -47,7 +47,7 @@ LAYOUTS = ("half", "interleaved")
 class RopeScaling:
     """One context-extension setting of RoPE; frozen, so a config holding it hashes.
 
-    ``rope_type`` is one of :data:`ROPE_TYPES`; the other fields are the keys of released
+    ``rope_type`` is one of ``ROPE_TYPES``; the other fields are the keys of released
     configs (None: the scheme's default). Checked when built: ``linear``, ``dynamic`` and
     ``llama3`` need a positive ``factor``, ``llama3`` its three other numbers.
     """
