@@ -222,7 +222,8 @@ for name, row in rows.items():
 # grouped queries, latent attention, windows and, in the last hybrid, three Gated DeltaNet
 # layers per softmax layer. The vocabulary grows fivefold.
 #
-# The rows agree with a hand-made spec sheet of the same models in the seed article
+# The rows agree with the hand-made spec sheet of the same models in Anirudh Srinivasan's
+# article *What Changed Inside the Transformer?*
 # wherever that sheet gives a number from the config, which the cell below checks field
 # by field. Three differences are matters of what one calls "the context": the configs
 # store `max_position_embeddings`, which is 32,768 for Mistral 7B (the paper trained at

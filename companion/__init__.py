@@ -119,7 +119,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "models.generation": ("decode_n_tokens", "decode_one_token", "generate", "prefill", "sample"),
     "models.mtp": ("mtp_losses", "MTPModule", "trunk_forward"),
-    "models.presets": ("preset", "PRESETS", "spec_row", "tiny"),
+    "models.presets": (
+        "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base", "spec_row", "tiny",
+    ),
     "models.seq2seq": (
         "base_param_breakdown", "PAPER_BASE_PARAMS", "Seq2SeqTransformer",
         "transformer_base_config",

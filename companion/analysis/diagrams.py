@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyBboxPatch, Patch, Rectangle
 
 from companion.models.config import ModelConfig
+from companion.models.presets import GLU_NAMES, head_sharing, rope_base
 from companion.plotting import PALETTE
 
 __all__ = ["COLORS", "Part", "block_diagram", "block_parts", "layer_groups", "model_diagram"]
@@ -35,7 +36,6 @@ COLORS = {
     "embedding": "#999999",
 }
 _NAMES = {"full": "full attention", "sliding": "sliding window", "linear": "Gated DeltaNet"}
-_GLU = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU (tanh)", "relu": "ReGLU"}
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,13 @@ def _norm(cfg: ModelConfig) -> Part:
 
 def _heads(cfg: ModelConfig) -> str:
     h, h_kv = cfg.n_heads, cfg.n_kv_heads
-    name = "MHA" if h == h_kv else ("MQA" if h_kv == 1 else "GQA")
-    return f"{name} {h}:{h_kv}, head dim {cfg.head_dim}"
+    return f"{head_sharing(h, h_kv)} {h}:{h_kv}, head dim {cfg.head_dim}"
+
+
+def _mixer_kind(cfg: ModelConfig, layer: int) -> str:
+    """``"full"``, ``"sliding"``, ``"linear"`` or, for MLA's attention layers, ``"latent"``."""
+    kind = cfg.layer_types[layer]
+    return "latent" if cfg.is_mla and kind != "linear" else kind
 
 
 def _position(cfg: ModelConfig, layer: int) -> str:
@@ -64,12 +69,12 @@ def _position(cfg: ModelConfig, layer: int) -> str:
         return ""
     if layer in cfg.nope_layers:
         return "NoPE"
-    kind = cfg.layer_types[layer]
-    theta = cfg.rope_local_theta if kind == "sliding" and cfg.rope_local_theta else cfg.rope_theta
-    text = "RoPE θ=" + f"{theta:g}".replace("e+0", "e").replace("e+", "e")
+    # sliding layers with their own base keep it unscaled (models.builders.rotary_embedding)
+    local = cfg.layer_types[layer] == "sliding" and cfg.rope_local_theta is not None
+    text = f"RoPE θ={rope_base(cfg.rope_local_theta if local else cfg.rope_theta)}"
     if cfg.partial_rotary_factor < 1:
         text += f" on {cfg.partial_rotary_factor:g} of D"
-    if cfg.rope_scaling is not None and not (kind == "sliding" and cfg.rope_local_theta):
+    if cfg.rope_scaling is not None and not local:
         text += f", {cfg.rope_scaling.rope_type}"
     return text
 
@@ -100,7 +105,8 @@ def _mixer(cfg: ModelConfig, layer: int) -> Part:
 
 def _ffn(cfg: ModelConfig, layer: int) -> Part:
     act = cfg.activation.split("_")[0].upper()
-    form = f"{_GLU[cfg.activation]}, 3 matrices" if cfg.ffn == "glu" else f"{act} MLP, 2 matrices"
+    glu = f"{GLU_NAMES[cfg.activation]}, 3 matrices"
+    form = glu if cfg.ffn == "glu" else f"{act} MLP, 2 matrices"
     if cfg.is_moe_layer(layer):
         shared = " + 1 shared" if cfg.shared_d_ff else ""
         title = f"MoE {cfg.n_experts} routed{shared}, top-{cfg.experts_per_token}"
@@ -115,8 +121,8 @@ def block_parts(cfg: ModelConfig, layer: int = 0) -> list[Part]:
         raise ValueError(f"layer must be in [0, n_layers={cfg.n_layers}), got {layer}")
     drop = f"dropout {cfg.dropout:g}" if cfg.dropout else ""
     parts: list[Part] = []
+    placement = cfg.norm_placement
     for sublayer in (_mixer(cfg, layer), _ffn(cfg, layer)):
-        placement = cfg.norm_placement
         parts += [_norm(cfg)] if placement in ("pre", "sandwich") else []
         parts.append(sublayer)
         parts += [_norm(cfg)] if placement in ("sandwich", "post_branch") else []
@@ -128,10 +134,10 @@ def block_parts(cfg: ModelConfig, layer: int = 0) -> list[Part]:
 def layer_groups(cfg: ModelConfig) -> dict[tuple[str, str, bool], list[int]]:
     """(mixer kind, FFN kind, NoPE) -> the layers with that block, by first layer."""
     groups: dict[tuple[str, str, bool], list[int]] = {}
-    for layer, kind in enumerate(cfg.layer_types):
-        mixer = "latent" if cfg.is_mla and kind != "linear" else kind
+    for layer in range(cfg.n_layers):
         ffn = "moe" if cfg.is_moe_layer(layer) else "dense"
-        groups.setdefault((mixer, ffn, layer in cfg.nope_layers), []).append(layer)
+        key = (_mixer_kind(cfg, layer), ffn, layer in cfg.nope_layers)
+        groups.setdefault(key, []).append(layer)
     return groups
 
 
@@ -213,7 +219,7 @@ def model_diagram(cfg: ModelConfig) -> Figure:
     scale = " × √d" if cfg.scale_embeddings else ""
     embed = Part("embedding", "embedding", f"{cfg.vocab_size:,} × {cfg.d_model}{scale}{position}")
     _box(ax, -1.3, 0.5, 2.2, 0.9, embed, wrap=26)
-    mixers = ["latent" if cfg.is_mla and k != "linear" else k for k in cfg.layer_types]
+    mixers = [_mixer_kind(cfg, i) for i in range(n)]
     ffns = ["moe" if cfg.is_moe_layer(i) else "dense" for i in range(n)]
     for i in range(n):
         for row, kind in ((0.55, mixers[i]), (0.0, ffns[i])):

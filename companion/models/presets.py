@@ -17,7 +17,7 @@ import math
 from companion.models.config import ModelConfig
 from companion.ops.rope import RopeScaling
 
-__all__ = ["PRESETS", "preset", "spec_row", "tiny"]
+__all__ = ["GLU_NAMES", "PRESETS", "head_sharing", "preset", "rope_base", "spec_row", "tiny"]
 
 
 def _gpt2(**fields: object) -> ModelConfig:
@@ -322,14 +322,21 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-_GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU", "relu": "ReGLU"}
+GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU", "relu": "ReGLU"}
 _PLACEMENTS = {"pre": "pre", "post": "post", "sandwich": "sandwich", "post_branch": "post-branch"}
 
 
-def _base(theta: float) -> str:
+def rope_base(theta: float) -> str:
     """A RoPE base as the chapters write it: 5e5, 1.5e5, 1e4."""
     mantissa, exponent = f"{theta:e}".split("e")
     return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def head_sharing(n_heads: int, n_kv_heads: int) -> str:
+    """``"MHA"``, ``"GQA"`` or ``"MQA"``: how many query heads share a key/value head."""
+    if n_heads == n_kv_heads:
+        return "MHA"
+    return "MQA" if n_kv_heads == 1 else "GQA"
 
 
 def _period(kinds: tuple[str, ...]) -> tuple[str, ...]:
@@ -348,7 +355,7 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
         cfg.position, "none"
     )
     if cfg.position == "rope":
-        position = f"RoPE, b={_base(cfg.rope_theta)}"
+        position = f"RoPE, b={rope_base(cfg.rope_theta)}"
         if cfg.partial_rotary_factor < 1:
             position += f", on {cfg.partial_rotary_factor:g} of D"
         if cfg.rope_scaling is not None:
@@ -356,9 +363,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
             position += f", {cfg.rope_scaling.rope_type}"
             position += f" ×{factor:g}" if factor else ""
         if cfg.rope_local_theta is not None:
-            position += f"; local b={_base(cfg.rope_local_theta)}"
+            position += f"; local b={rope_base(cfg.rope_local_theta)}"
     act = cfg.activation.split("_")[0].upper()
-    ffn = _GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
+    ffn = GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
     if cfg.n_experts:
         shared = "+1" if cfg.shared_d_ff else ""
         ffn = "clamped " + ffn if cfg.expert_kind == "gpt_oss" else ffn
@@ -369,7 +376,8 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     if cfg.is_mla:
         attention = f"MLA r={cfg.kv_lora_rank}, {h} heads"
     else:
-        attention = f"MHA {h}" if h == h_kv else f"{'MQA' if h_kv == 1 else 'GQA'} {h}:{h_kv}"
+        sharing = head_sharing(h, h_kv)
+        attention = f"MHA {h}" if sharing == "MHA" else f"{sharing} {h}:{h_kv}"
     if cfg.attn_output_gate:
         attention = "gated " + attention
     unit = _period(cfg.layer_types)
