@@ -43,7 +43,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -64,7 +65,11 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 
 from companion.device import default_device, describe
-from companion.layers.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
+from companion.layers.additive_attention import (
+    AdditiveAttention,
+    AttentionSeq2Seq,
+    reversal_task,
+)
 from companion.layers.rnn import (
     GRU,
     LSTM,
@@ -107,7 +112,10 @@ print(describe(DEVICE))
 # applies it along a sequence:
 
 # %%
-Code(inspect.getsource(lstm_cell) + "\n" + inspect.getsource(LSTM.forward), language="python")
+Code(
+    inspect.getsource(lstm_cell) + "\n" + inspect.getsource(LSTM.forward),
+    language="python",
+)
 
 # %% [markdown]
 # `companion.layers.rnn.LSTM` holds a `torch.nn.LSTM` and reads its weights, so the written-out loop
@@ -127,7 +135,8 @@ for layer in (LSTM(16, 24), GRU(16, 24)):
         grads[impl] = torch.autograd.grad(out.square().sum(), list(layer.parameters()))
     err_out = (outs["reference"] - outs["torch"]).abs().max().item()
     err_grad = max(
-        (a - b).abs().max().item() for a, b in zip(grads["reference"], grads["torch"], strict=True)
+        (a - b).abs().max().item()
+        for a, b in zip(grads["reference"], grads["torch"], strict=True)
     )
     print(
         f"{type(layer).__name__}: max |Δ output| < 1e-5: {err_out < 1e-5}, |Δ grad| < 1e-4: {err_grad < 1e-4}"
@@ -190,7 +199,9 @@ assert abs(n_lstm / n_transformer - 1) < 0.1
 seed_everything(0)
 lengths = [16, 32, 64, 128, 256]
 lstm_layer = LSTM(32, 32)
-block = build_block(ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=4, attn_impl="reference"))
+block = build_block(
+    ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=4, attn_impl="reference")
+)
 depth_lstm, depth_attn = [], []
 for t in lengths:
     xt = torch.randn(1, t, 32)
@@ -270,10 +281,19 @@ assert 0.7 < slopes["LSTM, reference loop"] < 1.3  # one step after another: lin
 assert batch_ratio < 16  # 64× the arithmetic, far less than 64× the time
 
 # %%
-COLORS = {"LSTM": PALETTE[0], "fused": PALETTE[5], "attention": PALETTE[2], "RNN": PALETTE[1]}
+COLORS = {
+    "LSTM": PALETTE[0],
+    "fused": PALETTE[5],
+    "attention": PALETTE[2],
+    "RNN": PALETTE[1],
+}
 fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
-axes[0].loglog(lengths, depth_lstm, "o-", color=COLORS["LSTM"], label="LSTM (reference loop)")
-axes[0].loglog(lengths, depth_attn, "s-", color=COLORS["attention"], label="attention block")
+axes[0].loglog(
+    lengths, depth_lstm, "o-", color=COLORS["LSTM"], label="LSTM (reference loop)"
+)
+axes[0].loglog(
+    lengths, depth_attn, "s-", color=COLORS["attention"], label="attention block"
+)
 axes[0].set_xticks(lengths, [str(t) for t in lengths])
 axes[0].set(
     xlabel="sequence length T (tokens)",
@@ -354,7 +374,9 @@ plt.show()
 def gradient_reach(layer, n_steps: int = 128, width: int = 64) -> np.ndarray:
     """Mean ‖∂loss/∂x_t‖ against the distance d = T - 1 - t from the scored last position."""
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(16, n_steps, width, generator=gen, dtype=torch.float64).requires_grad_()
+    x = torch.randn(
+        16, n_steps, width, generator=gen, dtype=torch.float64
+    ).requires_grad_()
     out = layer(x)  # (B, T, H)
     w = torch.randn(out.shape[-1], generator=gen, dtype=torch.float64)
     (out[:, -1] @ w).sum().backward()
@@ -362,7 +384,11 @@ def gradient_reach(layer, n_steps: int = 128, width: int = 64) -> np.ndarray:
 
 
 seed_everything(0)
-rnn64, lstm64, lstm_open = RNN(64, 64).double(), LSTM(64, 64).double(), LSTM(64, 64).double()
+rnn64, lstm64, lstm_open = (
+    RNN(64, 64).double(),
+    LSTM(64, 64).double(),
+    LSTM(64, 64).double(),
+)
 with torch.no_grad():
     for bias in (lstm_open.core.bias_ih_l0, lstm_open.core.bias_hh_l0):
         bias[64:128] += 1.5  # the forget gate's slice: +3 in total
@@ -377,22 +403,32 @@ print(f"{'distance d':>24}" + "".join(f"{d:>9}" for d in (1, 4, 16, 64, 127)))
 for name, g in reach.items():
     print(f"{name:>24}" + "".join(f"{g[d]:>9.0e}" for d in (1, 4, 16, 64, 127)))
 factor = {
-    name: np.exp(np.polyfit(range(1, 65), np.log(g[1:65]), 1)[0]) for name, g in reach.items()
+    name: np.exp(np.polyfit(range(1, 65), np.log(g[1:65]), 1)[0])
+    for name, g in reach.items()
 }
-print("average factor per step over d = 1..64:", {k: round(float(v), 2) for k, v in factor.items()})
+print(
+    "average factor per step over d = 1..64:",
+    {k: round(float(v), 2) for k, v in factor.items()},
+)
 
 # %%
 span = {name: g[1] / g[127] for name, g in reach.items()}  # decay from d = 1 to d = 127
-assert reach["vanilla RNN"][1] / reach["vanilla RNN"][64] > 1e20  # 20 orders in 64 steps
+assert (
+    reach["vanilla RNN"][1] / reach["vanilla RNN"][64] > 1e20
+)  # 20 orders in 64 steps
 assert span["LSTM"] > 1e10  # a half-open forget gate halves the signal at every step
-assert span["LSTM, forget gate open"] < 1e2  # the carousel: an open gate lets it through
+assert (
+    span["LSTM, forget gate open"] < 1e2
+)  # the carousel: an open gate lets it through
 g_attn = reach["attention block"][1:]
 assert g_attn.max() / g_attn.min() < 3  # attention: no decay with distance at all
 
 # %%
 fig, ax = plt.subplots(figsize=(6.6, 3.8))
 colors = (COLORS["RNN"], COLORS["LSTM"], COLORS["fused"], COLORS["attention"])
-for (name, g), color, style in zip(reach.items(), colors, ("-", "-", "--", "-"), strict=True):
+for (name, g), color, style in zip(
+    reach.items(), colors, ("-", "-", "--", "-"), strict=True
+):
     ax.semilogy(range(len(g)), g, style, label=name, color=color)
 ax.set(
     xlabel="distance d back from the scored position (tokens)",
@@ -445,7 +481,9 @@ eval_gen = torch.Generator().manual_seed(1234)
 eval_sets = [
     [
         t.to(DEVICE)
-        for t in distant_recall(EVAL_N, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, d, eval_gen)[:2]
+        for t in distant_recall(EVAL_N, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, d, eval_gen)[
+            :2
+        ]
     ]
     for d in eval_distances
 ]
@@ -454,10 +492,15 @@ eval_sets = [
 @torch.no_grad()
 def accuracy_by_distance(model: torch.nn.Module) -> list[float]:
     model.eval()
-    return [(model(x)[:, -1].argmax(-1) == y[:, -1]).float().mean().item() for x, y in eval_sets]
+    return [
+        (model(x)[:, -1].argmax(-1) == y[:, -1]).float().mean().item()
+        for x, y in eval_sets
+    ]
 
 
-def train_on_recall(model: torch.nn.Module, seed: int = 0) -> tuple[list[list[float]], list[float]]:
+def train_on_recall(
+    model: torch.nn.Module, seed: int = 0
+) -> tuple[list[list[float]], list[float]]:
     """Train with the shared budget; return accuracy snapshots (10 + the start) and losses."""
     gen = torch.Generator().manual_seed(seed)
     snaps = [accuracy_by_distance(model)]
@@ -467,7 +510,9 @@ def train_on_recall(model: torch.nn.Module, seed: int = 0) -> tuple[list[list[fl
         return 1.0 - float(np.mean(snaps[-1]))  # train() records this error rate
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, _ = distant_recall(BATCH, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, generator=gen)
+        x, y, _ = distant_recall(
+            BATCH, SEQ_LEN, N_SIGNALS, N_DISTRACTORS, generator=gen
+        )
         return x.to(DEVICE), y.to(DEVICE)
 
     hist = train(
@@ -475,7 +520,9 @@ def train_on_recall(model: torch.nn.Module, seed: int = 0) -> tuple[list[list[fl
         batch,
         STEPS,
         make_adamw(model, lr=LR, weight_decay=0.0),
-        lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        lr_at=lambda s: cosine_lr(
+            s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+        ),
         eval_fn=snapshot,
         eval_every=STEPS // 10,
     )
@@ -493,7 +540,9 @@ print(f"{'distance':>10}" + "".join(f"{d:>6}" for d in eval_distances))
 print(f"{'Transformer':>10}" + "".join(f"{a:>6.2f}" for a in acc_tf))
 print(f"{'LSTM':>10}" + "".join(f"{a:>6.2f}" for a in acc_lstm))
 mastered = [i for i, snap in enumerate(snaps_tf) if min(snap) > 0.9]
-print(f"the Transformer was above 0.9 at every distance after {STEPS // 10 * mastered[0]} steps")
+print(
+    f"the Transformer was above 0.9 at every distance after {STEPS // 10 * mastered[0]} steps"
+)
 
 # %%
 chance = 1 / N_SIGNALS
@@ -502,7 +551,9 @@ assert (acc_tf > 0.9).all()  # the Transformer recalls at every distance...
 assert mastered[0] <= 5  # ...and needed at most half the budget to get there
 assert acc_lstm[far].mean() < chance + 0.1  # ...the LSTM guesses at 64 steps and beyond
 assert acc_lstm[0] > 3 * chance  # although it did learn the short distances
-assert (acc_lstm[:3].mean() - acc_lstm[far].mean()) > 0.2  # its accuracy falls with distance
+assert (
+    acc_lstm[:3].mean() - acc_lstm[far].mean()
+) > 0.2  # its accuracy falls with distance
 print(
     f"chance {chance:.3f}; LSTM at d ≥ 64: {acc_lstm[far].mean():.2f}; Transformer: {acc_tf[far].min():.2f}"
 )
@@ -521,7 +572,13 @@ snap_steps = [STEPS // 10 * i for i in range(len(snaps_tf))]
 
 def draw_recall(i: int) -> None:
     ax.clear()
-    ax.semilogx(eval_distances, snaps_tf[i], "s-", color=COLORS["attention"], label="Transformer")
+    ax.semilogx(
+        eval_distances,
+        snaps_tf[i],
+        "s-",
+        color=COLORS["attention"],
+        label="Transformer",
+    )
     ax.semilogx(eval_distances, snaps_lstm[i], "o-", color=COLORS["LSTM"], label="LSTM")
     ax.axhline(chance, color="grey", ls=":", label="chance (1/16)")
     ax.set_xticks(eval_distances, [str(d) for d in eval_distances])
@@ -596,14 +653,18 @@ rev_hist = train(
     lr_at=lambda s: cosine_lr(s, 3e-3, warmup=20, total=REV_STEPS, min_lr=3e-4),
     loss_fn=seq2seq_loss,
 )
-src, tgt_in, tgt_out = reversal_task(256, REV_LEN, REV_VOCAB, torch.Generator().manual_seed(99))
+src, tgt_in, tgt_out = reversal_task(
+    256, REV_LEN, REV_VOCAB, torch.Generator().manual_seed(99)
+)
 with torch.no_grad():
     logits, align = seq2seq(src, tgt_in)  # align: (B, T, S)
 mirror = torch.arange(REV_LEN - 1, -1, -1)  # output i should read source 9 - i
 word_acc = (logits.argmax(-1) == tgt_out).float().mean().item()
 hits = (align.argmax(-1) == mirror).float().mean().item()
 mass = align[:, torch.arange(REV_LEN), mirror].mean().item()
-print(f"reversal accuracy {word_acc:.2f}; largest weight on the mirrored position: {hits:.2f}")
+print(
+    f"reversal accuracy {word_acc:.2f}; largest weight on the mirrored position: {hits:.2f}"
+)
 print(f"average weight on it: {mass:.2f} (uniform would be {1 / REV_LEN:.2f})")
 assert word_acc > 0.95 and hits > 0.9 and mass > 3 / REV_LEN
 
@@ -619,7 +680,10 @@ heatmap(
     vmax=1.0,
 )
 fig.colorbar(ax.images[0], ax=ax, label="attention weight α")
-ax.set(xlabel="source position (annotation read)", ylabel="output position (symbol written)")
+ax.set(
+    xlabel="source position (annotation read)",
+    ylabel="output position (symbol written)",
+)
 plt.show()
 
 # %% [markdown]

@@ -36,7 +36,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -147,7 +148,9 @@ print(
 # the package's reference implementation computes exactly this
 ref_out = naive_attention(q[None, None], k[None, None], v[None, None])
 ref_w = attention_weights(q[None, None], k[None, None])
-assert torch.allclose(ref_out[0, 0], out, atol=1e-6) and torch.allclose(ref_w[0, 0], weights)
+assert torch.allclose(ref_out[0, 0], out, atol=1e-6) and torch.allclose(
+    ref_w[0, 0], weights
+)
 
 # %%
 Code(
@@ -161,7 +164,9 @@ Code(
 
 # %%
 fig, ax = plt.subplots(figsize=(5.2, 4.4))
-heatmap(ax, weights.numpy(), pieces, pieces, title="Untrained attention: who looks at whom")
+heatmap(
+    ax, weights.numpy(), pieces, pieces, title="Untrained attention: who looks at whom"
+)
 ax.set_xlabel("key (attended to)")
 ax.set_ylabel("query (looking)")
 plt.show()
@@ -197,10 +202,14 @@ for d_k in [4, 16, 64, 256, 1024]:
                 "scaled": is_scaled,
                 "score_std": s.std().item(),
                 "max_weight": p.max(-1).values.mean().item(),
-                "jacobian_norm": torch.linalg.matrix_norm(jac).median().item(),  # typical row
+                "jacobian_norm": torch.linalg.matrix_norm(jac)
+                .median()
+                .item(),  # typical row
             }
         )
-print(f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} {'median ‖∂p/∂s‖':>15}")
+print(
+    f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} {'median ‖∂p/∂s‖':>15}"
+)
 for r in rows:
     print(
         f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} {r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}"
@@ -216,7 +225,9 @@ assert all(abs(r["score_std"] - 1) < 0.1 for r in scaled)
 # ... so without the scale the softmax saturates and its gradient collapses
 assert unscaled[-1]["max_weight"] > 0.9 and scaled[-1]["max_weight"] < 0.3
 assert unscaled[-1]["jacobian_norm"] < 0.01 * scaled[-1]["jacobian_norm"]
-assert max(r["jacobian_norm"] for r in scaled) < 1.5 * min(r["jacobian_norm"] for r in scaled)
+assert max(r["jacobian_norm"] for r in scaled) < 1.5 * min(
+    r["jacobian_norm"] for r in scaled
+)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
@@ -328,12 +339,15 @@ cfg = ModelConfig(
 model = DecoderLM(cfg).to(DEVICE)
 gen = torch.Generator().manual_seed(0)
 val_batches = [
-    sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE) for i in range(4)
+    sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE)
+    for i in range(4)
 ]
 line = "To be, or not to be"
 line_chars = list(line)
 probe = torch.tensor([chars.encode(line)], device=DEVICE)
-snapshots = [model.attention_maps(probe)[0][0, 3].cpu()]  # layer 1, head 4, before training
+snapshots = [
+    model.attention_maps(probe)[0][0, 3].cpu()
+]  # layer 1, head 4, before training
 
 
 def eval_and_snapshot() -> float:
@@ -352,8 +366,12 @@ hist = train(
 )
 unigram = torch.bincount(train_ids, minlength=chars.vocab_size).float() / len(train_ids)
 unigram_loss = -(unigram[val_ids] + 1e-12).log().mean().item()
-print(f"validation loss {hist.eval_loss[-1]:.2f} nats/char; unigram baseline {unigram_loss:.2f}")
-assert hist.eval_loss[-1] < unigram_loss - 0.8  # it learned far more than letter frequencies
+print(
+    f"validation loss {hist.eval_loss[-1]:.2f} nats/char; unigram baseline {unigram_loss:.2f}"
+)
+assert (
+    hist.eval_loss[-1] < unigram_loss - 0.8
+)  # it learned far more than letter frequencies
 
 # %%
 fig, ax = plt.subplots(figsize=(5.2, 4.4))
@@ -404,7 +422,12 @@ xv = val_batches[0][0]
 head_stats = []
 for layer, m in enumerate(model.attention_maps(xv)):
     t = m.shape[-1]
-    dist = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).clamp(min=0).float().to(m.device)
+    dist = (
+        (torch.arange(t)[:, None] - torch.arange(t)[None, :])
+        .clamp(min=0)
+        .float()
+        .to(m.device)
+    )
     mean_dist = (m * dist).sum(-1).mean(dim=(0, 2))  # (H,)
     prev = torch.diagonal(m, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (H,)
     for h in range(m.shape[1]):
@@ -414,7 +437,9 @@ for layer, h, md, pv in head_stats:
     print(f"{layer:>5} {h:>4} {md:>15.1f} {pv:>25.2f}")
 look_back = [r[2] for r in head_stats]
 prev_weight = [r[3] for r in head_stats]
-assert max(look_back) > 3 * min(look_back)  # some heads look far back, others stay local
+assert max(look_back) > 3 * min(
+    look_back
+)  # some heads look far back, others stay local
 assert max(prev_weight) > 0.3  # at least one head leans on the previous character
 
 # %% [markdown]
@@ -439,7 +464,9 @@ def show_head(layer: int = 2, head: int = 1) -> None:
     plt.show()
 
 
-widgets.interactive(show_head, layer=widgets.IntSlider(2, 1, 2), head=widgets.IntSlider(1, 1, 4))
+widgets.interactive(
+    show_head, layer=widgets.IntSlider(2, 1, 2), head=widgets.IntSlider(1, 1, 4)
+)
 
 # %% [markdown]
 # ## The $n^2$ bill
@@ -490,7 +517,9 @@ print(f"time grows as n^{time_slope:.2f}")
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
 axes[0].loglog(lengths, [m / 2**20 for m in mem_naive], "o-")
 axes[0].set(
-    xlabel="sequence length n", ylabel="peak memory (MiB)", title=f"Memory ∝ n^{mem_slope:.1f}"
+    xlabel="sequence length n",
+    ylabel="peak memory (MiB)",
+    title=f"Memory ∝ n^{mem_slope:.1f}",
 )
 axes[1].loglog(lengths, [1e3 * t for t in time_naive], "o-", color=PALETTE[1])
 axes[1].set(
@@ -531,7 +560,10 @@ final_m, final_l = trace[-1]
 assert torch.allclose(
     torch.exp(row.double() - final_m) / final_l, torch.softmax(row.double(), dim=0)
 )
-print("running (max, sum) after each block:", [(round(m, 2), round(s, 2)) for m, s in trace])
+print(
+    "running (max, sum) after each block:",
+    [(round(m, 2), round(s, 2)) for m, s in trace],
+)
 
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 true_p = torch.softmax(row, dim=0).numpy()
@@ -589,7 +621,9 @@ qq, kk, vv = (torch.randn(2, 4, 300, 32, requires_grad=True) for _ in range(3))
 forms = {
     "reference": lambda a, b, c: naive_attention(a, b, c, causal=True),
     "sdpa": lambda a, b, c: sdpa_attention(a, b, c, causal=True),
-    "tiled": lambda a, b, c: tiled_attention(a, b, c, causal=True, block_q=64, block_k=64),
+    "tiled": lambda a, b, c: tiled_attention(
+        a, b, c, causal=True, block_q=64, block_k=64
+    ),
 }
 results = {}
 for name, fn in forms.items():
@@ -628,7 +662,12 @@ assert mem_naive[-1] > 20 * mem_tiled[-1]
 
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 3.4))
-ax.loglog(lengths, [m / 2**20 for m in mem_naive], "o-", label=f"reference (∝ n^{mem_slope:.1f})")
+ax.loglog(
+    lengths,
+    [m / 2**20 for m in mem_naive],
+    "o-",
+    label=f"reference (∝ n^{mem_slope:.1f})",
+)
 ax.loglog(
     lengths,
     [m / 2**20 for m in mem_tiled],

@@ -40,7 +40,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -114,8 +115,12 @@ for n in [7, 14, 40, 2005, 40302, 110011]:
 
 test_nums = task.test_numbers(per_length=100)  # 400 numbers, 1 to 6 digits
 seen = task.sample_numbers(50_000, torch.Generator().manual_seed(0))
-assert not set(seen.tolist()) & set(test_nums.tolist())  # no test number is ever trained on
-print(f"{vocab.vocab_size} tokens in the shared vocabulary; {len(test_nums)} test numbers")
+assert not set(seen.tolist()) & set(
+    test_nums.tolist()
+)  # no test number is ever trained on
+print(
+    f"{vocab.vocab_size} tokens in the shared vocabulary; {len(test_nums)} test numbers"
+)
 
 # %% [markdown]
 # A batch is padded with `<pad>` and arranged for *teacher forcing*: the decoder reads the
@@ -127,7 +132,9 @@ example = task.batch([7, 40302])
 for i in range(2):
     print("src    ", [vocab.tokens[t] for t in example.src[i]])
     print("tgt_in ", [vocab.tokens[t] for t in example.tgt_in[i]])
-    print("tgt_out", [vocab.tokens[t] if t != IGNORE else "·" for t in example.tgt_out[i]])
+    print(
+        "tgt_out", [vocab.tokens[t] if t != IGNORE else "·" for t in example.tgt_out[i]]
+    )
 assert torch.equal(example.src_mask, example.src != PAD)
 
 # %% [markdown]
@@ -175,7 +182,10 @@ print(f"{'total':<22} {model.num_params():>8,}")
 # %%
 E = model.tok_emb.weight.detach().cpu()
 pe_norm = sinusoidal_table(16, d).norm(dim=1)
-token_norm, scaled_norm = E.norm(dim=1).mean().item(), (E * math.sqrt(d)).norm(dim=1).mean().item()
+token_norm, scaled_norm = (
+    E.norm(dim=1).mean().item(),
+    (E * math.sqrt(d)).norm(dim=1).mean().item(),
+)
 ex = example.to(DEVICE)
 with torch.no_grad():
     logits0 = model(ex.src, ex.tgt_in, ex.src_mask)
@@ -222,7 +232,9 @@ axes[0].set(
 )
 fig.colorbar(im, ax=axes[0], shrink=0.8)
 for p, style in ((0, "-"), (20, "--")):
-    axes[1].plot(range(40), gram[p, p : p + 40].numpy(), style, label=f"from position {p}")
+    axes[1].plot(
+        range(40), gram[p, p : p + 40].numpy(), style, label=f"from position {p}"
+    )
 axes[1].set(
     xlabel="offset k",
     ylabel="PE[p] · PE[p + k]",
@@ -277,7 +289,9 @@ with torch.no_grad():
     future[:, 4:] = vocab.stoi["nine"]  # rewrite the future target words
     assert torch.allclose(model(src, future)[:, :4], base[:, :4], atol=1e-6)
     other_src = src.clone()
-    other_src[:, -1] = vocab.stoi["9"]  # change the *last* digit: the first output may move
+    other_src[:, -1] = vocab.stoi[
+        "9"
+    ]  # change the *last* digit: the first output may move
     assert not torch.allclose(model(other_src, tgt)[:, 0], base[:, 0])
     padded = torch.cat([src, torch.full((1, 3), PAD, device=DEVICE)], dim=1)
     out = model(padded, tgt, src_mask=padded != PAD)
@@ -307,13 +321,17 @@ warmup = 400 if FULL else 100
 paper = [inverse_sqrt_lr(s, 512, 4000) for s in range(100_000)]
 ours = [inverse_sqrt_lr(s, d, warmup) for s in range(steps)]
 assert int(np.argmax(paper)) == 4000 - 1 and int(np.argmax(ours)) == warmup - 1
-assert math.isclose(paper[4 * 4000 - 1], paper[4000 - 1] / 2)  # 4× the steps, half the rate
+assert math.isclose(
+    paper[4 * 4000 - 1], paper[4000 - 1] / 2
+)  # 4× the steps, half the rate
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
 axes[0].plot(np.arange(1, 100_001), paper)
 axes[0].set(xlabel="step", ylabel="learning rate", title="Paper: d = 512, warmup 4000")
 axes[1].plot(np.arange(1, steps + 1), ours, color=PALETTE[1])
-axes[1].set(xlabel="step", ylabel="learning rate", title=f"Ours: d = {d}, warmup {warmup}")
+axes[1].set(
+    xlabel="step", ylabel="learning rate", title=f"Ours: d = {d}, warmup {warmup}"
+)
 fig.suptitle("Linear warmup, then 1/√step decay")
 plt.show()
 
@@ -340,7 +358,9 @@ loss_at_q = label_smoothed_cross_entropy(z, torch.tensor([5]), 0.1)
 (grad,) = torch.autograd.grad(loss_at_q, z)
 entropy = -(q * q.log()).sum()
 assert torch.isclose(loss_at_q, entropy) and grad.abs().max() < 1e-6
-print(f"optimum: p(right word) = 0.9; loss there = H(q) = {entropy.item():.3f} nats, not 0")
+print(
+    f"optimum: p(right word) = 0.9; loss there = H(q) = {entropy.item():.3f} nats, not 0"
+)
 
 # %% [markdown]
 # The dropout of the paper ($P = 0.1$ on every sublayer output and on the embeddings) is a
@@ -398,13 +418,19 @@ def run(smoothing: float):
 
 model, hist = run(smoothing=0.1)
 model_ce, hist_ce = run(smoothing=0.0)
-acc, acc_ce = hist.eval_loss, hist_ce.eval_loss  # train() files eval_fn's value as eval_loss
+acc, acc_ce = (
+    hist.eval_loss,
+    hist_ce.eval_loss,
+)  # train() files eval_fn's value as eval_loss
 print(f"held-out sequence accuracy: smoothed {acc[-1]:.2f}, plain {acc_ce[-1]:.2f}")
 assert acc[-1] > 0.9
 
 # %%
 fig, ax = plt.subplots(figsize=(6.0, 3.4))
-for h, a, label in ((hist, acc, "label smoothing ε = 0.1"), (hist_ce, acc_ce, "no smoothing")):
+for h, a, label in (
+    (hist, acc, "label smoothing ε = 0.1"),
+    (hist_ce, acc_ce, "no smoothing"),
+):
     ax.plot([s + 1 for s in h.eval_step], a, "o-", label=label)
 ax.set(
     xlabel="training step",
@@ -439,13 +465,21 @@ greedy = greedy_decode(model, test.src, test.src_mask, **common)
 beam = beam_search(model, test.src, test.src_mask, beam_size=4, alpha=0.6, **common)
 em_greedy = task.exact_match(greedy.tokens.cpu(), test_nums).float().mean().item()
 em_beam = task.exact_match(beam.tokens.cpu(), test_nums).float().mean().item()
-print(f"held-out exact match: greedy {em_greedy:.3f}, beam search (K=4, α=0.6) {em_beam:.3f}")
-assert em_greedy == sequence_accuracy(model)  # greedy = all teacher-forced argmaxes right
+print(
+    f"held-out exact match: greedy {em_greedy:.3f}, beam search (K=4, α=0.6) {em_beam:.3f}"
+)
+assert em_greedy == sequence_accuracy(
+    model
+)  # greedy = all teacher-forced argmaxes right
 assert em_greedy > 0.9 and em_beam > 0.9
-assert (beam.scores >= greedy.scores - 1e-4).float().mean() > 0.95  # beam finds ≥ greedy's prob
+assert (
+    beam.scores >= greedy.scores - 1e-4
+).float().mean() > 0.95  # beam finds ≥ greedy's prob
 
 # %%
-wrong = torch.nonzero(~task.exact_match(beam.tokens.cpu(), test_nums)).squeeze(1).tolist()
+wrong = (
+    torch.nonzero(~task.exact_match(beam.tokens.cpu(), test_nums)).squeeze(1).tolist()
+)
 print(f"{len(wrong)} of {len(test_nums)} wrong after beam search; the first few:")
 for i in wrong[:5]:
     n = int(test_nums[i])
@@ -482,7 +516,11 @@ def reliability(conf, correct, n_bins: int = 20):
         sel = idx == b
         if sel.any():
             rows.append(
-                (conf[sel].mean().item(), correct[sel].float().mean().item(), sel.sum().item())
+                (
+                    conf[sel].mean().item(),
+                    correct[sel].float().mean().item(),
+                    sel.sum().item(),
+                )
             )
     ece = sum(n * abs(c - a) for c, a, n in rows) / len(conf)
     return rows, ece
@@ -501,10 +539,16 @@ for name, m in (("smoothed", model), ("plain", model_ce)):
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
 for (name, c), color in zip(calib.items(), PALETTE, strict=False):
-    xs, ys = zip(*[(x, y) for x, y, n in c["rows"] if n >= 10], strict=True)  # skip tiny bins
+    xs, ys = zip(
+        *[(x, y) for x, y, n in c["rows"] if n >= 10], strict=True
+    )  # skip tiny bins
     axes[0].plot(xs, ys, "o-", color=color, label=f"{name} (ECE {c['ece']:.3f})")
     axes[1].hist(
-        c["conf"].numpy(), bins=np.linspace(0.3, 1, 36), color=color, alpha=0.6, label=name
+        c["conf"].numpy(),
+        bins=np.linspace(0.3, 1, 36),
+        color=color,
+        alpha=0.6,
+        label=name,
     )
 axes[0].plot([0.5, 1], [0.5, 1], ":", color="grey", label="perfect calibration")
 axes[0].set(
@@ -527,9 +571,13 @@ plt.show()
 # %%
 s, p = calib["smoothed"], calib["plain"]
 assert s["conf"].mean() < p["conf"].mean()
-assert s["conf"].quantile(0.99) < 0.97 < p["conf"].median()  # no 0.99 predictions when smoothed
+assert (
+    s["conf"].quantile(0.99) < 0.97 < p["conf"].median()
+)  # no 0.99 predictions when smoothed
 assert s["nll"] > p["nll"]  # "this hurts perplexity", as the paper says
-assert s["ece"] > p["ece"]  # ...and here it hurts calibration: the model is under-confident
+assert (
+    s["ece"] > p["ece"]
+)  # ...and here it hurts calibration: the model is under-confident
 
 # %% [markdown]
 # The answer on this task is *no*, and the reason is instructive. Label smoothing pulls
@@ -557,8 +605,13 @@ one = task.batch([n_show]).to(DEVICE)
 out = greedy_decode(model, one.src, one.src_mask, **common)
 words = vocab.decode(out.tokens[0]).split() + ["<eos>"]
 assert words[:-1] == number_to_words(n_show)
-tgt_in = torch.cat([torch.tensor([[BOS]], device=DEVICE), out.tokens[:, : len(words) - 1]], dim=1)
-maps = [m_[0].mean(0).cpu() for m_ in model.cross_attention_maps(one.src, tgt_in, one.src_mask)]
+tgt_in = torch.cat(
+    [torch.tensor([[BOS]], device=DEVICE), out.tokens[:, : len(words) - 1]], dim=1
+)
+maps = [
+    m_[0].mean(0).cpu()
+    for m_ in model.cross_attention_maps(one.src, tgt_in, one.src_mask)
+]
 digits = list(str(n_show))
 fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 4.4))
 
@@ -595,7 +648,8 @@ HTML(animate(fig, draw, len(words), interval_ms=700))
 
 # %%
 maps_all = [
-    m_.mean(1).cpu() for m_ in model.cross_attention_maps(test.src, test.tgt_in, test.src_mask)
+    m_.mean(1).cpu()
+    for m_ in model.cross_attention_maps(test.src, test.tgt_in, test.src_mask)
 ]
 on_digit = [[] for _ in maps_all]
 chance = []
@@ -633,7 +687,9 @@ assert share[-1] > 0.7 and share[-1] > 3 * np.mean(chance) and share[0] < share[
 # %%
 block = model.decoder[-1]
 captured = {}
-hook = block.ffn.up.register_forward_hook(lambda mod, inp, out: captured.update(a=F.relu(out)))
+hook = block.ffn.up.register_forward_hook(
+    lambda mod, inp, out: captured.update(a=F.relu(out))
+)
 with torch.no_grad():
     model(test.src, test.tgt_in, test.src_mask)
 hook.remove()
@@ -650,7 +706,9 @@ rand_sets = following[torch.randint(len(following), (500, k), generator=g)]
 chance_purity = (rand_sets == rand_sets.mode(dim=1).values[:, None]).float().mean(1)
 # a value vector, read out through the norm's gain and the tied output embedding
 E = model.tok_emb.weight.detach().cpu()
-values = (block.ffn.down.weight.detach().cpu().T * block.ffn_norm.weight.detach().cpu()) @ E.T
+values = (
+    block.ffn.down.weight.detach().cpu().T * block.ffn_norm.weight.detach().cpu()
+) @ E.T
 promoted = values.argmax(-1)  # (d_ff,): the word each unit pushes up most
 agree = (promoted == dominant).float().mean().item()
 
@@ -662,7 +720,9 @@ for u in acts.max(0).values.argsort(descending=True).tolist():
         break
 print("unit  purity  typical context (read → next)   value promotes")
 for u in show.values():
-    pairs = list(zip(read[top[:, u]].tolist(), following[top[:, u]].tolist(), strict=True))
+    pairs = list(
+        zip(read[top[:, u]].tolist(), following[top[:, u]].tolist(), strict=True)
+    )
     r, f = max(set(pairs), key=pairs.count)
     ctx = f"{vocab.tokens[r]} → {vocab.tokens[f]}"
     promo = ", ".join(vocab.tokens[t] for t in values[u].topk(3).indices)
@@ -725,14 +785,25 @@ for part, n in parts.items():
     print(f"{part:<22} {n:>12,}  {n / total:6.1%}")
 print(f"{'total':<22} {total:>12,}   vs the paper's ~{PAPER_BASE_PARAMS / 1e6:.0f}M")
 base_cfg = transformer_base_config()
-d_b, ff_b, v_b, n_b = base_cfg.d_model, base_cfg.d_ff, base_cfg.vocab_size, base_cfg.n_layers
+d_b, ff_b, v_b, n_b = (
+    base_cfg.d_model,
+    base_cfg.d_ff,
+    base_cfg.vocab_size,
+    base_cfg.n_layers,
+)
 attn_b, ffn_b, ln_b = 4 * (d_b * d_b + d_b), 2 * d_b * ff_b + ff_b + d_b, 2 * d_b
-assert parts["encoder"] == n_b * (attn_b + ffn_b + 2 * ln_b)  # the count matches the formula
+assert parts["encoder"] == n_b * (
+    attn_b + ffn_b + 2 * ln_b
+)  # the count matches the formula
 assert parts["decoder"] == n_b * (2 * attn_b + ffn_b + 3 * ln_b)
 assert abs(total / PAPER_BASE_PARAMS - 1) < 0.05
 with torch.device("meta"):
-    untied = Seq2SeqTransformer(transformer_base_config(tie_embeddings=False)).num_params()
-print(f"with a separate output projection: {untied / 1e6:.1f}M (+{(untied - total) / 1e6:.1f}M)")
+    untied = Seq2SeqTransformer(
+        transformer_base_config(tie_embeddings=False)
+    ).num_params()
+print(
+    f"with a separate output projection: {untied / 1e6:.1f}M (+{(untied - total) / 1e6:.1f}M)"
+)
 assert untied - total == v_b * d_b
 
 # %% [markdown]

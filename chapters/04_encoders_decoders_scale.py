@@ -38,7 +38,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -83,10 +84,24 @@ from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.encoder import Encoder, mask_tokens, mlm_loss
 from companion.plotting import PALETTE, animate, heatmap, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
-from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
+from companion.training import (
+    cosine_lr,
+    evaluate,
+    lm_loss,
+    make_adamw,
+    seed_everything,
+    train,
+)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything below is local: never download
+os.environ.setdefault(
+    "HF_HUB_OFFLINE", "1"
+)  # everything below is local: never download
 FULL = False  # True: longer contexts, wider models, more steps (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
@@ -139,7 +154,10 @@ selected = labels != -100
 frac = {
     "selected": selected.float().mean().item(),
     "[MASK]": (corrupted[selected] == MASK).float().mean().item(),
-    "random": ((corrupted != sample) & (corrupted != MASK))[selected].float().mean().item(),
+    "random": ((corrupted != sample) & (corrupted != MASK))[selected]
+    .float()
+    .mean()
+    .item(),
     "unchanged": (corrupted == sample)[selected].float().mean().item(),
 }
 print({k: round(v, 2) for k, v in frac.items()})
@@ -193,7 +211,9 @@ mlm = Encoder(cfg, type_vocab_size=0, mlm_head=True).to(DEVICE)
 gpt = DecoderLM(cfg).to(DEVICE)
 n_mlm, n_gpt = mlm.num_params(), gpt.num_params()
 print(f"MLM encoder: {n_mlm:,} parameters | GPT decoder: {n_gpt:,} parameters")
-assert abs(n_mlm - n_gpt) / n_gpt < 0.1  # the MLM head and the embedding norm are small extras
+assert (
+    abs(n_mlm - n_gpt) / n_gpt < 0.1
+)  # the MLM head and the embedding norm are small extras
 
 # %% [markdown]
 # The same budget for both: the same windows in the same order, the same number of steps,
@@ -219,7 +239,9 @@ def train_model(model: torch.nn.Module, objective: str) -> list[float]:
         batch,
         STEPS,
         make_adamw(model, lr=LR),
-        lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        lr_at=lambda s: cosine_lr(
+            s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+        ),
         loss_fn=mlm_loss if objective == "mlm" else lm_loss,
     )
     return hist.loss
@@ -243,7 +265,9 @@ print(
 #   living; the MLM gets a `[MASK]` in the last position.
 
 # %%
-val_x, _ = sample_windows(val_ids, 4096, SEQ, torch.Generator().manual_seed(123), DEVICE)
+val_x, _ = sample_windows(
+    val_ids, 4096, SEQ, torch.Generator().manual_seed(123), DEVICE
+)
 mid, last = SEQ // 2, SEQ - 1
 
 
@@ -273,9 +297,17 @@ results = {
 print(f"{'task':<28} {'loss (nats)':>11} {'accuracy':>9}")
 for name, (loss, acc) in results.items():
     print(f"{name:<28} {loss:>11.2f} {acc:>9.2f}")
-blank_mlm, blank_gpt = results["blank: MLM, both sides"], results["blank: GPT, same left side"]
-next_gpt, next_mlm = results["next: GPT, 15 on the left"], results["next: MLM, 15 on the left"]
-assert blank_mlm[0] < blank_gpt[0] - 0.1 and blank_mlm[1] > blank_gpt[1]  # the right side helps
+blank_mlm, blank_gpt = (
+    results["blank: MLM, both sides"],
+    results["blank: GPT, same left side"],
+)
+next_gpt, next_mlm = (
+    results["next: GPT, 15 on the left"],
+    results["next: MLM, 15 on the left"],
+)
+assert (
+    blank_mlm[0] < blank_gpt[0] - 0.1 and blank_mlm[1] > blank_gpt[1]
+)  # the right side helps
 assert blank_mlm[0] < next_gpt[0]  # 8 + 7 characters beat 15 on the left only
 # ...but the MLM is a poor continuer
 assert next_gpt[0] < next_mlm[0] - 0.3 and next_gpt[1] > next_mlm[1]
@@ -284,7 +316,9 @@ assert next_gpt[0] < next_mlm[0] - 0.3 and next_gpt[1] > next_mlm[1]
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 names = list(results)
 ax.barh(
-    names, [results[n][0] for n in names], color=[PALETTE[0], PALETTE[1], PALETTE[1], PALETTE[0]]
+    names,
+    [results[n][0] for n in names],
+    color=[PALETTE[0], PALETTE[1], PALETTE[1], PALETTE[0]],
 )
 ax.invert_yaxis()
 ax.set(
@@ -331,8 +365,12 @@ assert gpt_moved < 1e-4 and mlm_moved > 0.1
 def mlm_continue(ids: torch.Tensor, n_new: int, gen: torch.Generator) -> torch.Tensor:
     for _ in range(n_new):
         window = torch.cat([ids, torch.full_like(ids[:, :1], MASK)], dim=1)[:, -SEQ:]
-        logits = mlm.mlm_logits(window)[:, -1, :V].float() / 0.8  # never sample [MASK] itself
-        nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen).to(ids.device)
+        logits = (
+            mlm.mlm_logits(window)[:, -1, :V].float() / 0.8
+        )  # never sample [MASK] itself
+        nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen).to(
+            ids.device
+        )
         ids = torch.cat([ids, nxt], dim=1)
     return ids
 
@@ -386,16 +424,26 @@ def draw_fill(i: int) -> None:
     ax_text.set_axis_off()
     for j, tok in enumerate(ids[0].tolist()):
         ch = "_" if tok == MASK else chars.decode([tok])
-        color = PALETTE[1] if j == just_filled else (PALETTE[0] if j in holes else "black")
+        color = (
+            PALETTE[1] if j == just_filled else (PALETTE[0] if j in holes else "black")
+        )
         x_pos = j / len(masked_line)
         ax_text.text(x_pos, 0.55, ch, fontsize=16, family="monospace", color=color)
-        ax_text.text(x_pos, 0.05, masked_line[j], fontsize=11, family="monospace", color="grey")
+        ax_text.text(
+            x_pos, 0.05, masked_line[j], fontsize=11, family="monospace", color="grey"
+        )
     ax_text.text(-0.02, 0.58, "model", fontsize=9, ha="right")
     ax_text.text(-0.02, 0.08, "original", fontsize=9, color="grey", ha="right")
-    step = "5 blanks" if just_filled is None else f"step {i}: filled position {just_filled}"
+    step = (
+        "5 blanks"
+        if just_filled is None
+        else f"step {i}: filled position {just_filled}"
+    )
     ax_text.set_title(f"The encoder fills the blank it is surest of · {step}")
     bar_colors = [PALETTE[1] if h == just_filled else PALETTE[0] for h in holes]
-    ax_bar.bar([str(h) for h in holes], [conf.get(h, 0.0) for h in holes], color=bar_colors)
+    ax_bar.bar(
+        [str(h) for h in holes], [conf.get(h, 0.0) for h in holes], color=bar_colors
+    )
     ax_bar.set(
         ylim=(0, 1),
         xlabel="blank position (0 = first character)",
@@ -426,7 +474,11 @@ print(
     f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.d_ff}, vocab {c.vocab_size}, "
     f"{c.norm_placement}-LN, {encoder.num_params() / 1e6:.1f}M parameters"
 )
-layer0 = {k: v for k, v in bert_name_map(c.n_layers).items() if ".layer.0." in k and "weight" in k}
+layer0 = {
+    k: v
+    for k, v in bert_name_map(c.n_layers).items()
+    if ".layer.0." in k and "weight" in k
+}
 for hf_name, ours in layer0.items():
     print(f"{hf_name:<45} -> {ours}")
 assert c.norm_placement == "post" and not c.fused_qkv  # BERT's 2018 layout
@@ -612,26 +664,46 @@ assert excl_hits == 6 and raw_hits <= 3
 
 # %%
 flop_rows = []
-for n_layers, d, seq in [(2, 8, SEQ), (2, 48, SEQ), (2, 48, 128), (4, 128, 128), (6, 384, 128)]:
+for n_layers, d, seq in [
+    (2, 8, SEQ),
+    (2, 48, SEQ),
+    (2, 48, 128),
+    (4, 128, 128),
+    (6, 384, 128),
+]:
     fcfg = trunk(d).replace(n_layers=n_layers, max_seq_len=seq, attn_impl="reference")
     seed_everything(0)
     m = DecoderLM(fcfg)
     x = torch.randint(0, V, (1, seq))
     measured = training_flops_per_token(m, x, x)
     n = m.num_params(include_embeddings=False)
-    n_matrix = sum(p.numel() for p in m.blocks.parameters() if p.ndim == 2)  # no biases, gains
+    n_matrix = sum(
+        p.numel() for p in m.blocks.parameters() if p.ndim == 2
+    )  # no biases, gains
     full = dense_flops_per_token(
         n_matrix, n_layers=n_layers, seq_len=seq, d_model=d, vocab_size=V + 1
     )
     flop_rows.append(
-        (n_layers, d, seq, n, measured, measured / kaplan_flops_per_token(n), measured / full)
+        (
+            n_layers,
+            d,
+            seq,
+            n,
+            measured,
+            measured / kaplan_flops_per_token(n),
+            measured / full,
+        )
     )
 print(
     f"{'L':>2} {'d':>4} {'T':>4} {'N (non-emb)':>12} {'FLOPs/token':>12} {'÷ 6N':>6} {'÷ full count':>13}"
 )
 for n_layers, d, seq, n, measured, r6, rf in flop_rows:
-    print(f"{n_layers:>2} {d:>4} {seq:>4} {n:>12,} {measured:>12.4g} {r6:>6.2f} {rf:>13.4f}")
-assert all(abs(r[-1] - 1) < 1e-3 for r in flop_rows)  # the full count is the counter's count
+    print(
+        f"{n_layers:>2} {d:>4} {seq:>4} {n:>12,} {measured:>12.4g} {r6:>6.2f} {rf:>13.4f}"
+    )
+assert all(
+    abs(r[-1] - 1) < 1e-3 for r in flop_rows
+)  # the full count is the counter's count
 assert abs(flop_rows[-1][-2] - 1) < 0.15  # for a wide model, 6N alone is within 15%
 assert flop_rows[0][-2] > 1.3  # for a tiny one, 6N misses a third of the work
 
@@ -672,7 +744,9 @@ tokens_seen = STEPS * BATCH * SEQ
 law = fit_power_law(n_params, val_loss)
 print(f"{'d':>4} {'N (non-emb)':>12} {'tokens / N':>10} {'val loss':>9} {'fit':>6}")
 for d, n, loss in zip(sizes, n_params, val_loss, strict=True):
-    print(f"{d:>4} {n:>12,} {tokens_seen / n:>10.0f} {loss:>9.3f} {law(n).item():>6.3f}")
+    print(
+        f"{d:>4} {n:>12,} {tokens_seen / n:>10.0f} {loss:>9.3f} {law(n).item():>6.3f}"
+    )
 print(f"fitted L(N) = {law.coef:.2f} · N^({law.exponent:.3f})")
 assert all(a > b for a, b in pairwise(val_loss))  # every bigger model is better
 assert -0.3 < law.exponent < -0.02  # a shallow power law...
@@ -683,7 +757,13 @@ print(f"each doubling of N lowers the loss by {100 * (1 - 2**law.exponent):.1f}%
 fig, ax = plt.subplots(figsize=(5.6, 3.6))
 ax.loglog(n_params, val_loss, "o", label="trained models")
 grid = np.geomspace(min(n_params) / 1.5, max(n_params) * 4, 50)
-ax.loglog(grid, law(grid).numpy(), "--", color=PALETTE[1], label=f"fit: L ∝ N^{law.exponent:.3f}")
+ax.loglog(
+    grid,
+    law(grid).numpy(),
+    "--",
+    color=PALETTE[1],
+    label=f"fit: L ∝ N^{law.exponent:.3f}",
+)
 ax.set(
     xlabel="non-embedding parameters N",
     ylabel="held-out loss (nats/char)",
@@ -748,13 +828,17 @@ print(
 # right (the same as greedy decoding reproducing the $k$ characters exactly).
 
 # %%
-emerge_x, _ = sample_windows(val_ids, 8192, SEQ, torch.Generator().manual_seed(7), DEVICE)
+emerge_x, _ = sample_windows(
+    val_ids, 8192, SEQ, torch.Generator().manual_seed(7), DEVICE
+)
 spans = [1, 2, 4, 8]
 first = 3  # score predictions made after at least 4 characters of context
 per_char_loss, per_char_acc, exact = [], [], {k: [] for k in spans}
 for d in sizes:
     with torch.no_grad():
-        logits = sweep[d](emerge_x[:, :-1]).float()  # (N, T-1, V+1): row t predicts char t+1
+        logits = sweep[d](
+            emerge_x[:, :-1]
+        ).float()  # (N, T-1, V+1): row t predicts char t+1
     target = emerge_x[:, 1:]
     correct = (logits.argmax(-1) == target).cpu()  # (N, T-1)
     per_char_loss.append(
@@ -762,18 +846,28 @@ for d in sizes:
     )
     per_char_acc.append(correct[:, first:].float().mean().item())
     for k in spans:  # every span of k consecutive characters, overlapping
-        exact[k].append(span_exact_match(correct, k, start=first, stride=1).float().mean().item())
-print(f"{'d':>4} {'loss':>6} {'p':>6}" + "".join(f" {'EM k=' + str(k):>8}" for k in spans))
+        exact[k].append(
+            span_exact_match(correct, k, start=first, stride=1).float().mean().item()
+        )
+print(
+    f"{'d':>4} {'loss':>6} {'p':>6}" + "".join(f" {'EM k=' + str(k):>8}" for k in spans)
+)
 for i, d in enumerate(sizes):
     print(
         f"{d:>4} {per_char_loss[i]:>6.3f} {per_char_acc[i]:>6.3f}"
         + "".join(f" {exact[k][i]:>8.4f}" for k in spans)
     )
 gain = {k: exact[k][-1] / exact[k][0] for k in spans[:-1]}
-print("exact match, largest ÷ smallest model:", {k: round(g, 1) for k, g in gain.items()})
-print(f"per-character loss, smallest ÷ largest model: {per_char_loss[0] / per_char_loss[-1]:.2f}")
+print(
+    "exact match, largest ÷ smallest model:", {k: round(g, 1) for k, g in gain.items()}
+)
+print(
+    f"per-character loss, smallest ÷ largest model: {per_char_loss[0] / per_char_loss[-1]:.2f}"
+)
 assert per_char_loss[0] / per_char_loss[-1] < 1.5  # the loss improves gently...
-assert all(gain[a] < gain[b] for a, b in pairwise(spans[:-1]))  # ...longer answers improve faster
+assert all(
+    gain[a] < gain[b] for a, b in pairwise(spans[:-1])
+)  # ...longer answers improve faster
 assert exact[8][0] < 1e-4 and exact[8][-1] > 1e-3  # and 8-character answers "appear"
 n_spans = span_exact_match(correct, 8, start=first, stride=1).numel()
 print(
@@ -793,7 +887,11 @@ plain_log_ticks(axes[0])
 for j, k in enumerate(spans):
     rel = np.array(exact[k]) / exact[k][-1]
     axes[1].plot(
-        n_params, rel, "o-", color=PALETTE[j], label=f"exact match of {k} char" + "s" * (k > 1)
+        n_params,
+        rel,
+        "o-",
+        color=PALETTE[j],
+        label=f"exact match of {k} char" + "s" * (k > 1),
     )
     p_k = np.array(per_char_acc) ** k
     axes[1].plot(n_params, p_k / p_k[-1], ":", color=PALETTE[j])

@@ -40,7 +40,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -117,10 +118,14 @@ with torch.no_grad():
 gap = (out_shuffled - out[:, perm]).abs().max().item()
 causal_gap = (causal_shuffled - causal[:, perm]).abs().max().item()
 print(f"permutation {perm.tolist()}")
-print(f"no mask:     attn(shuffled) vs shuffled attn(x): max difference < 1e-6: {gap < 1e-6}")
+print(
+    f"no mask:     attn(shuffled) vs shuffled attn(x): max difference < 1e-6: {gap < 1e-6}"
+)
 print(f"causal mask: max difference {causal_gap:.2f}")
 assert gap < 1e-6  # order is invisible...
-assert causal_gap > 0.05  # ...unless a causal mask tells each token how many came before it
+assert (
+    causal_gap > 0.05
+)  # ...unless a causal mask tells each token how many came before it
 
 # %% [markdown]
 # Without a mask, "dog bites man" and "man bites dog" give the same three output vectors,
@@ -225,9 +230,14 @@ def logit(m: int, n: int) -> float:
 cos, sin = rope_cos_sin(torch.arange(100), inv_freq)
 xs = torch.randn(100, D)
 for layout in ("half", "interleaved"):
-    fast, ref = apply_rope(xs, cos, sin, layout), apply_rope_reference(xs, cos, sin, layout)
+    fast, ref = (
+        apply_rope(xs, cos, sin, layout),
+        apply_rope_reference(xs, cos, sin, layout),
+    )
     assert (fast - ref).abs().max() < 1e-5  # the same rotation, two ways
-assert torch.allclose(apply_rope(xs, cos, sin).norm(dim=-1), xs.norm(dim=-1))  # lengths kept
+assert torch.allclose(
+    apply_rope(xs, cos, sin).norm(dim=-1), xs.norm(dim=-1)
+)  # lengths kept
 
 shifts = [0, 1, 7, 100, 1000, 4000]
 pairs = [(10, 3), (3, 10), (50, 50)]
@@ -280,7 +290,9 @@ def draw_clock(i: int) -> None:
     m = frames_m[i]
     for ax, pair in zip(axes, shown, strict=True):
         ax.clear()
-        radius = max(math.hypot(*hand(q, 0, pair)), math.hypot(*hand(k, 0, pair))) * 1.15
+        radius = (
+            max(math.hypot(*hand(q, 0, pair)), math.hypot(*hand(k, 0, pair))) * 1.15
+        )
         ax.add_patch(plt.Circle((0, 0), radius, fill=False, color="grey", lw=0.8))
         for x_vec, pos, color in ((q, m, PALETTE[1]), (k, m - OFFSET, PALETTE[0])):
             ax.annotate(
@@ -353,7 +365,9 @@ positions = torch.arange(0, 200_001, 500)
 fig, (ax_w, ax_a) = plt.subplots(1, 2, figsize=(11.5, 3.6))
 for j, (name, b) in enumerate(bases.items()):
     inv, _ = rope_frequencies(HEAD, theta=b)
-    ax_w.semilogy(2 * math.pi / inv.numpy(), ".", color=PALETTE[j], label=f"{name}, b = {b:.0e}")
+    ax_w.semilogy(
+        2 * math.pi / inv.numpy(), ".", color=PALETTE[j], label=f"{name}, b = {b:.0e}"
+    )
     turns = positions.double() * inv[-1].double() / (2 * math.pi)  # the slowest hand
     ax_a.plot(positions.numpy(), (turns % 1).numpy(), color=PALETTE[j], label=name)
 for context, style in ((4096, ":"), (131_072, "--")):
@@ -385,7 +399,9 @@ print(
 print(f"half a turn later: cos {c1[0, -1].item():.3f} -> {c3[0, -1].item():.3f}")
 assert same < 1e-3  # aliased: the slowest hand cannot tell them apart
 assert (c1[0, :-1] - c2[0, :-1]).abs().max() > 0.5  # the faster hands can
-assert abs(c1[0, -1] + c3[0, -1]) < 1e-2  # half a wavelength away it points the other way
+assert (
+    abs(c1[0, -1] + c3[0, -1]) < 1e-2
+)  # half a wavelength away it points the other way
 
 # %% [markdown]
 # This is why the base went up as contexts grew: a larger base slows every hand but the
@@ -482,7 +498,8 @@ def print_bands(rows: dict[str, torch.Tensor]) -> None:
     print(f"{'positions':<16}" + "".join(f"{f'{lo}-{hi - 1}':>9}" for lo, hi in BANDS))
     for name, curve in rows.items():
         cells = "".join(
-            f"{band(curve, lo, hi):>9.3f}" if len(curve) >= hi else f"{'—':>9}" for lo, hi in BANDS
+            f"{band(curve, lo, hi):>9.3f}" if len(curve) >= hi else f"{'—':>9}"
+            for lo, hi in BANDS
         )
         print(f"{name:<16}{cells}")
 
@@ -512,7 +529,9 @@ def plot_curves(
         fontsize=8,
         color="grey",
     )
-    ax.text(TRAIN_LEN / 2, 2.05, "trained\nlength", ha="center", fontsize=8, color="grey")
+    ax.text(
+        TRAIN_LEN / 2, 2.05, "trained\nlength", ha="center", fontsize=8, color="grey"
+    )
     ax.set(
         xlabel="position in the window (characters)",
         ylabel="held-out loss (nats/char)",
@@ -521,7 +540,12 @@ def plot_curves(
     ax.legend(loc="lower right")
 
 
-names = {"learned": "learned table", "sinusoidal": "sinusoidal", "rope": "RoPE", "none": "NoPE"}
+names = {
+    "learned": "learned table",
+    "sinusoidal": "sinusoidal",
+    "rope": "RoPE",
+    "none": "NoPE",
+}
 fig, ax = plt.subplots(figsize=(7.2, 3.8))
 plot_curves(ax, {names[s]: curves[s] for s in SCHEMES}, PALETTE[:4])
 ax.set_title("Trained on 64 characters, read 512: where each scheme breaks")
@@ -532,10 +556,14 @@ inside = {s: band(curves[s], 32, 64) for s in SCHEMES}
 far = {s: band(curves[s], 256, 512) for s in SCHEMES if s != "learned"}
 assert band(curves["sinusoidal"], 64, 128) > inside["sinusoidal"] + 0.3  # a cliff at 64
 assert far["rope"] > inside["rope"] + 0.15  # RoPE degrades past the trained length...
-assert band(curves["rope"], 64, 128) < band(curves["sinusoidal"], 64, 128) - 0.3  # ...gradually
+assert (
+    band(curves["rope"], 64, 128) < band(curves["sinusoidal"], 64, 128) - 0.3
+)  # ...gradually
 assert abs(far["none"] - inside["none"]) < 0.1  # NoPE is flat...
 assert abs(inside["none"] - bigram_loss) < 0.1  # ...at about the bigram table's loss
-assert inside["rope"] < min(inside["sinusoidal"], inside["learned"], inside["none"]) - 0.03
+assert (
+    inside["rope"] < min(inside["sinusoidal"], inside["learned"], inside["none"]) - 0.03
+)
 
 # %% [markdown]
 # Four different failures:
@@ -562,7 +590,9 @@ assert inside["rope"] < min(inside["sinusoidal"], inside["learned"], inside["non
 # it was trained on, while the text itself keeps going.
 
 # %%
-windowed = same_weights(models["rope"], sliding_window=TRAIN_LEN)  # same weights, 64 keys
+windowed = same_weights(
+    models["rope"], sliding_window=TRAIN_LEN
+)  # same weights, 64 keys
 curves_window = per_position_loss(windowed, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
 print_bands({"RoPE": curves["rope"], "RoPE, window 64": curves_window})
 assert abs(band(curves_window, 256, 512) - inside["rope"]) < 0.05  # as good as inside
@@ -641,7 +671,13 @@ assert abs(ratios["ntk"][-1] - 1 / 8) < 1e-6 and abs(ratios["yarn"][-1] - 1 / 8)
 scaled = {"RoPE": curves["rope"]}
 for method, label in methods.items():
     scaled[label] = per_position_loss_scaled(
-        models["rope"], method, val_ids, TRAIN_LEN, [64, 128, 256, 512], N_WINDOWS, seed=1
+        models["rope"],
+        method,
+        val_ids,
+        TRAIN_LEN,
+        [64, 128, 256, 512],
+        N_WINDOWS,
+        seed=1,
     )
 print_bands(scaled)
 
@@ -653,7 +689,9 @@ plt.show()
 assert band(scaled["linear (PI)"], 64, 128) > band(curves["rope"], 64, 128) + 0.2
 for label in ("NTK-aware", "YaRN"):
     assert band(scaled[label], 256, 512) > inside["rope"] + 0.15  # no rescue at 8×
-assert band(scaled["NTK-aware"], 64, 256) < band(curves["rope"], 64, 256) + 0.02  # free at 2-4×
+assert (
+    band(scaled["NTK-aware"], 64, 256) < band(curves["rope"], 64, 256) + 0.02
+)  # free at 2-4×
 
 # %% [markdown]
 # At this scale none of the three rescues the model. **Linear interpolation** is the worst:
@@ -710,12 +748,18 @@ print("Gemma-3-like layers: ", gemma_like.layer_types)
 print("RoPE table received: ", tuple(used))
 slowest_turn = {}
 for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():  # (2, F) each
-    step = torch.atan2(sin[1, -1], cos[1, -1]).item()  # the slowest pair's angle per token
+    step = torch.atan2(
+        sin[1, -1], cos[1, -1]
+    ).item()  # the slowest pair's angle per token
     slowest_turn[name] = 2 * math.pi / step
-    print(f"{name:>6} table: slowest pair turns every {slowest_turn[name]:>12,.0f} tokens")
+    print(
+        f"{name:>6} table: slowest pair turns every {slowest_turn[name]:>12,.0f} tokens"
+    )
 assert used == ["local"] * 5 + ["global"]
 assert abs(slowest_turn["local"] / slowest["Llama 2"] - 1) < 1e-3  # b = 1e4
-assert abs(slowest_turn["global"] / (8 * slowest["Qwen3"]) - 1) < 1e-3  # b = 1e6, then × 8
+assert (
+    abs(slowest_turn["global"] / (8 * slowest["Qwen3"]) - 1) < 1e-3
+)  # b = 1e6, then × 8
 
 # %% [markdown]
 # **SmolLM3** goes further and drops the rotation from every fourth layer: those layers see
@@ -742,7 +786,9 @@ for name, c in (("SmolLM3-like", smol_like), ("Trinity-like", trinity_like)):
         ),
     )
 assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
-assert received["Trinity-like"] == received["SmolLM3-like"]  # one base: one table, "global"
+assert (
+    received["Trinity-like"] == received["SmolLM3-like"]
+)  # one base: one table, "global"
 
 # %% [markdown]
 # What does a layer without RoPE see? Feed a text of one repeated character. Every token
@@ -769,7 +815,11 @@ for ax, layer in zip(axes, (2, 3), strict=True):
     kind = "NoPE" if layer in smol_like.nope_layers else "RoPE"
     ax.imshow(maps[layer][0, 0].numpy(), vmin=0, vmax=0.5)
     ax.grid(False)
-    ax.set(xlabel="key position", ylabel="query position", title=f"layer {layer} ({kind}): 'eeee…'")
+    ax.set(
+        xlabel="key position",
+        ylabel="query position",
+        title=f"layer {layer} ({kind}): 'eeee…'",
+    )
 fig.suptitle("Same input, same hidden states: only the rotation makes offsets visible")
 plt.show()
 
@@ -790,7 +840,9 @@ plt.show()
 # exactly like the four above.
 
 # %%
-hybrid_layers = ("sliding", "sliding", "sliding", "full") if FULL else ("sliding", "full")
+hybrid_layers = (
+    ("sliding", "sliding", "sliding", "full") if FULL else ("sliding", "full")
+)
 seed_everything(0)
 hybrid_cfg = position_config(
     "rope",
@@ -805,21 +857,41 @@ hybrid_cfg = position_config(
 hybrid = DecoderLM(hybrid_cfg).to(DEVICE)
 train_short(hybrid, train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2)
 curves["hybrid"] = per_position_loss(hybrid, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
-print("layers:", hybrid_cfg.layer_types, "| RoPE in:", tuple(rope_used_per_layer(hybrid, probe)))
-print_bands({"RoPE": curves["rope"], "NoPE": curves["none"], "local RoPE + NoPE": curves["hybrid"]})
+print(
+    "layers:",
+    hybrid_cfg.layer_types,
+    "| RoPE in:",
+    tuple(rope_used_per_layer(hybrid, probe)),
+)
+print_bands(
+    {
+        "RoPE": curves["rope"],
+        "NoPE": curves["none"],
+        "local RoPE + NoPE": curves["hybrid"],
+    }
+)
 
 fig, ax = plt.subplots(figsize=(7.2, 3.8))
 plot_curves(
     ax,
-    {"RoPE": curves["rope"], "NoPE": curves["none"], "local RoPE + global NoPE": curves["hybrid"]},
+    {
+        "RoPE": curves["rope"],
+        "NoPE": curves["none"],
+        "local RoPE + global NoPE": curves["hybrid"],
+    },
     [PALETTE[2], PALETTE[3], PALETTE[0]],
 )
 ax.set_title("RoPE where offsets are short, nothing where they are long")
 plt.show()
-hybrid_inside, hybrid_far = band(curves["hybrid"], 32, 64), band(curves["hybrid"], 256, 512)
+hybrid_inside, hybrid_far = (
+    band(curves["hybrid"], 32, 64),
+    band(curves["hybrid"], 256, 512),
+)
 assert abs(hybrid_far - hybrid_inside) < 0.08  # flat to 8× the trained length...
 assert hybrid_inside < inside["rope"] + 0.1  # ...nearly as good as RoPE inside it...
-assert hybrid_far < far["rope"] - 0.15 and hybrid_far < far["none"] - 0.15  # ...and beyond
+assert (
+    hybrid_far < far["rope"] - 0.15 and hybrid_far < far["none"] - 0.15
+)  # ...and beyond
 
 # %% [markdown]
 # The hybrid nearly matches RoPE inside the trained range (within a few hundredths in every

@@ -43,7 +43,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -85,8 +86,20 @@ from companion.layers.norms import layer_norm_reference, rms_norm_reference
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, loglog_fit, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
-from companion.training import cosine_lr, evaluate, lm_loss, make_adamw, seed_everything, train
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
+from companion.training import (
+    cosine_lr,
+    evaluate,
+    lm_loss,
+    make_adamw,
+    seed_everything,
+    train,
+)
 
 FULL = False  # True: every training run on four seeds, and the QK-norm run in bf16 (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
@@ -145,8 +158,12 @@ print(f"{'after layer':>11} {'median token':>13} {'token 0':>9}")
 for ell in (0, 1, 2, 5, 10, 11, 12, 20, 25, 28, 29, 30):
     print(f"{ell:>11} {typical[ell].item():>13.1f} {first[ell].item():>9.0f}")
 steps_up = (typical[1:].diff() > 0).float().mean().item()
-print(f"fitted ‖x_ℓ‖ ∝ ℓ^{exponent:.2f}; the norm rises in {steps_up:.0%} of layer steps")
-assert typical[-1] > 10 * typical[1] and steps_up >= 0.9  # the stream grows with depth...
+print(
+    f"fitted ‖x_ℓ‖ ∝ ℓ^{exponent:.2f}; the norm rises in {steps_up:.0%} of layer steps"
+)
+assert (
+    typical[-1] > 10 * typical[1] and steps_up >= 0.9
+)  # the stream grows with depth...
 assert 0.3 < exponent < 1.2  # ...roughly as a power of depth (√ℓ would be 0.5)
 assert (first[12:29] > 20 * typical[12:29]).all()  # token 0 is an outlier (see below)
 
@@ -163,7 +180,9 @@ X = torch.stack(smol_states)[:, 0, 1:]  # (L + 1, T - 1, d), token 0 left out
 writes = X[1:] - X[:-1]  # Δ_ℓ = x_ℓ − x_{ℓ−1}, (L, T − 1, d)
 write_norm = writes.norm(dim=-1).median(dim=1).values
 alignment = F.cosine_similarity(writes, X[:-1], dim=-1).median(dim=1).values
-orthogonal = (X[0].pow(2).sum(-1) + writes.pow(2).sum(-1).cumsum(0)).sqrt()  # (L, T - 1)
+orthogonal = (
+    X[0].pow(2).sum(-1) + writes.pow(2).sum(-1).cumsum(0)
+).sqrt()  # (L, T - 1)
 excess = (X[1:].norm(dim=-1) / orthogonal).median(dim=1).values
 print(
     f"median write ‖Δ_ℓ‖: layers 1-5 {write_norm[:5].mean():.0f}, "
@@ -172,7 +191,9 @@ print(
 print(f"median cos(Δ_ℓ, x_ℓ₋₁) over the layers: {alignment.median():.2f}")
 print(f"‖x_ℓ‖ ÷ orthogonal-sum prediction: {excess.min():.2f} to {excess.max():.2f}")
 assert write_norm[-5:].mean() > 3 * write_norm[:5].mean()  # deep layers write more
-assert alignment.median() > 0.05 and excess[1:].min() > 1.0  # and partly along the stream
+assert (
+    alignment.median() > 0.05 and excess[1:].min() > 1.0
+)  # and partly along the stream
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
@@ -191,7 +212,11 @@ ax.set(xlabel="layer ℓ", ylabel="‖x_ℓ‖", title="SmolLM2: the stream grow
 ax.legend(fontsize=8)
 ax = axes[1]
 ax.semilogy(layers, write_norm, "o-", ms=3, color=PALETTE[2])
-ax.set(xlabel="layer ℓ", ylabel="median ‖Δ_ℓ‖", title="…because deep layers write bigger updates")
+ax.set(
+    xlabel="layer ℓ",
+    ylabel="median ‖Δ_ℓ‖",
+    title="…because deep layers write bigger updates",
+)
 plt.show()
 
 # %% [markdown]
@@ -216,7 +241,9 @@ plt.show()
 
 # %%
 Code(
-    inspect.getsource(layer_norm_reference) + "\n\n" + inspect.getsource(rms_norm_reference),
+    inspect.getsource(layer_norm_reference)
+    + "\n\n"
+    + inspect.getsource(rms_norm_reference),
     language="python",
 )
 
@@ -232,10 +259,15 @@ print(f"{'':<10} {'mean':>6} {'std':>6} {'rms':>6}")
 for name, y in [("input", x), ("LayerNorm", ln), ("RMSNorm", rms)]:
     m, s, r = y.mean(-1), y.std(-1, unbiased=False), y.pow(2).mean(-1).sqrt()
     print(f"{name:<10} {m.mean():>6.2f} {s.mean():>6.2f} {r.mean():>6.2f}")
-assert ln.mean(-1).abs().max() < 1e-5 and (ln.std(-1, unbiased=False) - 1).abs().max() < 1e-4
+assert (
+    ln.mean(-1).abs().max() < 1e-5
+    and (ln.std(-1, unbiased=False) - 1).abs().max() < 1e-4
+)
 assert rms.mean(-1).min() > 0.3 and (rms.pow(2).mean(-1).sqrt() - 1).abs().max() < 1e-4
 # LayerNorm is RMSNorm of the centred vector (same eps on the same quantity)
-torch.testing.assert_close(rms_norm_reference(x - x.mean(-1, keepdim=True), None, eps=1e-5), ln)
+torch.testing.assert_close(
+    rms_norm_reference(x - x.mean(-1, keepdim=True), None, eps=1e-5), ln
+)
 # both ignore the scale; only LayerNorm ignores a shift
 shifted = 3.0 * x + 2.0
 shift_ln = (layer_norm_reference(shifted, None, None) - ln).abs().max().item()
@@ -264,7 +296,9 @@ ops = {
     "RMSNorm": count_aten_ops(rms_norm_reference, x, w),
 }
 for name, counter in ops.items():
-    listed = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in sorted(counter.items()))
+    listed = ", ".join(
+        f"{op}×{n}" if n > 1 else op for op, n in sorted(counter.items())
+    )
     print(f"{name:<9}: {sum(counter.values())} operators ({listed})")
 n_red = {
     "LayerNorm": count_reductions(layer_norm_reference, x, w, b),
@@ -314,7 +348,10 @@ for name, fn in kernels.items():
 # %%
 seed_everything(1)
 W, c = torch.randn(64, d_smol) / d_smol**0.5, torch.randn(64)  # the next linear layer
-gamma, beta = 1 + 0.1 * torch.randn(d_smol), 0.1 * torch.randn(d_smol)  # LayerNorm's own
+gamma, beta = (
+    1 + 0.1 * torch.randn(d_smol),
+    0.1 * torch.randn(d_smol),
+)  # LayerNorm's own
 x64, W64 = x.double(), W.double()
 ones = torch.ones(d_smol, d_smol, dtype=torch.float64) / d_smol
 torch.testing.assert_close(
@@ -330,7 +367,9 @@ torch.testing.assert_close(
     atol=1e-4,
     rtol=1e-4,
 )
-print("W(x − μ1) = (W − W·11ᵀ/d)x, and LayerNorm + Linear = Linear' applied to x/σ: checked")
+print(
+    "W(x − μ1) = (W − W·11ᵀ/d)x, and LayerNorm + Linear = Linear' applied to x/σ: checked"
+)
 
 # %% [markdown]
 # What the fold cannot remove is the division by $\sigma$, which still needs the mean:
@@ -350,7 +389,9 @@ print(
     f"|μ| / rms over {ratio.numel()} stream vectors: median {ratio.median():.3f} "
     f"(a random vector: 1/√d = {d_smol**-0.5:.3f}), max {ratio.max():.3f}"
 )
-print(f"σ / rms: smallest {factor.min():.4f}, i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}")
+print(
+    f"σ / rms: smallest {factor.min():.4f}, i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}"
+)
 assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
 
 # %% [markdown]
@@ -394,10 +435,17 @@ DEPTH, WIDTH, SEQ, BATCH = 8, 32, 32, 16
 STEPS, WARMUP, LR = 120, 60, 8e-3
 SEEDS = (0, 1, 2, 3) if FULL else (0,)
 PLACEMENTS = ["post", "pre", "sandwich", "post_branch"]
-NAMES = {"post": "Post-LN", "pre": "Pre-LN", "sandwich": "sandwich", "post_branch": "post-branch"}
+NAMES = {
+    "post": "Post-LN",
+    "pre": "Pre-LN",
+    "sandwich": "sandwich",
+    "post_branch": "post-branch",
+}
 
 
-def deep_model(placement: str, n_layers: int = DEPTH, depth_scaled: bool = False, **changes):
+def deep_model(
+    placement: str, n_layers: int = DEPTH, depth_scaled: bool = False, **changes
+):
     """The chapter's model: n_layers blocks of width 32, LayerNorm, learned positions."""
     cfg = ModelConfig(
         vocab_size=V,
@@ -411,7 +459,9 @@ def deep_model(placement: str, n_layers: int = DEPTH, depth_scaled: bool = False
         **changes,
     )
     model = DecoderLM(cfg)
-    if not depth_scaled:  # DecoderLM scales the residual writes by 1/√(2L) (GPT-2): undo it
+    if (
+        not depth_scaled
+    ):  # DecoderLM scales the residual writes by 1/√(2L) (GPT-2): undo it
         with torch.no_grad():
             for weight in residual_write_weights(model):
                 weight.mul_(math.sqrt(2 * n_layers))
@@ -442,7 +492,9 @@ def run(placement: str, warmup: int, seed: int) -> dict:
     return {"loss": losses, "cosine": tracker.history, "model": model}
 
 
-val_batches = [sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(100), DEVICE)]
+val_batches = [
+    sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(100), DEVICE)
+]
 runs = {
     (p, warm, seed): run(p, warm, seed)
     for p in PLACEMENTS
@@ -458,13 +510,19 @@ def mean_over_seeds(placement: str, warm: int) -> float:
 
 counts = torch.bincount(train_ids, minlength=V).float()
 p_char = counts[counts > 0] / counts.sum()
-unigram = -(p_char * p_char.log()).sum().item()  # the loss of predicting letter frequencies
+unigram = (
+    -(p_char * p_char.log()).sum().item()
+)  # the loss of predicting letter frequencies
 loss = {(p, warm): mean_over_seeds(p, warm) for p in PLACEMENTS for warm in (0, WARMUP)}
-print(f"held-out loss after {STEPS} steps (nats/char; letter frequencies alone: {unigram:.2f})")
+print(
+    f"held-out loss after {STEPS} steps (nats/char; letter frequencies alone: {unigram:.2f})"
+)
 print(f"{'':<12} {'no warmup':>10} {'warmup':>8}")
 for p in PLACEMENTS:
     print(f"{NAMES[p]:<12} {loss[(p, 0)]:>10.2f} {loss[(p, WARMUP)]:>8.2f}")
-assert loss[("post", 0)] > loss[("pre", 0)] + 0.3  # Post-LN without warmup trains worse...
+assert (
+    loss[("post", 0)] > loss[("pre", 0)] + 0.3
+)  # Post-LN without warmup trains worse...
 assert loss[("post", WARMUP)] < loss[("post", 0)] - 0.3  # ...warmup rescues it...
 gain_post = loss[("post", 0)] - loss[("post", WARMUP)]
 gain_pre = loss[("pre", 0)] - loss[("pre", WARMUP)]
@@ -507,7 +565,9 @@ for ax, warm in zip(axes, (0, WARMUP), strict=True):
     )
 axes[0].set(ylabel="training loss (nats/char, 10-step mean)", ylim=(2.3, 4.7))
 axes[1].legend()
-fig.suptitle("Same model, same peak learning rate: without warmup, Post-LN stays on the plateau")
+fig.suptitle(
+    "Same model, same peak learning rate: without warmup, Post-LN stays on the plateau"
+)
 plt.show()
 
 # %% [markdown]
@@ -552,7 +612,9 @@ print(
     f"top-layer token cosine at the end: Post-LN {post_cos[-1, -1]:.3f}, Pre-LN {pre_cos[-1, -1]:.2f}"
 )
 assert max(collapsed_by.values()) < 10  # both collapse within the first steps...
-assert post_cos[-20:, -1].min() > 0.99 and pre_cos[-20:, -1].max() < 0.7  # ...one for good
+assert (
+    post_cos[-20:, -1].min() > 0.99 and pre_cos[-20:, -1].max() < 0.7
+)  # ...one for good
 
 # %% [markdown]
 # ### Why: gradients and the identity path at initialisation
@@ -565,7 +627,9 @@ assert post_cos[-20:, -1].min() > 0.99 and pre_cos[-20:, -1].max() < 0.7  # ...o
 # measures the gradient norm of each block's parameters on one batch:
 
 # %%
-probe_x, probe_y = sample_windows(train_ids, BATCH, SEQ, torch.Generator().manual_seed(7), DEVICE)
+probe_x, probe_y = sample_windows(
+    train_ids, BATCH, SEQ, torch.Generator().manual_seed(7), DEVICE
+)
 grads = {}
 for p in PLACEMENTS:
     seed_everything(0)
@@ -604,18 +668,31 @@ paths = {}
 for p in ("post", "pre"):
     seed_everything(0)
     probes = torch.Generator().manual_seed(0)
-    paths[p] = identity_path_jacobian(deep_model(p), probe_x, n_probes=4, generator=probes)
-print(f"{'block ℓ':>8}" + "".join(f" {NAMES[p] + ' norm':>13} {'trace':>6}" for p in paths))
+    paths[p] = identity_path_jacobian(
+        deep_model(p), probe_x, n_probes=4, generator=probes
+    )
+print(
+    f"{'block ℓ':>8}"
+    + "".join(f" {NAMES[p] + ' norm':>13} {'trace':>6}" for p in paths)
+)
 for ell in range(1, DEPTH + 1):
     print(
         f"{ell:>8}"
-        + "".join(f" {paths[p].norm[ell]:>13.2f} {paths[p].trace[ell]:>6.2f}" for p in paths)
+        + "".join(
+            f" {paths[p].norm[ell]:>13.2f} {paths[p].trace[ell]:>6.2f}" for p in paths
+        )
     )
 post_path, pre_path = paths["post"], paths["pre"]
-assert (pre_path.trace[1:] > 0.85).all()  # Pre-LN: the identity survives all the way down
-post_decays = post_path.trace[1] < 0.7 and post_path.trace[1] < post_path.trace[DEPTH - 1]
+assert (
+    pre_path.trace[1:] > 0.85
+).all()  # Pre-LN: the identity survives all the way down
+post_decays = (
+    post_path.trace[1] < 0.7 and post_path.trace[1] < post_path.trace[DEPTH - 1]
+)
 assert post_decays  # Post-LN: the identity share shrinks further down
-assert (post_path.norm[1:] - 1).abs().max() < 0.15 and pre_path.norm[1] > 2  # Post: ‖J‖ ≈ 1
+assert (post_path.norm[1:] - 1).abs().max() < 0.15 and pre_path.norm[
+    1
+] > 2  # Post: ‖J‖ ≈ 1
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
@@ -631,8 +708,12 @@ axes[0].set_yticks([0.5, 1, 2, 5, 10], ["0.5", "1", "2", "5", "10"])
 axes[0].yaxis.set_minor_formatter(NullFormatter())
 axes[0].legend()
 for j, p in enumerate(paths):
-    axes[1].plot(ell, paths[p].norm[1:], "o-", color=PALETTE[j], label=f"{NAMES[p]}: ‖J‖ / √n")
-    axes[1].plot(ell, paths[p].trace[1:], "s--", color=PALETTE[j], label=f"{NAMES[p]}: tr J / n")
+    axes[1].plot(
+        ell, paths[p].norm[1:], "o-", color=PALETTE[j], label=f"{NAMES[p]}: ‖J‖ / √n"
+    )
+    axes[1].plot(
+        ell, paths[p].trace[1:], "s--", color=PALETTE[j], label=f"{NAMES[p]}: tr J / n"
+    )
 axes[1].axhline(1, color="grey", lw=0.8)
 axes[1].set(
     xlabel="block ℓ (input of)",
@@ -667,11 +748,18 @@ val_x = val_batches[0][0]
 print(f"{'':<12} {'‖x_1‖':>6} {'‖x_8‖':>6} {'exponent':>9}")
 stream_fit = {}
 for p in PLACEMENTS:
-    med = residual_norms(runs[(p, WARMUP, 0)]["model"], val_x).flatten(1).median(dim=1).values
+    med = (
+        residual_norms(runs[(p, WARMUP, 0)]["model"], val_x)
+        .flatten(1)
+        .median(dim=1)
+        .values
+    )
     stream_fit[p] = loglog_fit(np.arange(1, DEPTH + 1), med[1:].numpy())[0]
     print(f"{NAMES[p]:<12} {med[1]:>6.1f} {med[-1]:>6.1f} {stream_fit[p]:>9.2f}")
     if p != "post":
-        assert (med[1:].diff() > 0).all() and stream_fit[p] > 0.3  # grows at every layer
+        assert (med[1:].diff() > 0).all() and stream_fit[
+            p
+        ] > 0.3  # grows at every layer
 assert abs(stream_fit["post"]) < 0.1  # Post-LN: pinned by the norm after every block
 
 # %% [markdown]
@@ -709,10 +797,17 @@ for n in depth_grid:
 growth = {name: loglog_fit(depth_grid, v)[0] for name, v in final_norm.items()}
 print(f"{'':<38}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid) + "   exponent")
 for name, values in final_norm.items():
-    print(f"{name:<38}" + "".join(f" {v:>6.1f}" for v in values) + f"   {growth[name]:>8.2f}")
+    print(
+        f"{name:<38}"
+        + "".join(f" {v:>6.1f}" for v in values)
+        + f"   {growth[name]:>8.2f}"
+    )
 for name in ("Pre-LN, full-size writes", "sandwich, output gain 1"):
     assert 0.35 < growth[name] < 0.65  # √L growth
-for name in ("Pre-LN, writes × 1/√(2L) (GPT-2)", "sandwich, output gain 1/√L (Trinity)"):
+for name in (
+    "Pre-LN, writes × 1/√(2L) (GPT-2)",
+    "sandwich, output gain 1/√L (Trinity)",
+):
     assert abs(growth[name]) < 0.1  # flat
 
 # %%
@@ -782,7 +877,9 @@ def qk_run(qk_norm: str) -> dict:
             lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
             QK_STEPS,
             make_adamw(model, lr=QK_LR),
-            lr_at=lambda step: cosine_lr(step, QK_LR, QK_WARMUP, QK_STEPS, min_lr=QK_LR / 10),
+            lr_at=lambda step: cosine_lr(
+                step, QK_LR, QK_WARMUP, QK_STEPS, min_lr=QK_LR / 10
+            ),
             loss_fn=loss_fn,
         )
     return {"loss": losses, "logits": tracker.history.amax(dim=1), "model": model}
@@ -808,7 +905,9 @@ final_logits = attention_logit_max(with_qk, val_x)
 print(
     f"after training with QK-norm: max logit {final_logits.max():.1f} ≤ √D · max|γ_q| · max|γ_k| = {bound:.1f}"
 )
-assert qk["none"]["logits"][-1] > 5 * qk["head"]["logits"][-1]  # logits grow without QK-norm
+assert (
+    qk["none"]["logits"][-1] > 5 * qk["head"]["logits"][-1]
+)  # logits grow without QK-norm
 assert qk["none"]["logits"][-1] > 10 * qk["none"]["logits"][0]
 assert final_logits.max() <= bound * (1 + 1e-4)  # with it, they are capped by the gains
 
@@ -817,7 +916,10 @@ fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 for j, (name, label) in enumerate([("none", "no QK-norm"), ("head", "QK-norm")]):
     axes[0].semilogy(qk[name]["logits"], color=PALETTE[j], label=label)
     axes[1].plot(
-        np.arange(smooth, QK_STEPS + 1), smoothed(qk[name]["loss"]), color=PALETTE[j], label=label
+        np.arange(smooth, QK_STEPS + 1),
+        smoothed(qk[name]["loss"]),
+        color=PALETTE[j],
+        label=label,
     )
 axes[0].set(
     xlabel="step",

@@ -42,7 +42,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -64,7 +65,12 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 
 from companion.device import default_device, describe
-from companion.layers.ffn import ACTIVATIONS, FeedForward, GatedFeedForward, glu_hidden_size
+from companion.layers.ffn import (
+    ACTIVATIONS,
+    FeedForward,
+    GatedFeedForward,
+    glu_hidden_size,
+)
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
@@ -77,10 +83,17 @@ from companion.tasks.products import (
     product_task,
     train_regression,
 )
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
-FULL = False  # True: wider and deeper language models, longer runs, more seeds (use a GPU)
+FULL = (
+    False  # True: wider and deeper language models, longer runs, more seeds (use a GPU)
+)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
@@ -128,10 +141,14 @@ for name, p in block.named_parameters():
 n_attn, n_ffn, n_block = n_params(block.attn), n_params(block.ffn), n_params(block)
 d, V, L = llama2.d_model, llama2.vocab_size, llama2.n_layers
 n_model = L * n_block + 2 * V * d + d  # blocks, input and output embeddings, final norm
-print(f"FFN share of a block: {n_ffn / n_block:.1%}; whole model: {n_model:,} parameters")
+print(
+    f"FFN share of a block: {n_ffn / n_block:.1%}; whole model: {n_model:,} parameters"
+)
 assert n_attn == 4 * d * d and n_ffn == 3 * d * 11008
 assert 0.66 < n_ffn / n_block < 0.67  # still two thirds
-assert n_model == 6_738_415_616  # the published size of Llama 2 7B, to the last parameter
+assert (
+    n_model == 6_738_415_616
+)  # the published size of Llama 2 7B, to the last parameter
 
 # %% [markdown]
 # The count matches Llama 2 7B's published 6,738,415,616 parameters exactly, and 67% of
@@ -160,7 +177,9 @@ assert n_model == 6_738_415_616  # the published size of Llama 2 7B, to the last
 # PyTorch's kernels (in float64):
 
 # %%
-xs = torch.linspace(-10, 10, 200_001, dtype=torch.float64)  # a fine grid for the identities
+xs = torch.linspace(
+    -10, 10, 200_001, dtype=torch.float64
+)  # a fine grid for the identities
 phi = 0.5 * (1 + torch.erf(xs / math.sqrt(2)))  # the standard normal CDF Φ
 silu_gap = (F.silu(xs) - xs * torch.sigmoid(xs)).abs().max().item()
 gelu_gap = (F.gelu(xs) - xs * phi).abs().max().item()
@@ -175,7 +194,12 @@ print(
 assert silu_gap < 1e-12 and gelu_gap < 1e-12
 assert tanh_err.max() < 5e-4  # everywhere, not only near zero
 
-names = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU (tanh approx.)", "silu": "SiLU"}
+names = {
+    "relu": "ReLU",
+    "gelu": "GELU",
+    "gelu_tanh": "GELU (tanh approx.)",
+    "silu": "SiLU",
+}
 grid = torch.linspace(-5, 5, 1001, dtype=torch.float64, requires_grad=True)
 values, slopes = {}, {}
 for key in names:
@@ -184,33 +208,55 @@ for key in names:
     values[key], slopes[key] = out.detach(), slope
 g = grid.detach()
 sig, pdf = torch.sigmoid(g), torch.exp(-(g**2) / 2) / math.sqrt(2 * math.pi)
-assert torch.allclose(slopes["silu"], sig * (1 + g * (1 - sig)), atol=1e-12)  # σ(1 + x(1-σ))
-assert torch.allclose(slopes["gelu"], 0.5 * (1 + torch.erf(g / math.sqrt(2))) + g * pdf)  # Φ + xφ
+assert torch.allclose(
+    slopes["silu"], sig * (1 + g * (1 - sig)), atol=1e-12
+)  # σ(1 + x(1-σ))
+assert torch.allclose(
+    slopes["gelu"], 0.5 * (1 + torch.erf(g / math.sqrt(2))) + g * pdf
+)  # Φ + xφ
 for key in ("gelu", "silu"):
     low = values[key].argmin()
     print(
         f"{names[key]}: minimum {values[key][low].item():.3f} at x = {g[low].item():.2f}; "
         f"slope from {slopes[key].min().item():.3f} to {slopes[key].max().item():.3f}"
     )
-assert abs(values["gelu"].min() + 0.170) < 0.001 and abs(values["silu"].min() + 0.278) < 0.001
-assert slopes["gelu"].min() < 0 and slopes["silu"].min() < 0 and slopes["relu"].min() == 0
+assert (
+    abs(values["gelu"].min() + 0.170) < 0.001
+    and abs(values["silu"].min() + 0.278) < 0.001
+)
+assert (
+    slopes["gelu"].min() < 0 and slopes["silu"].min() < 0 and slopes["relu"].min() == 0
+)
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
 styles = {"relu": "-", "gelu": "-", "gelu_tanh": "--", "silu": "-"}
-colors = {"relu": PALETTE[7], "gelu": PALETTE[0], "gelu_tanh": PALETTE[4], "silu": PALETTE[1]}
+colors = {
+    "relu": PALETTE[7],
+    "gelu": PALETTE[0],
+    "gelu_tanh": PALETTE[4],
+    "silu": PALETTE[1],
+}
 for key, label in names.items():
     axes[0].plot(g, values[key], styles[key], color=colors[key], label=label)
     axes[1].plot(g, slopes[key], styles[key], color=colors[key], label=label)
-axes[0].set(xlim=(-4, 3), ylim=(-0.5, 3), xlabel="x", ylabel="act(x)", title="The curves")
+axes[0].set(
+    xlim=(-4, 3), ylim=(-0.5, 3), xlabel="x", ylabel="act(x)", title="The curves"
+)
 axes[0].legend()
-axes[1].set(xlim=(-5, 5), xlabel="x", ylabel="d act / dx (autograd)", title="Their slopes")
+axes[1].set(
+    xlim=(-5, 5), xlabel="x", ylabel="d act / dx (autograd)", title="Their slopes"
+)
 err_grid = xs[(xs > -6) & (xs < 6)]
 axes[2].plot(
-    err_grid, 1e4 * (F.gelu(err_grid) - ACTIVATIONS["gelu_tanh"](err_grid)), color=PALETTE[4]
+    err_grid,
+    1e4 * (F.gelu(err_grid) - ACTIVATIONS["gelu_tanh"](err_grid)),
+    color=PALETTE[4],
 )
 axes[2].set(
-    xlabel="x", ylabel="GELU − tanh approx. (×10⁻⁴)", title="The tanh approximation's error"
+    xlabel="x",
+    ylabel="GELU − tanh approx. (×10⁻⁴)",
+    title="The tanh approximation's error",
 )
 fig.suptitle("ReLU, GELU and SiLU: smooth, dipping below zero, nearly the same shape")
 plt.show()
@@ -256,7 +302,9 @@ def fastest(fn, reps: int = 7) -> float:
     return min(times)
 
 
-z = torch.randn(256, 4096)  # the hidden activations of 256 tokens through a 1024 → 4096 FFN
+z = torch.randn(
+    256, 4096
+)  # the hidden activations of 256 tokens through a 1024 → 4096 FFN
 ffn_1024 = FeedForward(1024, 4096, "gelu", bias=False)
 tokens_1024 = torch.randn(256, 1024)
 with torch.no_grad():
@@ -338,7 +386,9 @@ mlp_count = counts["MLP, 4d = 16,384"]
 for name, n in counts.items():
     print(f"{name:<28} {n:>13,} weights  {n / mlp_count:6.3f}× the MLP")
 assert mlp_count == 8 * d * d
-assert abs(counts["SwiGLU, 11,008 (Llama 2 7B)"] / mlp_count - 1) < 0.01  # parity, within 1%
+assert (
+    abs(counts["SwiGLU, 11,008 (Llama 2 7B)"] / mlp_count - 1) < 0.01
+)  # parity, within 1%
 assert counts["SwiGLU, 14,336 (Llama 3 8B)"] / mlp_count == 1.3125  # 3 · 3.5 / 8
 
 # %% [markdown]
@@ -352,7 +402,9 @@ assert counts["SwiGLU, 14,336 (Llama 3 8B)"] / mlp_count == 1.3125  # 3 · 3.5 /
 D_LM = 128 if FULL else 48
 mlp_small = FeedForward(D_LM, 4 * D_LM, "gelu", bias=False)
 glu_small = GatedFeedForward(D_LM, 8 * D_LM // 3, "silu")
-print(f"d = {D_LM}: MLP {n_params(mlp_small):,} weights, SwiGLU {n_params(glu_small):,} weights")
+print(
+    f"d = {D_LM}: MLP {n_params(mlp_small):,} weights, SwiGLU {n_params(glu_small):,} weights"
+)
 assert n_params(mlp_small) == n_params(glu_small) == 8 * D_LM**2
 
 # %%
@@ -438,7 +490,9 @@ for name, build in task_models.items():
         model = build()
         assert n_params(model) == 8 * D_TASK**2
 
-        def snap(step: int, m: torch.nn.Module, name: str = name, seed: int = seed) -> None:
+        def snap(
+            step: int, m: torch.nn.Module, name: str = name, seed: int = seed
+        ) -> None:
             if seed == 0 and step in SNAPSHOTS:
                 surfaces[name].append(product_surface(m, D_TASK, plane, k=1))
 
@@ -452,13 +506,20 @@ for name, build in task_models.items():
         task_mse[name].append(mse(model, x_test, y_test))
         if seed == 0:
             task_curves[name] = hist.loss
-print(f"{'model':<12} {'weights':>8} " + " ".join(f"{'seed ' + str(s):>9}" for s in TASK_SEEDS))
+print(
+    f"{'model':<12} {'weights':>8} "
+    + " ".join(f"{'seed ' + str(s):>9}" for s in TASK_SEEDS)
+)
 for name, errs in task_mse.items():
     print(f"{name:<12} {8 * D_TASK**2:>8,} " + " ".join(f"{e:>9.5f}" for e in errs))
-ratios = [m / s for m, s in zip(task_mse["MLP (GELU)"], task_mse["SwiGLU"], strict=True)]
+ratios = [
+    m / s for m, s in zip(task_mse["MLP (GELU)"], task_mse["SwiGLU"], strict=True)
+]
 print(f"GELU MLP error ÷ SwiGLU error: {min(ratios):.0f}× to {max(ratios):.0f}×")
 assert all(r > 10 for r in ratios)  # every seed: the gated layer is at least 10× better
-assert max(task_mse["MLP (GELU)"]) < min(task_mse["MLP (ReLU)"])  # smooth curvature helps the MLP
+assert max(task_mse["MLP (GELU)"]) < min(
+    task_mse["MLP (ReLU)"]
+)  # smooth curvature helps the MLP
 
 # %%
 fig, axes = plt.subplots(1, 4, figsize=(12.5, 3.3), width_ratios=[1, 1, 1, 1.3])
@@ -468,20 +529,33 @@ panels = {"target": "target  x₁·x₀", "MLP (GELU)": "MLP (GELU)", "SwiGLU": 
 for ax, (key, title) in zip(axes[:3], panels.items(), strict=True):
     start = target if key == "target" else surfaces[key][0]
     images[key] = ax.imshow(
-        start.numpy(), origin="lower", extent=(-3, 3, -3, 3), cmap="RdBu_r", vmin=-9, vmax=9
+        start.numpy(),
+        origin="lower",
+        extent=(-3, 3, -3, 3),
+        cmap="RdBu_r",
+        vmin=-9,
+        vmax=9,
     )
     ax.grid(False)
     ax.set(title=title, xlabel="x₁", ylabel="x₀" if key == "target" else None)
 fig.colorbar(images["SwiGLU"], ax=axes[2], fraction=0.05, label="output")
-smoothed = {k: np.convolve(c, np.ones(10) / 10, mode="valid") for k, c in task_curves.items()}
+smoothed = {
+    k: np.convolve(c, np.ones(10) / 10, mode="valid") for k, c in task_curves.items()
+}
 lines = {
-    k: axes[3].semilogy([], [], color=PALETTE[j], label=k)[0] for j, k in enumerate(task_models)
+    k: axes[3].semilogy([], [], color=PALETTE[j], label=k)[0]
+    for j, k in enumerate(task_models)
 }
 axes[3].set(
-    xlim=(0, TASK_STEPS), ylim=(1e-4, 2), xlabel="step", ylabel="training MSE (10-step mean)"
+    xlim=(0, TASK_STEPS),
+    ylim=(1e-4, 2),
+    xlabel="step",
+    ylabel="training MSE (10-step mean)",
 )
 axes[3].legend(fontsize=8, loc="lower left")
-fig.suptitle("Output 1 over the (x₁, x₀) plane: the gated layer learns the saddle x₁·x₀")
+fig.suptitle(
+    "Output 1 over the (x₁, x₀) plane: the gated layer learns the saddle x₁·x₀"
+)
 
 
 def draw_task(i: int) -> None:
@@ -541,15 +615,26 @@ VARIANTS = {  # name -> (ffn, activation, hidden width)
 def lm_config(ffn: str, activation: str, hidden: int) -> ModelConfig:
     """The chapter's decoder: RMSNorm, RoPE, no biases; only the FFN varies."""
     return tiny(
-        vocab_size=chars.vocab_size, d_model=D_LM, n_layers=4 if FULL else 1,
-        n_heads=D_LM // 16, d_ff=hidden, ffn=ffn, activation=activation,
-        max_seq_len=SEQ, init_std=0.1, n_kv_heads=None,
+        vocab_size=chars.vocab_size,
+        d_model=D_LM,
+        n_layers=4 if FULL else 1,
+        n_heads=D_LM // 16,
+        d_ff=hidden,
+        ffn=ffn,
+        activation=activation,
+        max_seq_len=SEQ,
+        init_std=0.1,
+        n_kv_heads=None,
     )
 
 
-sizes = {name: DecoderLM(lm_config(*spec)).num_params() for name, spec in VARIANTS.items()}
+sizes = {
+    name: DecoderLM(lm_config(*spec)).num_params() for name, spec in VARIANTS.items()
+}
 print({name: f"{n:,}" for name, n in sizes.items()})
-assert max(sizes.values()) / min(sizes.values()) - 1 < 0.01  # equal within 1% (here: exactly)
+assert (
+    max(sizes.values()) / min(sizes.values()) - 1 < 0.01
+)  # equal within 1% (here: exactly)
 
 counts_train = torch.bincount(train_ids, minlength=chars.vocab_size).double()
 unigram = counts_train / counts_train.sum()
@@ -567,13 +652,17 @@ for seed in SEEDS:
     for name, spec in VARIANTS.items():
         seed_everything(seed)
         model = DecoderLM(lm_config(*spec)).to(DEVICE)
-        windows = torch.Generator().manual_seed(1000 + seed)  # same batches for every variant
+        windows = torch.Generator().manual_seed(
+            1000 + seed
+        )  # same batches for every variant
         hist = train(
             model,
             lambda step, g=windows: sample_windows(train_ids, BATCH, SEQ, g, DEVICE),
             STEPS,
             make_adamw(model, lr=LR),
-            lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+            lr_at=lambda s: cosine_lr(
+                s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+            ),
         )
         lm_curves[name].append(hist.loss)
         lm_val[name].append(evaluate(model, val_batches))
@@ -591,8 +680,13 @@ for name, losses in lm_val.items():
         + f"{arr.mean():>9.3f} ± {arr.std(ddof=1):.3f}"
     )
 mlp_val = np.array(lm_val["MLP (GELU)"])
-paired = {name: np.array(v) - mlp_val for name, v in lm_val.items() if name != "MLP (GELU)"}
-tail = {name: np.array([np.mean(c[-50:]) for c in curves]) for name, curves in lm_curves.items()}
+paired = {
+    name: np.array(v) - mlp_val for name, v in lm_val.items() if name != "MLP (GELU)"
+}
+tail = {
+    name: np.array([np.mean(c[-50:]) for c in curves])
+    for name, curves in lm_curves.items()
+}
 print("GLU − MLP, paired by seed: held-out loss | training loss over the last 50 steps")
 for name, diff in paired.items():
     train_gap = tail[name] - tail["MLP (GELU)"]
@@ -603,7 +697,9 @@ for name, diff in paired.items():
         + ", ".join(f"{v:+.3f}" for v in train_gap)
         + ")"
     )
-assert all(v < unigram_loss - 0.7 for losses in lm_val.values() for v in losses)  # all runs learn
+assert all(
+    v < unigram_loss - 0.7 for losses in lm_val.values() for v in losses
+)  # all runs learn
 # on the training batches (each seen once) every gated run ends below its MLP partner...
 assert all((tail[name] - tail["MLP (GELU)"] < -0.01).all() for name in paired)
 # ...on held-out text not always: no assert about the order there
@@ -612,7 +708,9 @@ assert all((tail[name] - tail["MLP (GELU)"] < -0.01).all() for name in paired)
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), width_ratios=[1.4, 1])
 window = 25
 smooth = {  # (seeds, steps): each run's training loss, averaged over `window` steps
-    name: np.array([np.convolve(c, np.ones(window) / window, mode="valid") for c in curves])
+    name: np.array(
+        [np.convolve(c, np.ones(window) / window, mode="valid") for c in curves]
+    )
     for name, curves in lm_curves.items()
 }
 steps_axis = np.arange(window - 1, STEPS)
@@ -621,11 +719,18 @@ for j, name in enumerate(VARIANTS):
     if name != "MLP (GELU)":
         gap = smooth[name] - smooth["MLP (GELU)"]  # paired: same seed, same batches
         axes[0].plot(steps_axis, gap.mean(0), color=PALETTE[j], label=name)
-        axes[0].fill_between(steps_axis, gap.min(0), gap.max(0), color=PALETTE[j], alpha=0.12)
+        axes[0].fill_between(
+            steps_axis, gap.min(0), gap.max(0), color=PALETTE[j], alpha=0.12
+        )
     vals = np.array(lm_val[name])
     axes[1].plot(np.full(len(vals), j), vals, "o", color=PALETTE[j], alpha=0.6)
     axes[1].errorbar(
-        j + 0.18, vals.mean(), yerr=vals.std(ddof=1), fmt="s", color=PALETTE[j], capsize=4
+        j + 0.18,
+        vals.mean(),
+        yerr=vals.std(ddof=1),
+        fmt="s",
+        color=PALETTE[j],
+        capsize=4,
     )
 axes[0].set(
     xlabel="step",
@@ -634,7 +739,9 @@ axes[0].set(
 )
 axes[0].legend(fontsize=8)
 axes[1].set_xticks(range(len(VARIANTS)), list(VARIANTS), fontsize=8)
-axes[1].set(ylabel="validation loss (nats/char)", title="Held-out loss: seeds and mean ± sd")
+axes[1].set(
+    ylabel="validation loss (nats/char)", title="Held-out loss: seeds and mean ± sd"
+)
 plt.show()
 
 # %% [markdown]

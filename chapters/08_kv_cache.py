@@ -45,7 +45,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -123,13 +124,19 @@ KIB, MIB, GIB = 2**10, 2**20, 2**30
 
 # %%
 tiny_cfg = tiny(
-    vocab_size=96, d_model=64, d_ff=128, max_seq_len=256, tie_embeddings=False,
+    vocab_size=96,
+    d_model=64,
+    d_ff=128,
+    max_seq_len=256,
+    tie_embeddings=False,
     init_std=0.1,
 )
 seed_everything(0)
 tiny_lm = DecoderLM(tiny_cfg).eval().to(DEVICE)
 PROMPT, NEW = 8, (192 if FULL else 48)
-prompt = torch.randint(0, tiny_cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+prompt = torch.randint(
+    0, tiny_cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1)
+)
 prompt = prompt.to(DEVICE)
 
 
@@ -153,7 +160,9 @@ def generate_counting(model: DecoderLM, ids: torch.Tensor, new: int, use_cache: 
 with_cache, work_cached = generate_counting(tiny_lm, prompt, NEW, use_cache=True)
 without, work_recomputed = generate_counting(tiny_lm, prompt, NEW, use_cache=False)
 print("first generated ids:", with_cache[0, PROMPT : PROMPT + 12].tolist())
-print(f"identical tokens with and without the cache: {torch.equal(with_cache, without)}")
+print(
+    f"identical tokens with and without the cache: {torch.equal(with_cache, without)}"
+)
 assert torch.equal(with_cache, without)
 
 # the cached logits are the full forward's logits, position by position
@@ -161,17 +170,30 @@ with torch.no_grad():
     full = tiny_lm(with_cache)  # one pass over the whole sequence, no cache
     cache = tiny_lm.new_cache(1, with_cache.shape[1])
     steps = [tiny_lm(with_cache[:, :PROMPT], cache=cache)]
-    steps += [tiny_lm(with_cache[:, t : t + 1], cache=cache) for t in range(PROMPT, with_cache.shape[1])]
+    steps += [
+        tiny_lm(with_cache[:, t : t + 1], cache=cache)
+        for t in range(PROMPT, with_cache.shape[1])
+    ]
 gap = (torch.cat(steps, dim=1) - full).abs().max().item()
-print(f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions < 1e-5: {gap < 1e-5}")
+print(
+    f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions < 1e-5: {gap < 1e-5}"
+)
 assert gap < 1e-5
 
-for name, work, cached in (("cache", work_cached, True), ("recompute", work_recomputed, False)):
+for name, work, cached in (
+    ("cache", work_cached, True),
+    ("recompute", work_recomputed, False),
+):
     rows, pairs = work.sum(axis=0)
-    print(f"{name:<10} {len(work):>3} passes {rows:>6,} projected tokens {pairs:>7,} scored pairs")
+    print(
+        f"{name:<10} {len(work):>3} passes {rows:>6,} projected tokens {pairs:>7,} scored pairs"
+    )
     assert rows == projected_tokens(PROMPT, NEW, cached=cached)
     assert pairs == attended_pairs(PROMPT, NEW, cached=cached)
-assert projected_tokens(8, 48, cached=True) == 55 and projected_tokens(8, 48, cached=False) == 1512
+assert (
+    projected_tokens(8, 48, cached=True) == 55
+    and projected_tokens(8, 48, cached=False) == 1512
+)
 
 # %% [markdown]
 # The tokens are identical, and the logits agree to float32 rounding at every position. The
@@ -194,7 +216,9 @@ a = flops_per_token(llama3, 0)  # the weights: 2 FLOPs per active weight (head i
 b = flops_per_token(llama3, 1) - a  # attention: 4·L·H·D per key
 assert b == 4 * llama3.n_layers * llama3.n_heads * llama3.head_dim
 assert all(flops_per_token(llama3, s) == a + b * s for s in (1, 1000, 8192))
-n = np.arange(1, (32768 if FULL else 8192) + 1, dtype=np.float64)  # sequence length per step
+n = np.arange(
+    1, (32768 if FULL else 8192) + 1, dtype=np.float64
+)  # sequence length per step
 step_cached = a + b * n  # the new token attends to n keys
 step_recomputed = a * n + b * n * (n + 1) / 2  # all n positions again, causal
 total_cached, total_recomputed = np.cumsum(step_cached), np.cumsum(step_recomputed)
@@ -202,25 +226,42 @@ fit = n >= 1024
 slope_c, _ = loglog_fit(n[fit], total_cached[fit])
 slope_r, _ = loglog_fit(n[fit], total_recomputed[fit])
 ratio_8k = total_recomputed[8191] / total_cached[8191]
-print(f"FLOPs per token: {a / 1e9:.1f} GFLOP for the weights + {b / 1e3:.0f} kFLOP per cached key")
-print(f"generating 8,192 tokens: recompute {total_recomputed[8191]:.1e} FLOPs, "
-      f"cache {total_cached[8191]:.1e} FLOPs ({ratio_8k:,.0f}× fewer)")
-print(f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, cache {slope_c:.2f}")
+print(
+    f"FLOPs per token: {a / 1e9:.1f} GFLOP for the weights + {b / 1e3:.0f} kFLOP per cached key"
+)
+print(
+    f"generating 8,192 tokens: recompute {total_recomputed[8191]:.1e} FLOPs, "
+    f"cache {total_cached[8191]:.1e} FLOPs ({ratio_8k:,.0f}× fewer)"
+)
+print(
+    f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, cache {slope_c:.2f}"
+)
 assert round(a / 1e9) == 15 and b == 524_288
 assert 1.9 < slope_r < 2.3 and 0.95 < slope_c < 1.3
 assert 3900 < ratio_8k < 4000
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-for j, (name, work) in enumerate((("recompute", work_recomputed), ("cache", work_cached))):
-    axes[0].plot(np.arange(1, len(work) + 1), work[:, 0], "o-", ms=3, color=PALETTE[j], label=name)
+for j, (name, work) in enumerate(
+    (("recompute", work_recomputed), ("cache", work_cached))
+):
+    axes[0].plot(
+        np.arange(1, len(work) + 1),
+        work[:, 0],
+        "o-",
+        ms=3,
+        color=PALETTE[j],
+        label=name,
+    )
 axes[0].set(
     xlabel="generation step",
     ylabel="tokens through the projections",
     title=f"Tiny model, {PROMPT}-token prompt: work per step",
 )
 axes[0].legend()
-for j, (name, total) in enumerate((("recompute", total_recomputed), ("cache", total_cached))):
+for j, (name, total) in enumerate(
+    (("recompute", total_recomputed), ("cache", total_cached))
+):
     axes[1].loglog(n, total, color=PALETTE[j], label=name)
 axes[1].set(
     xlabel="tokens generated",
@@ -253,24 +294,41 @@ plt.show()
 
 # %%
 gqa_8b = preset("llama3-8b")
-assert (gqa_8b.n_layers, gqa_8b.n_heads, gqa_8b.n_kv_heads, gqa_8b.head_dim) == (32, 32, 8, 128)
+assert (gqa_8b.n_layers, gqa_8b.n_heads, gqa_8b.n_kv_heads, gqa_8b.head_dim) == (
+    32,
+    32,
+    8,
+    128,
+)
 mha_8b = gqa_8b.replace(n_kv_heads=gqa_8b.n_heads)  # the 2017 layout
 S128K = 128 * 1024
 weights_8b = count_params(gqa_8b).total * 2  # bf16, the released model
-print(f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters = {weights_8b / 1e9:.2f} GB "
-      f"({weights_8b / GIB:.2f} GiB) of bf16 weights")
+print(
+    f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters = {weights_8b / 1e9:.2f} GB "
+    f"({weights_8b / GIB:.2f} GiB) of bf16 weights"
+)
 per_token = {}
 for name, cfg in (("MHA, 32 K/V heads", mha_8b), ("GQA, 8 K/V heads", gqa_8b)):
     per_token[name] = kv_cache_bytes_per_token(cfg, dtype_bytes=2)
     at_128k = kv_cache_bytes(cfg, S128K, dtype_bytes=2)
     room = max_context_tokens(80 * GIB, weights_8b, per_token[name])
-    print(f"{name}: {per_token[name] / KIB:.0f} KiB/token; 128k tokens: {at_128k / GIB:.0f} GiB "
-          f"= {at_128k / weights_8b:.1f}× the weights; an 80 GiB GPU holds {room:,} tokens")
+    print(
+        f"{name}: {per_token[name] / KIB:.0f} KiB/token; 128k tokens: {at_128k / GIB:.0f} GiB "
+        f"= {at_128k / weights_8b:.1f}× the weights; an 80 GiB GPU holds {room:,} tokens"
+    )
     assert per_token[name] == 2 * 32 * cfg.n_kv_heads * 128 * 2
-assert per_token["MHA, 32 K/V heads"] == 512 * KIB and per_token["GQA, 8 K/V heads"] == 128 * KIB
-assert kv_cache_bytes(mha_8b, S128K) == 64 * GIB and kv_cache_bytes(gqa_8b, S128K) == 16 * GIB
+assert (
+    per_token["MHA, 32 K/V heads"] == 512 * KIB
+    and per_token["GQA, 8 K/V heads"] == 128 * KIB
+)
+assert (
+    kv_cache_bytes(mha_8b, S128K) == 64 * GIB
+    and kv_cache_bytes(gqa_8b, S128K) == 16 * GIB
+)
 assert weights_8b == 16_060_522_496  # 16.1 GB, 15.0 GiB
-assert max_context_tokens(80 * GIB, weights_8b, 512 * KIB) // S128K == 1  # one 128k user, just
+assert (
+    max_context_tokens(80 * GIB, weights_8b, 512 * KIB) // S128K == 1
+)  # one 128k user, just
 assert max_context_tokens(80 * GIB, weights_8b, 128 * KIB) // S128K == 4
 
 # %% [markdown]
@@ -285,25 +343,41 @@ assert max_context_tokens(80 * GIB, weights_8b, 128 * KIB) // S128K == 4
 # chapter 12), and an MLA layer one latent and one RoPE key per position (below).
 
 # %%
-print(f"{'model':<20}{'attention':<40}{'KiB/token':>10}{'context':>10}"
-      f"{'cache GiB':>11}{'weights GiB':>13}")
+print(
+    f"{'model':<20}{'attention':<40}{'KiB/token':>10}{'context':>10}"
+    f"{'cache GiB':>11}{'weights GiB':>13}"
+)
 rows = {}
 for name, cfg in PRESETS.items():
     kib = kv_cache_bytes_per_token(cfg) / KIB
     cache_gib = kv_cache_bytes(cfg, cfg.max_seq_len) / GIB
     weight_gib = count_params(cfg).total * 2 / GIB
     rows[name] = (kib, cache_gib, weight_gib)
-    print(f"{name:<20}{spec_row(cfg)['attention']:<40}{kib:>10.1f}{cfg.max_seq_len:>10,}"
-          f"{cache_gib:>11.2f}{weight_gib:>13.1f}")
-assert rows["gpt2"][0] == 36 and rows["llama2-7b"][0] == 512 and rows["smollm2-135m"][0] == 22.5
-assert rows["deepseek-v3"][0] == 70_272 / KIB  # 68.6 KiB, the smallest of the large models
+    print(
+        f"{name:<20}{spec_row(cfg)['attention']:<40}{kib:>10.1f}{cfg.max_seq_len:>10,}"
+        f"{cache_gib:>11.2f}{weight_gib:>13.1f}"
+    )
+assert (
+    rows["gpt2"][0] == 36
+    and rows["llama2-7b"][0] == 512
+    and rows["smollm2-135m"][0] == 22.5
+)
+assert (
+    rows["deepseek-v3"][0] == 70_272 / KIB
+)  # 68.6 KiB, the smallest of the large models
 assert rows["mistral-7b"][1] == 0.5  # a 4096-token window caps the whole cache
 assert rows["llama3.1-8b"][1] == 16 and rows["llama3.1-8b"][1] > rows["llama3.1-8b"][2]
-mha_presets = [name for name, cfg in PRESETS.items() if not cfg.is_mla and cfg.n_kv_heads == cfg.n_heads]
+mha_presets = [
+    name
+    for name, cfg in PRESETS.items()
+    if not cfg.is_mla and cfg.n_kv_heads == cfg.n_heads
+]
 assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
 assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
 big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 weights
-assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == ["qwen3-next-80b-a3b"]
+assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == [
+    "qwen3-next-80b-a3b"
+]
 
 # %% [markdown]
 # Three things stand out. Llama 2 7B, the last model here with one K/V head per query
@@ -334,7 +408,10 @@ assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == ["qw
 # 3.35 TB/s of HBM3.
 
 # %%
-H100_FLOPS, H100_BW = 989e12, 3.35e12  # dense bf16 FLOP/s, HBM bytes/s (H100 SXM datasheet)
+H100_FLOPS, H100_BW = (
+    989e12,
+    3.35e12,
+)  # dense bf16 FLOP/s, HBM bytes/s (H100 SXM datasheet)
 ridge = ridge_point(H100_FLOPS, H100_BW)
 print(f"H100 SXM ridge point: {ridge:.1f} FLOPs/byte")
 assert round(ridge) == 295
@@ -344,8 +421,12 @@ for s in (1, 4096, 131072):
         for d_h in (64, 128, 256):
             for n_q, n_kv in ((32, 32), (32, 8), (32, 1), (64, 4)):
                 flops = decode_attention_flops(n_q, d_h, d_h, s, b)
-                nbytes = decode_attention_bytes(2 * n_kv * d_h, s, b, bytes_per_element=2)
-                assert arithmetic_intensity(flops, nbytes) == n_q / n_kv  # nothing else matters
+                nbytes = decode_attention_bytes(
+                    2 * n_kv * d_h, s, b, bytes_per_element=2
+                )
+                assert (
+                    arithmetic_intensity(flops, nbytes) == n_q / n_kv
+                )  # nothing else matters
 print("I = n_q / n_kv for every context, batch and head width tried")
 
 # %% [markdown]
@@ -358,9 +439,11 @@ print("I = n_q / n_kv for every context, batch and head width tried")
 # %%
 for name, cfg in (("MHA", mha_8b), ("GQA", gqa_8b)):
     per_step = kv_cache_bytes(cfg, S128K)  # every layer reads its whole cache each step
-    print(f"{name}: {per_step / GIB:.0f} GiB read per token at 128k = "
-          f"{per_step / H100_BW * 1e3:.1f} ms at 3.35 TB/s (weights: "
-          f"{weights_8b / H100_BW * 1e3:.1f} ms)")
+    print(
+        f"{name}: {per_step / GIB:.0f} GiB read per token at 128k = "
+        f"{per_step / H100_BW * 1e3:.1f} ms at 3.35 TB/s (weights: "
+        f"{weights_8b / H100_BW * 1e3:.1f} ms)"
+    )
 assert round(kv_cache_bytes(mha_8b, S128K) / H100_BW * 1e3, 1) == 20.5
 assert round(kv_cache_bytes(gqa_8b, S128K) / H100_BW * 1e3, 1) == 5.1
 
@@ -374,25 +457,49 @@ assert round(kv_cache_bytes(gqa_8b, S128K) / H100_BW * 1e3, 1) == 5.1
 
 # %%
 kinds = {  # name: (FLOPs, bytes) of one layer's decode-step attention at any s (here 4096)
-    "MHA 32:32": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 32 * 128, 4096)),
-    "GQA 32:8": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 8 * 128, 4096)),
-    "MQA 32:1": (decode_attention_flops(32, 128, 128, 4096), decode_attention_bytes(2 * 1 * 128, 4096)),
-    "MLA, 128 heads": (decode_attention_flops(128, 576, 512, 4096), decode_attention_bytes(576, 4096)),
+    "MHA 32:32": (
+        decode_attention_flops(32, 128, 128, 4096),
+        decode_attention_bytes(2 * 32 * 128, 4096),
+    ),
+    "GQA 32:8": (
+        decode_attention_flops(32, 128, 128, 4096),
+        decode_attention_bytes(2 * 8 * 128, 4096),
+    ),
+    "MQA 32:1": (
+        decode_attention_flops(32, 128, 128, 4096),
+        decode_attention_bytes(2 * 1 * 128, 4096),
+    ),
+    "MLA, 128 heads": (
+        decode_attention_flops(128, 576, 512, 4096),
+        decode_attention_bytes(576, 4096),
+    ),
 }
 intensity = {name: arithmetic_intensity(*fb) for name, fb in kinds.items()}
 for name, i in intensity.items():
     share = attainable_flops(i, H100_FLOPS, H100_BW) / H100_FLOPS
-    print(f"{name:<15} I = {i:6.1f} FLOPs/byte -> at most {share:6.1%} of the H100's peak")
+    print(
+        f"{name:<15} I = {i:6.1f} FLOPs/byte -> at most {share:6.1%} of the H100's peak"
+    )
 assert [intensity[k] for k in ("MHA 32:32", "GQA 32:8", "MQA 32:1")] == [1, 4, 32]
 assert 241 < intensity["MLA, 128 heads"] < 242 < ridge
 
 fig, ax = plt.subplots(figsize=(7, 3.6))
 grid = np.logspace(-0.3, 3.3, 200)
-ax.loglog(grid, [attainable_flops(i, H100_FLOPS, H100_BW) / 1e12 for i in grid], color="grey")
+ax.loglog(
+    grid, [attainable_flops(i, H100_FLOPS, H100_BW) / 1e12 for i in grid], color="grey"
+)
 ax.axvline(ridge, color="grey", ls=":", lw=1)
-ax.text(ridge * 1.08, 1.5, f"ridge point\n{ridge:.0f} FLOPs/byte", fontsize=8, color="grey")
+ax.text(
+    ridge * 1.08, 1.5, f"ridge point\n{ridge:.0f} FLOPs/byte", fontsize=8, color="grey"
+)
 for j, (name, i) in enumerate(intensity.items()):
-    ax.plot(i, attainable_flops(i, H100_FLOPS, H100_BW) / 1e12, "o", color=PALETTE[j], label=name)
+    ax.plot(
+        i,
+        attainable_flops(i, H100_FLOPS, H100_BW) / 1e12,
+        "o",
+        color=PALETTE[j],
+        label=name,
+    )
 ax.set(
     xlabel="arithmetic intensity (FLOPs per byte)",
     ylabel="attainable TFLOP/s",
@@ -441,11 +548,15 @@ for h_kv in (8, 4, 2, 1):
     v = torch.randn(B_, h_kv, S_, D_, generator=g, dtype=torch.float64)
     for t in (1, 5):
         q = torch.randn(B_, H_, t, D_, generator=g, dtype=torch.float64)
-        mask = position_mask(torch.arange(S_ - t, S_), torch.arange(S_))  # (T, S), causal
+        mask = position_mask(
+            torch.arange(S_ - t, S_), torch.arange(S_)
+        )  # (T, S), causal
         ref = naive_attention(q, expand_kv(k, H_), expand_kv(v, H_), mask=mask)
         out = grouped_attention(q, k, v, mask=mask)
         assert (out - ref).abs().max() < 1e-12
-    print(f"H = {H_}, H_kv = {h_kv} (G = {H_ // h_kv}): grouped = naive on repeated heads")
+    print(
+        f"H = {H_}, H_kv = {h_kv} (G = {H_ // h_kv}): grouped = naive on repeated heads"
+    )
 
 # %% [markdown]
 # The bytes one decode step reads per layer are the cache's own bytes, now exact and not a
@@ -459,10 +570,14 @@ step_bytes = {}
 for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     cache_v = KVCache(1, h_kv, S_STEP, D_STEP, dtype=torch.float32)
     step_bytes[name] = cache_v.k.nbytes + cache_v.v.nbytes
-    assert step_bytes[name] == decode_attention_bytes(2 * h_kv * D_STEP, S_STEP, bytes_per_element=4)
+    assert step_bytes[name] == decode_attention_bytes(
+        2 * h_kv * D_STEP, S_STEP, bytes_per_element=4
+    )
     copy = expand_kv(cache_v.k, 32).nbytes + expand_kv(cache_v.v, 32).nbytes
-    print(f"{name}: {step_bytes[name] / MIB:5.0f} MiB read per layer and step; "
-          f"the repeated copy: {copy / MIB:.0f} MiB")
+    print(
+        f"{name}: {step_bytes[name] / MIB:5.0f} MiB read per layer and step; "
+        f"the repeated copy: {copy / MIB:.0f} MiB"
+    )
 assert [step_bytes[k] // MIB for k in ("MHA", "GQA", "MQA")] == [128, 32, 4]
 
 # %% [markdown]
@@ -482,7 +597,9 @@ for s in LENGTHS:
         k = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         v = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         if "repeated" in name:  # copy each K/V head to its 4 query heads, then attend
-            fn = lambda k=k, v=v: grouped_attention(q_step, expand_kv(k, 32), expand_kv(v, 32))  # noqa: E731
+            fn = lambda k=k, v=v: grouped_attention(
+                q_step, expand_kv(k, 32), expand_kv(v, 32)
+            )  # noqa: E731
         else:
             fn = lambda k=k, v=v: grouped_attention(q_step, k, v)  # noqa: E731
         ms[name].append(median_seconds(fn, DEVICE, 5) * 1e3)
@@ -491,14 +608,27 @@ fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
 for j, (name, h_kv) in enumerate(timed.items()):
     style = "--" if "repeated" in name else "o-"
     axes[0].loglog(LENGTHS, ms[name], style, ms=4, color=PALETTE[j], label=name)
-    read = [decode_attention_bytes(2 * h_kv * D_STEP, s, bytes_per_element=4) / MIB for s in LENGTHS]
+    read = [
+        decode_attention_bytes(2 * h_kv * D_STEP, s, bytes_per_element=4) / MIB
+        for s in LENGTHS
+    ]
     axes[1].loglog(read, ms[name], style, ms=4, color=PALETTE[j], label=name)
-axes[0].set(xlabel="cached positions s", ylabel="ms per step (one layer)", title="Time against context")
+axes[0].set(
+    xlabel="cached positions s",
+    ylabel="ms per step (one layer)",
+    title="Time against context",
+)
 axes[0].set_xticks(LENGTHS, [f"{s:,}" for s in LENGTHS], minor=False)
 axes[0].xaxis.set_minor_formatter(NullFormatter())
-axes[1].set(xlabel="cache bytes read (MiB)", ylabel="ms per step (one layer)", title="Time against bytes")
+axes[1].set(
+    xlabel="cache bytes read (MiB)",
+    ylabel="ms per step (one layer)",
+    title="Time against bytes",
+)
 axes[0].legend(fontsize=8)
-fig.suptitle(f"One decode step's attention, 32 query heads of width 128, fp32 on {DEVICE.type}")
+fig.suptitle(
+    f"One decode step's attention, 32 query heads of width 128, fp32 on {DEVICE.type}"
+)
 plt.show()
 for name in timed:
     print(f"{name:<26}" + "  ".join(f"{t:7.2f} ms" for t in ms[name]))
@@ -566,21 +696,33 @@ def rotation(n: int) -> torch.Tensor:
 
 g = torch.Generator().manual_seed(3)
 W = torch.randn(D_R, D_R, generator=g, dtype=torch.float64)  # an up-projection W_UK
-q, c = torch.randn(D_R, generator=g, dtype=torch.float64), torch.randn(D_R, generator=g, dtype=torch.float64)
+q, c = (
+    torch.randn(D_R, generator=g, dtype=torch.float64),
+    torch.randn(D_R, generator=g, dtype=torch.float64),
+)
 R5, R9 = rotation(5), rotation(9)
 commute_gap = ((R9 @ W - W @ R9).norm() / W.norm()).item()
-print(f"‖R_n W − W R_n‖ / ‖W‖ = {commute_gap:.2f}; rotations among themselves: "
-      f"‖R_5 R_9 − R_9 R_5‖ < 1e-12: {bool((R5 @ R9 - R9 @ R5).norm() < 1e-12)}")
+print(
+    f"‖R_n W − W R_n‖ / ‖W‖ = {commute_gap:.2f}; rotations among themselves: "
+    f"‖R_5 R_9 − R_9 R_5‖ < 1e-12: {bool((R5 @ R9 - R9 @ R5).norm() < 1e-12)}"
+)
 assert commute_gap > 0.5 and (R5 @ R9 - R9 @ R5).norm() < 1e-12
-assert (R5.T @ R9 - rotation(4)).abs().max() < 1e-12  # R_mᵀ R_n = R_{n−m}: only the offset remains
+assert (
+    R5.T @ R9 - rotation(4)
+).abs().max() < 1e-12  # R_mᵀ R_n = R_{n−m}: only the offset remains
 # without RoPE the up-projection moves to the query side exactly ...
 assert abs(q @ (W @ c) - (W.T @ q) @ c) < 1e-12
 # ... with it, the matrix the query must meet the latent with depends on the key's offset
 absorbed = {offset: (rotation(offset) @ W).T for offset in (1, 2, 3)}
 for m, n_ in ((0, 1), (4, 5), (0, 2)):
-    assert abs((rotation(m) @ q) @ (rotation(n_) @ W @ c) - (absorbed[n_ - m] @ q) @ c) < 1e-12
+    assert (
+        abs((rotation(m) @ q) @ (rotation(n_) @ W @ c) - (absorbed[n_ - m] @ q) @ c)
+        < 1e-12
+    )
 assert (absorbed[1] - absorbed[2]).norm() > 0.5 * W.norm()
-print("absorbing W_UK works without RoPE; with it, the folded query changes with every offset")
+print(
+    "absorbing W_UK works without RoPE; with it, the folded query changes with every offset"
+)
 
 # %% [markdown]
 # `companion.layers.mla.MultiHeadLatentAttention` implements both forms on the same parameters
@@ -599,31 +741,57 @@ Code(inspect.getsource(MultiHeadLatentAttention.absorbed_qkv), language="python"
 # decoding the same tokens one at a time from its `LatentCache`.
 
 # %%
-MLA_DIMS = {"kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+MLA_DIMS = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 12,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 8,
+}
 T_MLA = 12
-fixed = {"causal": True, "rope": RotaryEmbedding(MLA_DIMS["qk_rope_head_dim"], max_len=T_MLA)}
+fixed = {
+    "causal": True,
+    "rope": RotaryEmbedding(MLA_DIMS["qk_rope_head_dim"], max_len=T_MLA),
+}
 torch.manual_seed(4)
-naive_mla = MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="naive").double().eval()
-absorbed_mla = MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="absorbed").double().eval()
+naive_mla = (
+    MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="naive").double().eval()
+)
+absorbed_mla = (
+    MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="absorbed")
+    .double()
+    .eval()
+)
 absorbed_mla.load_state_dict(naive_mla.state_dict())
 x = torch.randn(1, T_MLA, 64, dtype=torch.float64)
 with torch.no_grad():
     y_naive, y_absorbed = naive_mla(x), absorbed_mla(x)
     latent_cache = absorbed_mla.new_cache(1, T_MLA)
-    y_steps = torch.cat([
-        absorbed_mla(x[:, t : t + 1], torch.tensor([t]), latent_cache)  # token t at position t
-        for t in range(T_MLA)
-    ], dim=1)
-print(f"max |naive − absorbed| < 1e-12: {bool((y_naive - y_absorbed).abs().max() < 1e-12)} "
-      f"(causal forward), {bool((y_naive - y_steps).abs().max() < 1e-12)} (absorbed, token by "
-      "token from the cache)")
+    y_steps = torch.cat(
+        [
+            absorbed_mla(
+                x[:, t : t + 1], torch.tensor([t]), latent_cache
+            )  # token t at position t
+            for t in range(T_MLA)
+        ],
+        dim=1,
+    )
+print(
+    f"max |naive − absorbed| < 1e-12: {bool((y_naive - y_absorbed).abs().max() < 1e-12)} "
+    f"(causal forward), {bool((y_naive - y_steps).abs().max() < 1e-12)} (absorbed, token by "
+    "token from the cache)"
+)
 assert torch.allclose(y_naive, y_absorbed, atol=1e-12, rtol=0)
 assert torch.allclose(y_naive, y_steps, atol=1e-12, rtol=0)
 
 width = latent_cache.kv.shape[-1]
-mha_width = 4 * (8 + 4) + 4 * 8  # per-head keys (nope + rope) and values, as an MHA would cache
-print(f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token and layer "
-      f"(r + d_R = 16 + 4); per-head K and V would be {mha_width}")
+mha_width = (
+    4 * (8 + 4) + 4 * 8
+)  # per-head keys (nope + rope) and values, as an MHA would cache
+print(
+    f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token and layer "
+    f"(r + d_R = 16 + 4); per-head K and V would be {mha_width}"
+)
 assert latent_cache.kv.shape == (1, T_MLA, 16 + 4)
 assert torch.equal(latent_cache.pos, torch.arange(T_MLA))  # row t holds position t
 assert mha_width == 80
@@ -645,13 +813,17 @@ mla_absorbed_lm.load_state_dict(mla_naive_lm.state_dict())
 tokens_naive = mla_naive_lm.generate(prompt.cpu(), 24)
 tokens_absorbed = mla_absorbed_lm.generate(prompt.cpu(), 24)
 mla_cache = mla_absorbed_lm.new_cache(1, 32)
-print(f"same 24 tokens: {torch.equal(tokens_naive, tokens_absorbed)}; cache per layer: "
-      f"{[tuple(layer.kv.shape) for layer in mla_cache.layers]}")
+print(
+    f"same 24 tokens: {torch.equal(tokens_naive, tokens_absorbed)}; cache per layer: "
+    f"{[tuple(layer.kv.shape) for layer in mla_cache.layers]}"
+)
 assert torch.equal(tokens_naive, tokens_absorbed)
 # per token: one (r + d_R)-row per layer, as the calculator counts it
-assert kv_cache_bytes_per_token(mla_cfg, dtype_bytes=4) == sum(
-    layer.kv[0, 0].nbytes for layer in mla_cache.layers
-) == 2 * (16 + 4) * 4
+assert (
+    kv_cache_bytes_per_token(mla_cfg, dtype_bytes=4)
+    == sum(layer.kv[0, 0].nbytes for layer in mla_cache.layers)
+    == 2 * (16 + 4) * 4
+)
 
 # %% [markdown]
 # Now DeepSeek-V3's real sizes: $r = 512$, $d_R = 64$, 61 layers, bf16. The "equivalent
@@ -659,17 +831,29 @@ assert kv_cache_bytes_per_token(mla_cfg, dtype_bytes=4) == sum(
 
 # %%
 v3 = preset("deepseek-v3")
-assert (v3.d_model, v3.n_layers, v3.n_heads, v3.kv_lora_rank, v3.qk_rope_head_dim) == (7168, 61, 128, 512, 64)
+assert (v3.d_model, v3.n_layers, v3.n_heads, v3.kv_lora_rank, v3.qk_rope_head_dim) == (
+    7168,
+    61,
+    128,
+    512,
+    64,
+)
 assert (v3.qk_nope_head_dim, v3.v_head_dim) == (128, 128)
 mla_bytes = bytes_per_token(512, 64, 61)  # (r + d_R) · L · 2 bytes
 mha_bytes = 61 * 128 * (192 + 128) * 2  # L · heads · (key + value widths) · 2 bytes
-print(f"MLA: {mla_bytes:,} B/token = {mla_bytes / KIB:.1f} KiB; equivalent MHA: "
-      f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; {mha_bytes / mla_bytes:.1f}× smaller")
-print(f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB against {mha_bytes * S128K / GIB:.0f} GiB")
+print(
+    f"MLA: {mla_bytes:,} B/token = {mla_bytes / KIB:.1f} KiB; equivalent MHA: "
+    f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; {mha_bytes / mla_bytes:.1f}× smaller"
+)
+print(
+    f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB against {mha_bytes * S128K / GIB:.0f} GiB"
+)
 assert mla_bytes == 70_272 == kv_cache_bytes_per_token(v3)
 assert round(mla_bytes / KIB, 1) == 68.6 and round(mha_bytes / MIB, 2) == 4.77
 assert 70 < mha_bytes / mla_bytes < 72
-assert round(mla_bytes * S128K / GIB, 1) == 8.6 and round(mha_bytes * S128K / GIB) == 610
+assert (
+    round(mla_bytes * S128K / GIB, 1) == 8.6 and round(mha_bytes * S128K / GIB) == 610
+)
 
 # %% [markdown]
 # 68.6 KiB per token instead of 4.77 MiB, 71 times less; a 128k-token context in 8.6 GiB
@@ -694,20 +878,41 @@ STORE = {  # variant: [(part, copies, width per copy)] kept per token and layer
     "MQA": [("K", 1, D8), ("V", 1, D8)],
     "MLA (r = 512, d_R = 64)": [("latent c", 1, 512), ("RoPE key", 1, 64)],
 }
-COLORS = {"K": PALETTE[0], "V": PALETTE[1], "latent c": PALETTE[2], "RoPE key": PALETTE[3]}
+COLORS = {
+    "K": PALETTE[0],
+    "V": PALETTE[1],
+    "latent c": PALETTE[2],
+    "RoPE key": PALETTE[3],
+}
 kib_per_token = {
-    name: sum(n * w for _, n, w in parts) * L8 * 2 / KIB for name, parts in STORE.items()
+    name: sum(n * w for _, n, w in parts) * L8 * 2 / KIB
+    for name, parts in STORE.items()
 }
 assert kib_per_token["MHA"] == kv_cache_bytes_per_token(mha_8b) / KIB == 512
-assert kib_per_token["GQA (8 K/V heads)"] == kv_cache_bytes_per_token(gqa_8b) / KIB == 128
-assert kib_per_token["MQA"] == kv_cache_bytes_per_token(gqa_8b.replace(n_kv_heads=1)) / KIB == 16
-assert kib_per_token["MLA (r = 512, d_R = 64)"] == bytes_per_token(512, 64, L8) / KIB == 36
+assert (
+    kib_per_token["GQA (8 K/V heads)"] == kv_cache_bytes_per_token(gqa_8b) / KIB == 128
+)
+assert (
+    kib_per_token["MQA"]
+    == kv_cache_bytes_per_token(gqa_8b.replace(n_kv_heads=1)) / KIB
+    == 16
+)
+assert (
+    kib_per_token["MLA (r = 512, d_R = 64)"] == bytes_per_token(512, 64, L8) / KIB == 36
+)
 print({name: f"{kib:.0f} KiB/token" for name, kib in kib_per_token.items()})
 
 STEPS_SHOWN = 12
 fig, axes = plt.subplots(1, 4, figsize=(12, 4.0), sharey=True)
-fig.legend(handles=[Patch(color=c, label=p) for p, c in COLORS.items()], loc="outside lower center", ncol=4, fontsize=8)
-fig.suptitle("What the cache holds per decoded token, Llama 3 8B's shape (32 layers, 32 query heads × 128, bf16)")
+fig.legend(
+    handles=[Patch(color=c, label=p) for p, c in COLORS.items()],
+    loc="outside lower center",
+    ncol=4,
+    fontsize=8,
+)
+fig.suptitle(
+    "What the cache holds per decoded token, Llama 3 8B's shape (32 layers, 32 query heads × 128, bf16)"
+)
 
 
 def draw_cache(i: int) -> None:
@@ -719,15 +924,34 @@ def draw_cache(i: int) -> None:
             each = width * L8 * 2 / KIB  # KiB of one copy (one head) over all layers
             ax.bar(xs, copies * each, bottom=bottom, width=0.92, color=COLORS[part])
             if copies > 1:
-                ax.hlines(bottom + each * np.arange(1, copies), -0.5, tokens - 0.5, color="white", lw=0.4)
+                ax.hlines(
+                    bottom + each * np.arange(1, copies),
+                    -0.5,
+                    tokens - 0.5,
+                    color="white",
+                    lw=0.4,
+                )
             bottom += copies * each
         total = tokens * kib_per_token[name]
-        ax.text(0.97, 0.97, f"{tokens} token{'s' * (tokens > 1)}: {total:,.0f} KiB\n128k tokens: "
-                f"{kib_per_token[name] * S128K / MIB:.1f} GiB", transform=ax.transAxes,
-                ha="right", va="top", fontsize=8)
-        ax.set(xlim=(-0.6, STEPS_SHOWN - 0.4), ylim=(0, 640), title=f"{name}\n{kib_per_token[name]:.0f} KiB/token",
-               xlabel="decoded token")
-        ax.set_xticks(range(0, STEPS_SHOWN, 2), [str(t + 1) for t in range(0, STEPS_SHOWN, 2)])
+        ax.text(
+            0.97,
+            0.97,
+            f"{tokens} token{'s' * (tokens > 1)}: {total:,.0f} KiB\n128k tokens: "
+            f"{kib_per_token[name] * S128K / MIB:.1f} GiB",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+        )
+        ax.set(
+            xlim=(-0.6, STEPS_SHOWN - 0.4),
+            ylim=(0, 640),
+            title=f"{name}\n{kib_per_token[name]:.0f} KiB/token",
+            xlabel="decoded token",
+        )
+        ax.set_xticks(
+            range(0, STEPS_SHOWN, 2), [str(t + 1) for t in range(0, STEPS_SHOWN, 2)]
+        )
         ax.title.set_fontsize(9)
     axes[0].set_ylabel("cache per token, all layers (KiB)")
 
@@ -755,7 +979,10 @@ HTML(animate(fig, draw_cache, STEPS_SHOWN, interval_ms=500))
 # step and the cache write it relies on:
 
 # %%
-Code(inspect.getsource(decode_one_token) + "\n" + inspect.getsource(KVCache.update), language="python")
+Code(
+    inspect.getsource(decode_one_token) + "\n" + inspect.getsource(KVCache.update),
+    language="python",
+)
 
 # %% [markdown]
 # `generate(..., compile=True)` compiles the step (the first call pays for the
@@ -765,7 +992,9 @@ Code(inspect.getsource(decode_one_token) + "\n" + inspect.getsource(KVCache.upda
 # %%
 fast = tiny_lm.generate(prompt, NEW, compile=True)
 reference = tiny_lm.generate(prompt, NEW)
-print(f"compiled decode step: same {NEW} tokens as the eager one: {torch.equal(fast, reference)}")
+print(
+    f"compiled decode step: same {NEW} tokens as the eager one: {torch.equal(fast, reference)}"
+)
 assert torch.equal(fast, reference)
 smol = preset("smollm2-135m")  # the benchmark's model
 assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)

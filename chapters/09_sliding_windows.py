@@ -46,7 +46,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -80,14 +81,21 @@ from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, spec_row, tiny
 from companion.plotting import PALETTE, animate, heatmap, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: a deeper, wider model on longer windows, more steps and seeds (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
-torch.set_num_threads(1)  # tiny models: one thread is as fast as two, and shares the machine
+torch.set_num_threads(
+    1
+)  # tiny models: one thread is as fast as two, and shares the machine
 print(describe(DEVICE))
 GiB = 2**30
 
@@ -114,18 +122,27 @@ pos = torch.arange(S_DEMO)
 full_mask = position_mask(pos, pos)  # causal: k <= q
 band_mask = position_mask(pos, pos, window=W_DEMO)  # and q - k < w
 fig, axes = plt.subplots(1, 2, figsize=(8, 3.9))
-for ax, m, name in ((axes[0], full_mask, "causal"), (axes[1], band_mask, f"window w={W_DEMO}")):
+for ax, m, name in (
+    (axes[0], full_mask, "causal"),
+    (axes[1], band_mask, f"window w={W_DEMO}"),
+):
     heatmap(ax, m.int().numpy(), title=f"{name}: {int(m.sum())} visible pairs", vmax=1)
     ax.set(xlabel="key position", ylabel="query position")
-fig.suptitle(f"Which keys each query sees, s = {S_DEMO}: the window cuts the triangle to a band")
+fig.suptitle(
+    f"Which keys each query sees, s = {S_DEMO}: the window cuts the triangle to a band"
+)
 plt.show()
 n_full, n_band = int(full_mask.sum()), int(band_mask.sum())
 print(f"causal: {n_full} pairs, window {W_DEMO}: {n_band} pairs")
 assert n_full == S_DEMO * (S_DEMO + 1) // 2 == 136
 assert n_band == S_DEMO * W_DEMO - W_DEMO * (W_DEMO - 1) // 2 == 58
-assert (band_mask.sum(1) == pos.clamp(max=W_DEMO - 1) + 1).all()  # row i: min(i + 1, w) keys
+assert (
+    band_mask.sum(1) == pos.clamp(max=W_DEMO - 1) + 1
+).all()  # row i: min(i + 1, w) keys
 holes = position_mask(pos - W_DEMO, pos)  # keys at least w behind the query
-assert torch.equal(band_mask, full_mask & ~holes) and int(holes.sum()) == n_full - n_band
+assert (
+    torch.equal(band_mask, full_mask & ~holes) and int(holes.sum()) == n_full - n_band
+)
 
 # %% [markdown]
 # Row $i$ of the band has $\min(i + 1, w)$ entries, so a sequence of $s \ge w$ tokens has
@@ -137,8 +154,12 @@ assert torch.equal(band_mask, full_mask & ~holes) and int(holes.sum()) == n_full
 print(f"{'s':>8} {'w':>6} {'causal pairs':>16} {'window pairs':>14} {'ratio':>7}")
 for s, w in ((8192, 4096), (65536, 4096), (131072, 1024), (131072, 128)):
     full_pairs, band_pairs = visible_pairs(s), visible_pairs(s, w)
-    print(f"{s:>8,} {w:>6,} {full_pairs:>16,} {band_pairs:>14,} {full_pairs / band_pairs:>6.1f}×")
-assert visible_pairs(65536) == 2_147_516_416 and visible_pairs(65536, 4096) == 260_048_896
+    print(
+        f"{s:>8,} {w:>6,} {full_pairs:>16,} {band_pairs:>14,} {full_pairs / band_pairs:>6.1f}×"
+    )
+assert (
+    visible_pairs(65536) == 2_147_516_416 and visible_pairs(65536, 4096) == 260_048_896
+)
 assert 8.2 < visible_pairs(65536) / visible_pairs(65536, 4096) < 8.3
 assert visible_pairs(4096, 4096) == visible_pairs(4096)  # no saving until s passes w
 
@@ -185,13 +206,17 @@ assert [receptive_field_size(n, W_RF) for n in (1, 2, 3)] == [4, 7, 10]
 # non-zero. We use the reference attention, where masked weights are exact zeros, and add a
 # fourth model with three local layers and one global one (3:1).
 
+
 # %%
 def local_model(kinds: tuple[str, ...], window: int = W_RF) -> DecoderLM:
     """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with the given layer kinds."""
     torch.manual_seed(0)
     cfg = tiny(
-        n_layers=len(kinds), attn_impl="reference", sliding_window=window,
-        layer_types=kinds, n_kv_heads=None,
+        n_layers=len(kinds),
+        attn_impl="reference",
+        sliding_window=window,
+        layer_types=kinds,
+        n_kv_heads=None,
     )
     return DecoderLM(cfg)
 
@@ -205,10 +230,14 @@ PATTERNS = {
 ids_rf = torch.randint(0, 64, (1, T_RF), generator=torch.Generator().manual_seed(1))
 grads = {}
 for name, kinds in PATTERNS.items():
-    g = input_gradient_norms(local_model(kinds), ids_rf, -1, torch.Generator().manual_seed(2))
+    g = input_gradient_norms(
+        local_model(kinds), ids_rf, -1, torch.Generator().manual_seed(2)
+    )
     grads[name] = g
     reached = (g > 0).nonzero().flatten().tolist()
-    print(f"{name:<19} non-zero gradient at {len(reached):>2} positions: {reached[0]}–{reached[-1]}")
+    print(
+        f"{name:<19} non-zero gradient at {len(reached):>2} positions: {reached[0]}–{reached[-1]}"
+    )
 for n, name in enumerate(list(PATTERNS)[:3], start=1):
     expected = torch.arange(T_RF) >= T_RF - receptive_field_size(n, W_RF)
     assert torch.equal(grads[name] > 0, expected)  # exactly the field, no more, no less
@@ -217,7 +246,9 @@ for where in range(4):  # wherever the global layer sits (checked on the masks)
     kinds = ["sliding"] * 4
     kinds[where] = "full"
     assert bool(receptive_fields(layer_masks(kinds, W_RF, T_RF))[-1, -1].all())
-g3 = grads["3 local"]  # fading: the field's first hop-3 positions vs the last hop-1 ones
+g3 = grads[
+    "3 local"
+]  # fading: the field's first hop-3 positions vs the last hop-1 ones
 assert g3[14:17].max() * 10 < g3[21:].min()
 
 # %%
@@ -228,7 +259,10 @@ cmap.set_bad("#dddddd")
 im = ax.imshow(np.ma.log10(log_norms), aspect="auto", cmap=cmap)
 ax.grid(False)
 ax.set_yticks(range(len(grads)), list(grads))
-ax.set(xlabel="input position", title="∂(last output)/∂(input embedding): grey is exactly 0")
+ax.set(
+    xlabel="input position",
+    title="∂(last output)/∂(input embedding): grey is exactly 0",
+)
 for n in range(1, 4):  # the formula's left edge of each field
     edge = T_RF - receptive_field_size(n, W_RF) - 0.5
     ax.plot([edge, edge], [n - 1.5, n - 0.5], color=PALETTE[1], lw=2.5)
@@ -254,7 +288,9 @@ plt.show()
 mistral = preset("mistral-7b")
 assert set(mistral.layer_types) == {"sliding"} and mistral.sliding_window == 4096
 reach = receptive_field_size(mistral.n_layers, mistral.sliding_window)
-print(f"Mistral 7B: {mistral.n_layers} local layers × (4096 − 1) + 1 = {reach:,} tokens")
+print(
+    f"Mistral 7B: {mistral.n_layers} local layers × (4096 − 1) + 1 = {reach:,} tokens"
+)
 assert reach == 131_041 and mistral.n_layers * mistral.sliding_window == 131_072
 
 # %% [markdown]
@@ -269,25 +305,35 @@ assert reach == 131_041 and mistral.n_layers * mistral.sliding_window == 131_072
 T_AN, W_AN, L_AN = 32, 4, 8
 SCHEMES = {
     "all local": ("sliding",) * L_AN,
-    "3 local : 1 global": tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_AN)),
+    "3 local : 1 global": tuple(
+        "full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_AN)
+    ),
 }
 an_masks = {name: layer_masks(kinds, W_AN, T_AN) for name, kinds in SCHEMES.items()}
-cones = {name: receptive_fields(m)[:, -1].float().numpy() for name, m in an_masks.items()}
+cones = {
+    name: receptive_fields(m)[:, -1].float().numpy() for name, m in an_masks.items()
+}
 widths = {name: c.sum(1).astype(int).tolist() for name, c in cones.items()}
 print({name: w for name, w in widths.items()})
-assert widths["all local"] == [1] + [receptive_field_size(n, W_AN) for n in range(1, L_AN + 1)]
+assert widths["all local"] == [1] + [
+    receptive_field_size(n, W_AN) for n in range(1, L_AN + 1)
+]
 assert widths["3 local : 1 global"] == [1, 4, 7, 10, 32, 32, 32, 32, 32]
 
 fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), height_ratios=[1.25, 1])
 mask_imgs, cone_imgs = {}, {}
 for j, name in enumerate(SCHEMES):
-    mask_imgs[name] = axes[0, j].imshow(np.zeros((T_AN, T_AN)), vmin=0, vmax=1, cmap="Blues")
+    mask_imgs[name] = axes[0, j].imshow(
+        np.zeros((T_AN, T_AN)), vmin=0, vmax=1, cmap="Blues"
+    )
     axes[0, j].set(xlabel="key", ylabel="query")
     cone_imgs[name] = axes[1, j].imshow(
         np.full((L_AN + 1, T_AN), np.nan), vmin=0, vmax=1, cmap="Oranges", origin="lower",
         aspect="auto",
     )  # fmt: skip
-    axes[1, j].set(xlabel="input position", ylabel="after layer", yticks=range(0, L_AN + 1, 2))
+    axes[1, j].set(
+        xlabel="input position", ylabel="after layer", yticks=range(0, L_AN + 1, 2)
+    )
     for ax in axes[:, j]:
         ax.grid(False)
 
@@ -325,7 +371,13 @@ HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
 
 # %%
 TABLE = [  # model, local : global, window, note, preset (None: not in companion.models.presets)
-    ("GPT-3 (2020)", "1:1", "banded", "alternating dense and banded sparse layers", None),
+    (
+        "GPT-3 (2020)",
+        "1:1",
+        "banded",
+        "alternating dense and banded sparse layers",
+        None,
+    ),
     ("Mistral 7B (2023)", "all local", "4096", "no global layer", "mistral-7b"),
     ("Gemma 2 (2024)", "1:1", "4096", "", None),
     ("Gemma 3 (2025)", "5:1", "1024", "RoPE base 1e4 local, 1e6 global", "gemma3-27b"),
@@ -341,11 +393,15 @@ def layer_pattern(cfg: ModelConfig) -> tuple[str, str]:
     kinds = cfg.layer_types
     n_local, n_global = kinds.count("sliding"), kinds.count("full")
     ratio = f"{unit[2]}:{unit[3]}" if unit[2] else "all local"
-    assert n_local + n_global == cfg.n_layers and (n_global == 0) == (ratio == "all local")
+    assert n_local + n_global == cfg.n_layers and (n_global == 0) == (
+        ratio == "all local"
+    )
     return ratio, unit[1]
 
 
-print(f"{'model':<21} {'local:global':>12} {'window':>7}  {'layers (local/global, last)':<28} note")
+print(
+    f"{'model':<21} {'local:global':>12} {'window':>7}  {'layers (local/global, last)':<28} note"
+)
 for model, ratio, window, note, name in TABLE:
     layers = ""
     if name is not None:
@@ -357,7 +413,9 @@ for model, ratio, window, note, name in TABLE:
 
 olmo, gemma, gpt_oss = preset("olmo3-32b"), preset("gemma3-27b"), preset("gpt-oss-120b")
 assert olmo.layer_types[-1] == "full" and olmo.layer_types.count("full") == 16
-assert gemma.layer_types[-1] == "sliding" and gemma.layer_types.count("full") == 10  # 62 = 6·10 + 2
+assert (
+    gemma.layer_types[-1] == "sliding" and gemma.layer_types.count("full") == 10
+)  # 62 = 6·10 + 2
 assert (gemma.rope_local_theta, gemma.rope_theta) == (1e4, 1e6)
 assert gpt_oss.layer_types[:2] == ("sliding", "full")  # starts local, then alternates
 
@@ -390,11 +448,15 @@ assert gpt_oss.layer_types[:2] == ("sliding", "full")  # starts local, then alte
 # `companion.analysis.calculator.kv_cache_bytes` does this per layer from the preset:
 
 # %%
-olmo_full = olmo.replace(layer_types=None, sliding_window=None)  # the same model, all global
+olmo_full = olmo.replace(
+    layer_types=None, sliding_window=None
+)  # the same model, all global
 per_layer = kv_cache_bytes_per_token(olmo) // olmo.n_layers
 cache_full, cache_swa = kv_cache_bytes(olmo_full, 65536), kv_cache_bytes(olmo, 65536)
 print(f"Olmo 3 32B: {per_layer:,} B per layer per token")
-print(f"  full attention: {cache_full / GiB:.2f} GiB; 3:1 with w = 4096: {cache_swa / GiB:.2f} GiB")
+print(
+    f"  full attention: {cache_full / GiB:.2f} GiB; 3:1 with w = 4096: {cache_swa / GiB:.2f} GiB"
+)
 print(f"  saving {cache_full / cache_swa:.2f}×")
 assert per_layer == 2 * 8 * 128 * 2 == 4096
 assert cache_full == 64 * 65536 * 4096 == 16 * GiB
@@ -410,7 +472,9 @@ assert g_full == 62 * GiB and g_swa == 10 * 131072 * 8192 + 52 * 1024 * 8192
 for cfg_f, cfg_w, n_global in ((olmo_full, olmo, 16), (gemma_full, gemma, 10)):
     far = 10**9  # a billion tokens: the saving tends to L / (global layers)
     limit = cfg_w.n_layers / n_global
-    assert abs(kv_cache_bytes(cfg_f, far) / kv_cache_bytes(cfg_w, far) / limit - 1) < 1e-3
+    assert (
+        abs(kv_cache_bytes(cfg_f, far) / kv_cache_bytes(cfg_w, far) / limit - 1) < 1e-3
+    )
 
 # %% [markdown]
 # 16 GiB against 4.75 GiB, a 3.4× saving, for Olmo 3; 62 GiB against 10.4 GiB, 6×, for
@@ -425,28 +489,45 @@ PAIRS = {  # name: (all-global config, windowed config, context of the plot)
     "Olmo 3 32B (3:1, w = 4096)": (olmo_full, olmo, 65536),
     "Gemma 3 27B (5:1, w = 1024)": (gemma_full, gemma, 131072),
 }
-for j, (ax, (title, (cfg_f, cfg_w, ctx))) in enumerate(zip(axes, PAIRS.items(), strict=False)):
+for j, (ax, (title, (cfg_f, cfg_w, ctx))) in enumerate(
+    zip(axes, PAIRS.items(), strict=False)
+):
     s = np.linspace(0, ctx, 257).astype(int)
     full_gib = [kv_cache_bytes(cfg_f, int(n)) / GiB for n in s]
     swa_gib = [kv_cache_bytes(cfg_w, int(n)) / GiB for n in s]
     per = kv_cache_bytes_per_token(cfg_w) // cfg_w.n_layers  # one layer, one token
-    local_gib = cfg_w.layer_types.count("sliding") * np.minimum(s, cfg_w.sliding_window) * per / GiB
+    local_gib = (
+        cfg_w.layer_types.count("sliding")
+        * np.minimum(s, cfg_w.sliding_window)
+        * per
+        / GiB
+    )
     ax.plot(s / 1024, full_gib, color=PALETTE[0], label="full attention in every layer")
     ax.plot(s / 1024, swa_gib, color=PALETTE[1], label="local : global")
-    ax.fill_between(s / 1024, 0, local_gib, color=PALETTE[1], alpha=0.3, label="its local layers")
-    ax.set(title=title, xlabel="context (K tokens)", ylabel="KV cache per sequence (GiB, bf16)")
+    ax.fill_between(
+        s / 1024, 0, local_gib, color=PALETTE[1], alpha=0.3, label="its local layers"
+    )
+    ax.set(
+        title=title,
+        xlabel="context (K tokens)",
+        ylabel="KV cache per sequence (GiB, bf16)",
+    )
     ax.legend(loc="upper left")
     far = np.unique(np.logspace(10, 20, 201, base=2).astype(int))  # 1K to 1M tokens
     ratio = [kv_cache_bytes(cfg_f, int(n)) / kv_cache_bytes(cfg_w, int(n)) for n in far]
     n_global = cfg_w.layer_types.count("full")
-    axes[2].semilogx(far, ratio, base=2, color=PALETTE[2 + j], label=title.split(" (")[0])
+    axes[2].semilogx(
+        far, ratio, base=2, color=PALETTE[2 + j], label=title.split(" (")[0]
+    )
     axes[2].axhline(cfg_w.n_layers / n_global, color=PALETTE[2 + j], ls=":", lw=1)
 axes[2].set(
     xlabel="context (tokens)", ylabel="full cache ÷ windowed cache",
     title="The saving saturates at L / L_global (dotted)",
 )  # fmt: skip
 axes[2].legend(loc="upper left")
-fig.suptitle("The local layers' cache stops growing at the window; the global layers' does not")
+fig.suptitle(
+    "The local layers' cache stops growing at the window; the global layers' does not"
+)
 plt.show()
 
 # %% [markdown]
@@ -497,8 +578,12 @@ with torch.no_grad():
             print(f"after position {t}:       slot positions {ring.pos.tolist()}")
 decoded = torch.cat(pieces, dim=1)
 err = (decoded - reference).abs().max().item()
-print(f"max |cached − full forward| over {decoded.numel():,} logits: below 1e-5? {err < 1e-5}")
-assert [type(c).__name__ for c in cache.layers] == ["SlidingWindowCache"] * 3 + ["KVCache"]
+print(
+    f"max |cached − full forward| over {decoded.numel():,} logits: below 1e-5? {err < 1e-5}"
+)
+assert [type(c).__name__ for c in cache.layers] == ["SlidingWindowCache"] * 3 + [
+    "KVCache"
+]
 assert err < 1e-5
 assert set(slots_held) == {W_RING} and sorted(ring.pos.tolist()) == list(range(32, 40))
 assert cache.layers[3].k.shape[2] == N_TOK  # the global layer keeps all 40
@@ -515,7 +600,9 @@ assert cache.layers[3].k.shape[2] == N_TOK  # the global layer keeps all 40
 # only sees offsets, the cut that changes nothing is exactly the receptive field:
 
 # %%
-torch.manual_seed(0)  # all 4 layers local; larger weights, so attention is far from uniform
+torch.manual_seed(
+    0
+)  # all 4 layers local; larger weights, so attention is far from uniform
 local_ring = DecoderLM(ring_cfg.replace(layer_types=None, init_std=0.2)).eval()
 assert set(local_ring.cfg.layer_types) == {"sliding"}
 field = receptive_field_size(4, W_RING)  # 4 · 7 + 1 = 29
@@ -527,7 +614,9 @@ for n, d in diffs.items():  # float rounding alone is about 1e-6 here
     print(f"last {n:>2} tokens only: max change of the last logits {d:.1e}" if d > 1e-5
           else f"last {n:>2} tokens only: max change of the last logits below 1e-5")  # fmt: skip
 assert field == 29 and diffs[field] < 1e-5  # the field is everything the model uses...
-assert diffs[field - 1] > 1e-3 and diffs[W_RING] > 0.1  # ...and one token less is not enough
+assert (
+    diffs[field - 1] > 1e-3 and diffs[W_RING] > 0.1
+)  # ...and one token less is not enough
 
 # %% [markdown]
 # ## Does the window cost quality? A small test
@@ -550,7 +639,9 @@ SEEDS = (0, 1, 2) if FULL else (0, 1)
 VARIANTS = {
     "full": None,
     f"all local (w={W_LM})": ("sliding",) * L_LM,
-    "3 local : 1 global": tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_LM)),
+    "3 local : 1 global": tuple(
+        "full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_LM)
+    ),
 }
 
 
@@ -582,54 +673,94 @@ for seed in SEEDS:
     for name, kinds in VARIANTS.items():
         seed_everything(seed)
         model = DecoderLM(lm_config(kinds)).to(DEVICE)
-        batches = torch.Generator().manual_seed(1000 + seed)  # the same for every variant
+        batches = torch.Generator().manual_seed(
+            1000 + seed
+        )  # the same for every variant
         train(
             model,
             lambda step, g=batches: sample_windows(train_ids, BATCH, SEQ, g, DEVICE),
             STEPS,
             make_adamw(model, lr=LR),
-            lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+            lr_at=lambda s: cosine_lr(
+                s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+            ),
         )
         val_loss[name].append(evaluate(model, val_batches))
-        pos_loss[name].append(per_position_loss(model, val_ids, SEQ, 1024, batch_size=128, seed=7))
-print(f"{'attention':<20}" + "".join(f"{'seed ' + str(s):>9}" for s in SEEDS) + f"{'mean':>9}")
+        pos_loss[name].append(
+            per_position_loss(model, val_ids, SEQ, 1024, batch_size=128, seed=7)
+        )
+print(
+    f"{'attention':<20}"
+    + "".join(f"{'seed ' + str(s):>9}" for s in SEEDS)
+    + f"{'mean':>9}"
+)
 for name, losses in val_loss.items():
-    print(f"{name:<20}" + "".join(f"{v:>9.3f}" for v in losses) + f"{np.mean(losses):>9.3f}")
+    print(
+        f"{name:<20}"
+        + "".join(f"{v:>9.3f}" for v in losses)
+        + f"{np.mean(losses):>9.3f}"
+    )
 full_val = np.array(val_loss["full"])
-assert all(v < unigram_loss - 0.8 for losses in val_loss.values() for v in losses)  # all learn
+assert all(
+    v < unigram_loss - 0.8 for losses in val_loss.values() for v in losses
+)  # all learn
 # the local models are never worse than full attention by more than 0.03 nats, seed by seed
 assert all((np.array(v) - full_val < 0.03).all() for v in val_loss.values())
 if not FULL:  # what this small run measured (not a claim about windows in general)
-    assert all((0.03 < full_val - np.array(v)).all() for k, v in val_loss.items() if k != "full")
+    assert all(
+        (0.03 < full_val - np.array(v)).all()
+        for k, v in val_loss.items()
+        if k != "full"
+    )
 
 # %%
-curves = {name: torch.stack(c).mean(0).cpu().numpy() for name, c in pos_loss.items()}  # (T,)
+curves = {
+    name: torch.stack(c).mean(0).cpu().numpy() for name, c in pos_loss.items()
+}  # (T,)
 edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]
-BINS = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b <= SEQ]  # doubling bins
-binned = {name: np.array([c[a:b].mean() for a, b in BINS]) for name, c in curves.items()}
+BINS = [
+    (a, b) for a, b in zip(edges, edges[1:], strict=False) if b <= SEQ
+]  # doubling bins
+binned = {
+    name: np.array([c[a:b].mean() for a, b in BINS]) for name, c in curves.items()
+}
 centres = [np.sqrt(a * (b - 1)) if a else 0.5 for a, b in BINS]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
 for j, (name, b) in enumerate(binned.items()):
     axes[0].semilogx(centres, b, "o-", base=2, color=PALETTE[j], label=name)
-    axes[1].semilogx(centres, b - binned["full"], "o-", base=2, color=PALETTE[j], label=name)
+    axes[1].semilogx(
+        centres, b - binned["full"], "o-", base=2, color=PALETTE[j], label=name
+    )
 labels = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in BINS]
 for ax in axes:
     ax.axvline(W_LM - 1, color="grey", ls=":", lw=1)
     ax.set_xticks(centres, labels)
     ax.minorticks_off()
     ax.set_xlabel("position in the window (bins double)")
-axes[0].set(ylabel="held-out loss (nats/char)", title="Loss by position (1,024 windows, both seeds)")
-axes[1].set(ylabel="loss − full attention's", title="Paired by window: the gap to full attention")
+axes[0].set(
+    ylabel="held-out loss (nats/char)",
+    title="Loss by position (1,024 windows, both seeds)",
+)
+axes[1].set(
+    ylabel="loss − full attention's",
+    title="Paired by window: the gap to full attention",
+)
 axes[0].legend()
-fig.suptitle(f"The small models use only a few characters of context (dotted: w − 1 = {W_LM - 1})")
+fig.suptitle(
+    f"The small models use only a few characters of context (dotted: w − 1 = {W_LM - 1})"
+)
 plt.show()
 print(f"{'attention':<20}" + "".join(f"{label:>8}" for label in labels))
 for name, b in binned.items():
     print(f"{name:<20}" + "".join(f"{v:>8.2f}" for v in b))
-    assert b[0] - b[3] > 0.3  # the first characters of context help a lot (position 0 vs 4–7)...
+    assert (
+        b[0] - b[3] > 0.3
+    )  # the first characters of context help a lot (position 0 vs 4–7)...
     if not FULL:  # what the small run measured; bigger models should use more context
         assert abs(curves[name][8:].mean() - b[3]) < 0.05  # ...the rest barely at all
-        gap = b - binned["full"]  # the lead where nothing is hidden (2–7), where most is (32–63)
+        gap = (
+            b - binned["full"]
+        )  # the lead where nothing is hidden (2–7), where most is (32–63)
         assert abs(gap[2:4].mean() - gap[BINS.index((32, 64))]) < 0.03
 
 # %% [markdown]

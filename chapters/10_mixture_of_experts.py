@@ -53,7 +53,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -75,13 +76,22 @@ from IPython.display import HTML, Code
 from companion.analysis.calculator import count_params, flops_per_token
 from companion.device import default_device, describe
 from companion.layers.moe import MoEFeedForward
-from companion.layers.router import TopKRouter, load_balancing_loss, update_selection_bias
+from companion.layers.router import (
+    TopKRouter,
+    load_balancing_loss,
+    update_selection_bias,
+)
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, tiny
 from companion.ops.experts import expert_load, experts_grouped
 from companion.plotting import PALETTE, animate, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import lm_loss, make_adamw, seed_everything, train
 
 FULL = False  # True: a deeper MoE, more experts, longer runs, more seeds (use a GPU)
@@ -127,14 +137,18 @@ for name, cfg in MODELS.items():
         f"{c.breakdown['experts'] / c.total:>13.1%}"
     )
 gpt_oss = counts["gpt-oss-120b"]
-print(f"gpt-oss-120b active without the embedding table: {gpt_oss.active_without_embeddings:,}")
+print(
+    f"gpt-oss-120b active without the embedding table: {gpt_oss.active_without_embeddings:,}"
+)
 # the published figures, to the last parameter
 assert counts["Mixtral 8×7B"].total == 46_702_792_704
 assert counts["Mixtral 8×7B"].active == 12_879_925_248
 assert counts["Qwen3-235B-A22B"].total == 235_093_634_560
 assert counts["Qwen3-235B-A22B"].active == 22_190_763_520
 assert gpt_oss.total == 116_829_156_672
-assert gpt_oss.active_without_embeddings == 5_132_849_472  # the model card leaves it out
+assert (
+    gpt_oss.active_without_embeddings == 5_132_849_472
+)  # the model card leaves it out
 assert counts["DeepSeek-V3"].total == 671_026_419_200
 assert counts["DeepSeek-V3"].active == 37_552_297_472
 shares = {name: c.active / c.total for name, c in counts.items()}
@@ -161,10 +175,18 @@ ratios = {}
 for name, cfg in MODELS.items():
     c = counts[name]
     moe_flops = flops_per_token(cfg, CONTEXT)
-    dense_flops = moe_flops + 2 * (c.total - c.active)  # every skipped expert weight runs too
+    dense_flops = moe_flops + 2 * (
+        c.total - c.active
+    )  # every skipped expert weight runs too
     ratios[name] = dense_flops / moe_flops
-    print(f"{name:<16} {moe_flops / 1e9:>15.1f} {dense_flops / 1e9:>15.1f} {ratios[name]:>5.1f}×")
-assert 3 < ratios["Mixtral 8×7B"] < 4 and ratios["DeepSeek-V3"] > 14 and ratios["gpt-oss-120b"] > 18
+    print(
+        f"{name:<16} {moe_flops / 1e9:>15.1f} {dense_flops / 1e9:>15.1f} {ratios[name]:>5.1f}×"
+    )
+assert (
+    3 < ratios["Mixtral 8×7B"] < 4
+    and ratios["DeepSeek-V3"] > 14
+    and ratios["gpt-oss-120b"] > 18
+)
 
 # %% [markdown]
 # DeepSeek-V3 stores 671B
@@ -197,7 +219,9 @@ raw.load_state_dict(soft.state_dict())
 w_soft, i_soft, s_soft = soft(x_tok)
 w_sig, i_sig, s_sig = sig(x_tok)
 w_raw, _, _ = raw(x_tok)
-print("token  softmax: experts, weights        sigmoid: experts, weights   unnormalised sum")
+print(
+    "token  softmax: experts, weights        sigmoid: experts, weights   unnormalised sum"
+)
 for n in range(6):
     print(
         f"{n:>5}  {i_soft[n].tolist()}  {np.round(w_soft[n].tolist(), 3)}"
@@ -206,9 +230,13 @@ for n in range(6):
     )
 ones = torch.ones(6, dtype=torch.float64)
 assert torch.allclose(w_soft.sum(-1), ones) and torch.allclose(w_sig.sum(-1), ones)
-assert torch.equal(i_soft, i_sig)  # both are monotone in the logit: the same experts win
+assert torch.equal(
+    i_soft, i_sig
+)  # both are monotone in the logit: the same experts win
 assert torch.allclose(s_soft.sum(-1), ones) and not torch.allclose(s_sig.sum(-1), ones)
-assert ((w_raw.sum(-1) > 0) & (w_raw.sum(-1) < 2)).all()  # k sigmoids: anywhere in (0, k)
+assert (
+    (w_raw.sum(-1) > 0) & (w_raw.sum(-1) < 2)
+).all()  # k sigmoids: anywhere in (0, k)
 # renormalised softmax over the top-k = a softmax over the k chosen logits alone
 logits = x_tok @ soft.weight.double().T
 assert torch.allclose(w_soft, logits.gather(-1, i_soft).softmax(-1))
@@ -239,12 +267,17 @@ for impl in ("reference", "grouped"):
     layer.zero_grad()
     out = layer(x_moe)
     out.pow(2).sum().backward()
-    results[impl] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    results[impl] = (
+        out.detach(),
+        {n: p.grad.clone() for n, p in layer.named_parameters()},
+    )
 (out_ref, grad_ref), (out_grp, grad_grp) = results["reference"], results["grouped"]
 diff_out = (out_ref - out_grp).abs().max().item()
 diff_grad = max((grad_ref[n] - grad_grp[n]).abs().max().item() for n in grad_ref)
-print(f"max |reference - grouped|: output < 1e-12: {diff_out < 1e-12}, "
-      f"gradients < 1e-10: {diff_grad < 1e-10}")
+print(
+    f"max |reference - grouped|: output < 1e-12: {diff_out < 1e-12}, "
+    f"gradients < 1e-10: {diff_grad < 1e-10}"
+)
 print(f"gradient tensors compared: {sorted(grad_ref)}")
 assert diff_out < 1e-12 and diff_grad < 1e-10
 
@@ -322,7 +355,9 @@ assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
 
 # %%
 Code(
-    inspect.getsource(load_balancing_loss) + "\n\n" + inspect.getsource(update_selection_bias),
+    inspect.getsource(load_balancing_loss)
+    + "\n\n"
+    + inspect.getsource(update_selection_bias),
     language="python",
 )
 
@@ -349,10 +384,17 @@ MODES = ("no balancing", "auxiliary loss", "selection bias")
 def moe_config(selection_bias: bool) -> ModelConfig:
     """A one-layer (four with FULL) decoder whose FFN is E experts, top-K."""
     return tiny(
-        vocab_size=chars.vocab_size, d_model=128 if FULL else 48,
-        n_layers=4 if FULL else 1, n_heads=8 if FULL else 3, max_seq_len=SEQ,
-        init_std=0.1, n_experts=E, experts_per_token=K, expert_d_ff=32,
-        router_selection_bias=selection_bias, n_kv_heads=None,
+        vocab_size=chars.vocab_size,
+        d_model=128 if FULL else 48,
+        n_layers=4 if FULL else 1,
+        n_heads=8 if FULL else 3,
+        max_seq_len=SEQ,
+        init_std=0.1,
+        n_experts=E,
+        experts_per_token=K,
+        expert_d_ff=32,
+        router_selection_bias=selection_bias,
+        n_kv_heads=None,
     )
 
 
@@ -365,17 +407,25 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float]]:
 
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = lm_loss(m, x, y)
-        lm.append(loss.item())  # the language-model loss alone, without the auxiliary term
+        lm.append(
+            loss.item()
+        )  # the language-model loss alone, without the auxiliary term
         routing = moe.last_routing
         load = expert_load(routing.indices, E)
         loads.append(load.cpu())
         if mode == "auxiliary loss":
-            loss = loss + ALPHA * load_balancing_loss(routing.scores, routing.indices, E)
-        elif mode == "selection bias":  # between steps in DeepSeek-V3; here right after routing
+            loss = loss + ALPHA * load_balancing_loss(
+                routing.scores, routing.indices, E
+            )
+        elif (
+            mode == "selection bias"
+        ):  # between steps in DeepSeek-V3; here right after routing
             update_selection_bias(moe.router.selection_bias, load, GAMMA)
         return loss
 
-    batches = torch.Generator().manual_seed(1000 + seed)  # the same batches for every mode
+    batches = torch.Generator().manual_seed(
+        1000 + seed
+    )  # the same batches for every mode
     train(
         model,
         lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
@@ -400,14 +450,22 @@ def imbalance(load: torch.Tensor) -> torch.Tensor:
 TAIL = 50  # the last 50 steps
 final = {key: imbalance(load[-TAIL:]).mean().item() for key, load in loads.items()}
 tail_loss = {key: float(np.mean(loss[-TAIL:])) for key, loss in losses.items()}
-print(f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (max/mean load, last 50 steps)")
+print(
+    f"{'seed':>4} "
+    + "".join(f"{m:>16}" for m in MODES)
+    + "   (max/mean load, last 50 steps)"
+)
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{final[m, seed]:>16.2f}" for m in MODES))
-print(f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)")
+print(
+    f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)"
+)
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
 for seed in SEEDS:
-    assert final["no balancing", seed] > 2.0  # the busiest expert takes over twice its share
+    assert (
+        final["no balancing", seed] > 2.0
+    )  # the busiest expert takes over twice its share
     for mode in MODES[1:]:
         assert final[mode, seed] < final["no balancing", seed] - 0.4
         assert final[mode, seed] < 1.8

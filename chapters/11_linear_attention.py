@@ -45,7 +45,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -95,7 +96,9 @@ torch.set_num_threads(1)  # small tensors: one thread, and fair to other program
 print(describe(DEVICE))
 
 
-def inputs(t: int, heads: int = 2, dim: int = 16, seed: int = 0, dtype=torch.float64) -> dict:
+def inputs(
+    t: int, heads: int = 2, dim: int = 16, seed: int = 0, dtype=torch.float64
+) -> dict:
     """Random q, k, v (1, T, H, D), a log-decay g ≤ 0 and a write strength β in (0, 1)."""
     gen = torch.Generator().manual_seed(seed)
     x = {n: torch.randn(1, t, heads, dim, generator=gen, dtype=dtype) for n in "qkv"}
@@ -106,7 +109,9 @@ def inputs(t: int, heads: int = 2, dim: int = 16, seed: int = 0, dtype=torch.flo
 
 def grads(out: torch.Tensor, x: dict) -> list[torch.Tensor]:
     """Gradients of a fixed random projection of ``out`` with respect to every input."""
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    w = torch.randn(
+        out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype
+    )
     return torch.autograd.grad((out * w).sum(), list(x.values()), allow_unused=True)
 
 
@@ -139,14 +144,19 @@ qkv = [x[n] for n in "qkv"]
 o_rec, s_rec = recurrent_linear_attention(*qkv, None, True)
 g_rec = grads(o_rec, x)[:3]
 forms = {"parallel": (parallel_linear_attention, {})}
-forms |= {f"chunk C={c}": (chunk_linear_attention, {"chunk_size": c}) for c in (7, 16, 64, 128)}
+forms |= {
+    f"chunk C={c}": (chunk_linear_attention, {"chunk_size": c})
+    for c in (7, 16, 64, 128)
+}
 for name, (fn, kw) in forms.items():
     o, s = fn(*qkv, None, True, **kw)
     g_o = grads(o, x)[:3]
     err = max((a - b).abs().max().item() for a, b in zip(g_o, g_rec, strict=True))
     out_err = (o - o_rec).abs().max().item()
-    print(f"{name:<12} max |output diff| < 1e-12: {out_err < 1e-12}, "
-          f"gradient diff < 1e-12: {err < 1e-12}")
+    print(
+        f"{name:<12} max |output diff| < 1e-12: {out_err < 1e-12}, "
+        f"gradient diff < 1e-12: {err < 1e-12}"
+    )
     assert out_err < 1e-12 and err < 1e-12
     torch.testing.assert_close(o, o_rec, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_rec, rtol=1e-10, atol=1e-10)
@@ -168,13 +178,19 @@ for name, (fn, kw) in forms.items():
 llama3 = preset("llama3-8b")
 ctx = 131_072
 kv = kv_cache_bytes(llama3, ctx)  # bf16
-state = llama3.n_layers * llama3.n_heads * llama3.head_dim**2 * 4  # one fp32 state per head
-print(f"KV cache at {ctx:,} tokens: {kv / 2**30:.0f} GiB; linear-attention states: "
-      f"{state / 2**20:.0f} MiB at any length")
+state = (
+    llama3.n_layers * llama3.n_heads * llama3.head_dim**2 * 4
+)  # one fp32 state per head
+print(
+    f"KV cache at {ctx:,} tokens: {kv / 2**30:.0f} GiB; linear-attention states: "
+    f"{state / 2**20:.0f} MiB at any length"
+)
 assert kv == 32 * 2 * 8 * 128 * 2 * ctx == 16 * 2**30
 assert state == 64 * 2**20
 _, s_short = recurrent_linear_attention(*(t[:, :10] for t in qkv), None, True)
-assert s_short.shape == s_rec.shape == (1, 2, 16, 16)  # 10 tokens or 100: the same state
+assert (
+    s_short.shape == s_rec.shape == (1, 2, 16, 16)
+)  # 10 tokens or 100: the same state
 
 # %% [markdown]
 # The price is precision. Softmax can put nearly all its weight on one key; a sum of outer
@@ -200,16 +216,27 @@ assert s_short.shape == s_rec.shape == (1, 2, 16, 16)  # 10 tokens or 100: the s
 # linear attention would add the two.
 
 # %%
-key = torch.full((1, 2, 1, 4), 0.5, dtype=torch.float64)  # one unit-norm key, written twice
+key = torch.full(
+    (1, 2, 1, 4), 0.5, dtype=torch.float64
+)  # one unit-norm key, written twice
 vals = torch.tensor([[[[1.0, 2.0, 3.0]]], [[[-4.0, 0.5, 2.0]]]], dtype=torch.float64)
 vals = vals.reshape(1, 2, 1, 3)
 ones = torch.ones(1, 2, 1, dtype=torch.float64)
 _, s_delta = recurrent_delta_rule(key, key, vals, ones, None, True)
 _, s_lin = recurrent_linear_attention(key, key, vals, None, True)
 read_delta, read_lin = key[0, 0, 0] @ s_delta[0, 0], key[0, 0, 0] @ s_lin[0, 0]
-print("delta rule reads", read_delta.tolist(), " linear attention reads", read_lin.tolist())
-assert torch.equal(read_delta, vals[0, 1, 0])  # the second write replaced the first, exactly
-assert torch.equal(read_lin, vals[0, 0, 0] + vals[0, 1, 0])  # ... where linear attention adds
+print(
+    "delta rule reads",
+    read_delta.tolist(),
+    " linear attention reads",
+    read_lin.tolist(),
+)
+assert torch.equal(
+    read_delta, vals[0, 1, 0]
+)  # the second write replaced the first, exactly
+assert torch.equal(
+    read_lin, vals[0, 0, 0] + vals[0, 1, 0]
+)  # ... where linear attention adds
 
 # %% [markdown]
 # Both reads are exact in floating point (the key $(\tfrac12, \tfrac12, \tfrac12, \tfrac12)$
@@ -236,7 +263,9 @@ rows = []
 for t in (37, 64, 100):
     x = inputs(t, seed=t)
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
-    o_ref, s_ref = recurrent_gated_delta_rule(*args, None, True, use_qk_l2norm_in_kernel=True)
+    o_ref, s_ref = recurrent_gated_delta_rule(
+        *args, None, True, use_qk_l2norm_in_kernel=True
+    )
     g_ref = grads(o_ref, x)
     for c in (8, 16, 48, 64):
         o, s = chunk_gated_delta_rule(
@@ -247,16 +276,20 @@ for t in (37, 64, 100):
         torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
         for a, b in zip(g_c, g_ref, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-        rows.append(max((a - b).abs().max().item() for a, b in zip(g_c, g_ref, strict=True)))
+        rows.append(
+            max((a - b).abs().max().item() for a, b in zip(g_c, g_ref, strict=True))
+        )
 assert len(rows) == 12
 worst = max(rows)
-print(f"{len(rows)} (T, C) pairs; worst gradient difference < 1e-12: "
-      f"{worst < 1e-12}")
+print(f"{len(rows)} (T, C) pairs; worst gradient difference < 1e-12: {worst < 1e-12}")
 assert worst < 1e-12
 x = inputs(50, seed=3)  # the ungated delta rule too
 args = [x[n] for n in ("q", "k", "v", "beta")]
 torch.testing.assert_close(
-    chunk_delta_rule(*args, chunk_size=16)[0], recurrent_delta_rule(*args)[0], rtol=1e-10, atol=0
+    chunk_delta_rule(*args, chunk_size=16)[0],
+    recurrent_delta_rule(*args)[0],
+    rtol=1e-10,
+    atol=0,
 )
 
 # %% [markdown]
@@ -284,6 +317,7 @@ torch.testing.assert_close(
 # algebra: autograd records every operation, so the longest chain of operations from the
 # inputs to the final state is the number of steps that must run one after another.
 
+
 # %%
 def graph_depth(out: torch.Tensor) -> int:
     """Length of the longest chain of recorded operations that produced ``out``."""
@@ -296,7 +330,11 @@ def graph_depth(out: torch.Tensor) -> int:
         elif fn not in seen:
             seen.add(fn)
             stack.append((fn, True))
-            stack += [(n, False) for n, _ in fn.next_functions if n is not None and n not in seen]
+            stack += [
+                (n, False)
+                for n, _ in fn.next_functions
+                if n is not None and n not in seen
+            ]
     return depth[out.grad_fn]
 
 
@@ -309,7 +347,9 @@ for t in (64, 128, 200, 256):
     for c in (16, 64):
         n = math.ceil(t / c)
         chunk = graph_depth(chunk_gated_delta_rule(*args, None, True, chunk_size=c)[1])
-        assert chunk == 10 * n + 13 + (t % c != 0)  # 10 per chunk (+1: padding the tail)
+        assert chunk == 10 * n + 13 + (
+            t % c != 0
+        )  # 10 per chunk (+1: padding the tail)
         print(f"{t:>4} {c:>3} {n:>4} | {rec:>15} {chunk:>11}")
 
 # %% [markdown]
@@ -365,17 +405,32 @@ for n in PAIRS:
         acc[rule].append(correct.mean().item())
         err[rule].append(torch.stack([e for _, e in scores]).mean().item())
         if n == 4 * D:
-            age[rule] = (correct[:, : n // 4].mean().item(), correct[:, -n // 4 :].mean().item())
-print(f"{'N':>4} | " + " ".join(f"{r + ' acc':>11}" for r in RULES) + " | "
-      + " ".join(f"{r + ' err':>11}" for r in RULES))
+            age[rule] = (
+                correct[:, : n // 4].mean().item(),
+                correct[:, -n // 4 :].mean().item(),
+            )
+print(
+    f"{'N':>4} | "
+    + " ".join(f"{r + ' acc':>11}" for r in RULES)
+    + " | "
+    + " ".join(f"{r + ' err':>11}" for r in RULES)
+)
 for i, n in enumerate(PAIRS):
-    print(f"{n:>4} | " + " ".join(f"{acc[r][i]:>11.3f}" for r in RULES) + " | "
-          + " ".join(f"{err[r][i]:>11.3f}" for r in RULES))
+    print(
+        f"{n:>4} | "
+        + " ".join(f"{acc[r][i]:>11.3f}" for r in RULES)
+        + " | "
+        + " ".join(f"{err[r][i]:>11.3f}" for r in RULES)
+    )
 theory = [math.sqrt((n - 1) / D) for n in PAIRS]
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-names = {"linear": "linear attention", "delta": "delta rule (β = 1)", "softmax": "softmax, full cache"}
+names = {
+    "linear": "linear attention",
+    "delta": "delta rule (β = 1)",
+    "softmax": "softmax, full cache",
+}
 for rule, color in zip(RULES, PALETTE, strict=False):
     axes[0].plot(PAIRS, acc[rule], "o-", color=color, label=names[rule])
     axes[1].plot(PAIRS, err[rule], "o-", color=color, label=names[rule])
@@ -385,16 +440,24 @@ for ax in axes:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("pairs stored, N (dotted: N = D_k = 64)")
 axes[0].set(ylabel="fraction recalled", title="Which pairs can be read back?")
-axes[1].set(ylabel="mean ‖read − value‖ (value norm 1)", title="How far off is the value read?")
+axes[1].set(
+    ylabel="mean ‖read − value‖ (value norm 1)", title="How far off is the value read?"
+)
 axes[1].legend()
 plt.show()
 
 # %%
 i_d = PAIRS.index(D)
 for i, n in enumerate(PAIRS):
-    assert acc["softmax"][i] == 1.0 and err["softmax"][i] < 0.15  # the full cache: all recalled
-    assert abs(err["linear"][i] / theory[i] - 1) < 0.05  # crosstalk, as the formula says
-    assert err["delta"][i] < 0.8 * err["linear"][i]  # the delta rule reads closer values
+    assert (
+        acc["softmax"][i] == 1.0 and err["softmax"][i] < 0.15
+    )  # the full cache: all recalled
+    assert (
+        abs(err["linear"][i] / theory[i] - 1) < 0.05
+    )  # crosstalk, as the formula says
+    assert (
+        err["delta"][i] < 0.8 * err["linear"][i]
+    )  # the delta rule reads closer values
     if n <= D // 2:
         assert acc["linear"][i] == 1.0 and acc["delta"][i] > 0.98
 for rule in ("linear", "delta"):  # past D_k both lose pairs
@@ -404,8 +467,10 @@ assert 0.7 < acc["linear"][-1] < 0.8 and abs(acc["delta"][i_d] - 0.91) < 0.02
 assert 0.22 < acc["delta"][-1] < 0.32
 assert age["delta"][0] < 0.05 and age["delta"][1] > 0.85  # it forgets the oldest pairs
 assert all(0.65 < a < 0.85 for a in age["linear"])  # linear attention: all ages alike
-print("recall of the oldest / newest quarter at N = 256:",
-      {r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")})
+print(
+    "recall of the oldest / newest quarter at N = 256:",
+    {r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")},
+)
 
 # %% [markdown]
 # Softmax attention with the whole cache recalls every pair at every $N$: its error grows
@@ -448,20 +513,32 @@ print("recall of the oldest / newest quarter at N = 256:",
 qwen = preset("qwen3-next-80b-a3b")
 assert qwen.layer_types == ("linear", "linear", "linear", "full") * 12
 all_full = qwen.replace(layer_types=None)
-layer_state = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2  # fp32 state, bf16 conv
-cache = GatedDeltaNetCache(1, 2 * 16 * 128 + 32 * 128, 4, 32, 128, 128, dtype=torch.bfloat16)
+layer_state = (
+    32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+)  # fp32 state, bf16 conv
+cache = GatedDeltaNetCache(
+    1, 2 * 16 * 128 + 32 * 128, 4, 32, 128, 128, dtype=torch.bfloat16
+)
 held = sum(b.numel() * b.element_size() for b in cache.buffers())
 assert held == layer_state == 2_146_304
 assert kv_cache_bytes(qwen, 0) == 36 * layer_state == 77_266_944  # the fixed part
-assert kv_cache_bytes_per_token(qwen) == 12 * 2 * 2 * 256 * 2 == 24_576  # the growing part
+assert (
+    kv_cache_bytes_per_token(qwen) == 12 * 2 * 2 * 256 * 2 == 24_576
+)  # the growing part
 assert kv_cache_bytes_per_token(all_full) == 48 * 2048 == 98_304
-print(f"{'context':>8} | {'hybrid':>9} {'of which fixed':>14} | {'all full':>9} | ratio")
+print(
+    f"{'context':>8} | {'hybrid':>9} {'of which fixed':>14} | {'all full':>9} | ratio"
+)
 for t in (1_024, 4_096, 32_768, 262_144):
     hybrid, full = kv_cache_bytes(qwen, t), kv_cache_bytes(all_full, t)
     assert hybrid == 77_266_944 + 24_576 * t and full == 98_304 * t
-    print(f"{t:>8,} | {hybrid / 2**20:>7.0f}MiB {kv_cache_bytes(qwen, 0) / hybrid:>14.1%} | "
-          f"{full / 2**20:>7.0f}MiB | {full / hybrid:.2f}")
-assert kv_cache_bytes(qwen, 1048) == kv_cache_bytes(all_full, 1048)  # break-even, exactly
+    print(
+        f"{t:>8,} | {hybrid / 2**20:>7.0f}MiB {kv_cache_bytes(qwen, 0) / hybrid:>14.1%} | "
+        f"{full / 2**20:>7.0f}MiB | {full / hybrid:.2f}"
+    )
+assert kv_cache_bytes(qwen, 1048) == kv_cache_bytes(
+    all_full, 1048
+)  # break-even, exactly
 assert kv_cache_bytes(qwen, 1047) > kv_cache_bytes(all_full, 1047)
 assert kv_cache_bytes(all_full, 262_144) / kv_cache_bytes(qwen, 262_144) > 3.95
 
@@ -483,8 +560,10 @@ assert kv_cache_bytes(all_full, 262_144) / kv_cache_bytes(qwen, 262_144) > 3.95
 STEPS = 16
 xs = inputs(STEPS, heads=1, dim=16, seed=5)
 with torch.no_grad():
-    states = [recurrent_linear_attention(*(xs[n][:, : t + 1] for n in "qkv"), None, True)[1]
-              for t in range(STEPS)]
+    states = [
+        recurrent_linear_attention(*(xs[n][:, : t + 1] for n in "qkv"), None, True)[1]
+        for t in range(STEPS)
+    ]
     kv_rows = torch.cat([xs["k"], xs["v"]], dim=-1)[0, :, 0].numpy()  # (T, 2 D)
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=[1, 2])
 lim = float(np.abs(kv_rows).max())
@@ -518,8 +597,12 @@ HTML(animate(fig, draw_memory, STEPS, interval_ms=500))
 
 # %%
 tiny_cfg = tiny(
-    n_layers=4, layer_types=("linear", "linear", "linear", "full"), linear_key_heads=2,
-    linear_value_heads=4, linear_key_dim=8, linear_value_dim=8,
+    n_layers=4,
+    layer_types=("linear", "linear", "linear", "full"),
+    linear_key_heads=2,
+    linear_value_heads=4,
+    linear_key_dim=8,
+    linear_value_dim=8,
 )
 torch.manual_seed(0)
 model = DecoderLM(tiny_cfg).double().eval()
@@ -535,8 +618,12 @@ print("cache kinds:", [type(c).__name__ for c in cache.layers])
 cache_err = (cached_logits - full_logits).abs().max()
 print(f"max |cached − full| logit difference < 1e-6: {cache_err < 1e-6}")
 torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-6)
-assert [type(c).__name__ for c in cache.layers] == ["GatedDeltaNetCache"] * 3 + ["KVCache"]
-assert sizes[:3] == [2 * (2 * 2 * 8 + 4 * 8) * 3 + 2 * 4 * 8 * 8] * 3  # conv + state, B = 2
+assert [type(c).__name__ for c in cache.layers] == ["GatedDeltaNetCache"] * 3 + [
+    "KVCache"
+]
+assert (
+    sizes[:3] == [2 * (2 * 2 * 8 + 4 * 8) * 3 + 2 * 4 * 8 * 8] * 3
+)  # conv + state, B = 2
 assert [sum(b.numel() for b in c.buffers()) for c in cache.layers] == sizes
 assert cache.length == 24
 

@@ -40,7 +40,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -58,7 +59,11 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 
-from companion.analysis.calculator import count_params, flops_per_token, kv_cache_bytes_per_token
+from companion.analysis.calculator import (
+    count_params,
+    flops_per_token,
+    kv_cache_bytes_per_token,
+)
 from companion.analysis.peak_memory import PeakMemory
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
@@ -79,7 +84,12 @@ from companion.ops.sinks import (
     sink_sdpa_attention,
 )
 from companion.plotting import PALETTE, animate, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import cosine_lr, make_adamw, seed_everything
 
 FULL = False  # True: a bigger loss experiment and a longer multi-token run (use a GPU)
@@ -101,11 +111,16 @@ GiB, MiB = 2**30, 2**20
 # tables:
 
 # %%
-vocab = {name: preset(name).vocab_size for name in ("gpt2", "llama3-8b", "qwen3-235b-a22b", "gemma3-27b")}
+vocab = {
+    name: preset(name).vocab_size
+    for name in ("gpt2", "llama3-8b", "qwen3-235b-a22b", "gemma3-27b")
+}
 for name, v in vocab.items():
     print(f"{name:<16} {v:>8,} rows  ({v / vocab['gpt2']:.1f}× GPT-2)")
 assert list(vocab.values()) == [50_257, 128_256, 151_936, 262_208]
-assert vocab["gemma3-27b"] - 262_144 == 64  # the checkpoint's table has 64 rows more than the tokenizer
+assert (
+    vocab["gemma3-27b"] - 262_144 == 64
+)  # the checkpoint's table has 64 rows more than the tokenizer
 
 # %% [markdown]
 # The table itself is cheap: $V d$ numbers, under 0.3% of DeepSeek-V3 (section 2). The
@@ -165,15 +180,22 @@ full_logits, chunk_logits, head_bytes = N * V * 4, C * V * 4, V * D * 4
 print(f"loss: full {ref[0]:.5f}, chunked {chunk[0]:.5f}")
 for name, a, b in (("hidden", ref[1], chunk[1]), ("head", ref[2], chunk[2])):
     rel = ((a - b).abs().max() / a.abs().max()).item()
-    print(f"grad of {name}: max |difference| / max |grad| < 1e-5: "
-          f"{rel < 1e-5}")
+    print(f"grad of {name}: max |difference| / max |grad| < 1e-5: {rel < 1e-5}")
     assert rel < 1e-5
-print(f"full logits {full_logits / MiB:.0f} MiB, one chunk's {chunk_logits / MiB:.0f} MiB")
+print(
+    f"full logits {full_logits / MiB:.0f} MiB, one chunk's {chunk_logits / MiB:.0f} MiB"
+)
 print(f"peak: reference {ref[3] / MiB:.1f} MiB, chunked {chunk[3] / MiB:.1f} MiB")
 assert abs(ref[0] - chunk[0]) < 1e-5
-assert torch.allclose(ref[1], chunk[1], atol=1e-7) and torch.allclose(ref[2], chunk[2], atol=1e-7)
-assert abs(ref[3] - 3 * full_logits) < 0.01 * full_logits  # logits, log-softmax, their gradient
-assert abs(chunk[3] - (2 * chunk_logits + head_bytes)) < 0.02 * chunk[3]  # 2 chunks + grad of head
+assert torch.allclose(ref[1], chunk[1], atol=1e-7) and torch.allclose(
+    ref[2], chunk[2], atol=1e-7
+)
+assert (
+    abs(ref[3] - 3 * full_logits) < 0.01 * full_logits
+)  # logits, log-softmax, their gradient
+assert (
+    abs(chunk[3] - (2 * chunk_logits + head_bytes)) < 0.02 * chunk[3]
+)  # 2 chunks + grad of head
 
 # %% [markdown]
 # Same loss, same gradients (to fp32 rounding), and the peak follows the arithmetic. The
@@ -188,11 +210,23 @@ assert abs(chunk[3] - (2 * chunk_logits + head_bytes)) < 0.02 * chunk[3]  # 2 ch
 sizes = [32, 64, 128, 256, 512, 1024]
 peaks = [loss_and_grads(chunked_cross_entropy, chunk_size=c)[3] for c in sizes]
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
-ax.plot(sizes, [p / MiB for p in peaks], "o-", color=PALETTE[0], label="chunked, measured")
-ax.plot(sizes, [(2 * c * V * 4 + head_bytes) / MiB for c in sizes], "--", color=PALETTE[1], label="2·C·V·4 + V·d·4")
+ax.plot(
+    sizes, [p / MiB for p in peaks], "o-", color=PALETTE[0], label="chunked, measured"
+)
+ax.plot(
+    sizes,
+    [(2 * c * V * 4 + head_bytes) / MiB for c in sizes],
+    "--",
+    color=PALETTE[1],
+    label="2·C·V·4 + V·d·4",
+)
 ax.axhline(ref[3] / MiB, color=PALETTE[7], lw=1, label="full logits (reference)")
-ax.set(xscale="log", xlabel="chunk size C (rows)", ylabel="peak memory (MiB)",
-       title=f"Loss memory follows the chunk, not the {N:,} tokens")
+ax.set(
+    xscale="log",
+    xlabel="chunk size C (rows)",
+    ylabel="peak memory (MiB)",
+    title=f"Loss memory follows the chunk, not the {N:,} tokens",
+)
 ax.legend()
 plt.show()
 assert all(a < b for a, b in zip(peaks, peaks[1:], strict=False))
@@ -226,13 +260,22 @@ assert rows["smollm2-135m"] == (134_515_008, 49_152 * 576, True)
 assert rows["llama3-8b"] == (8_030_261_248, 2 * 128_256 * 4096, False)
 assert rows["deepseek-v3"] == (671_026_419_200, 2 * 129_280 * 7168, False)
 untied_smol = count_params(preset("smollm2-135m").replace(tie_embeddings=False)).total
-print(f"SmolLM2-135M untied would have {untied_smol:,} parameters (+{untied_smol / rows['smollm2-135m'][0] - 1:.0%})")
+print(
+    f"SmolLM2-135M untied would have {untied_smol:,} parameters (+{untied_smol / rows['smollm2-135m'][0] - 1:.0%})"
+)
 assert untied_smol - rows["smollm2-135m"][0] == 28_311_552
-assert round(100 * 129_280 * 7168 / rows["deepseek-v3"][0], 2) == 0.14  # what tying would save
+assert (
+    round(100 * 129_280 * 7168 / rows["deepseek-v3"][0], 2) == 0.14
+)  # what tying would save
 gemma = count_params(preset("gemma3-27b"))
 assert round(100 * gemma.breakdown["embedding"] / gemma.total, 1) == 5.2
 print("presets that tie:", [n for n, c in PRESETS.items() if c.tie_embeddings])
-assert [n for n, c in PRESETS.items() if c.tie_embeddings] == ["gpt2", "gpt2-xl", "gemma3-27b", "smollm2-135m"]
+assert [n for n, c in PRESETS.items() if c.tie_embeddings] == [
+    "gpt2",
+    "gpt2-xl",
+    "gemma3-27b",
+    "smollm2-135m",
+]
 
 # %% [markdown]
 # In SmolLM2-135M the one shared table is 21% of the model; untying it would add another
@@ -257,7 +300,9 @@ assert [n for n, c in PRESETS.items() if c.tie_embeddings] == ["gpt2", "gpt2-xl"
 
 # %%
 torch.manual_seed(0)
-mha = MultiHeadAttention(32, 4, bias=True, fused_qkv=False, impl="reference", causal=True).double()
+mha = MultiHeadAttention(
+    32, 4, bias=True, fused_qkv=False, impl="reference", causal=True
+).double()
 x = torch.randn(2, 7, 32, dtype=torch.float64)
 
 
@@ -276,16 +321,25 @@ def with_bias(proj: str, rope=None, bias: torch.Tensor | None = None) -> torch.T
 
 
 b_rand = torch.randn(32, dtype=torch.float64)
-gap = {p: (with_bias(p, bias=b_rand) - with_bias(p)).abs().max().item() for p in ("q_proj", "k_proj", "v_proj")}
+gap = {
+    p: (with_bias(p, bias=b_rand) - with_bias(p)).abs().max().item()
+    for p in ("q_proj", "k_proj", "v_proj")
+}
 shift = with_bias("v_proj", bias=b_rand) - with_bias("v_proj")
-print(f"max change of the output: query bias {gap['q_proj']:.2f}, "
-      f"value bias {gap['v_proj']:.2f}, "
-      f"key bias < 1e-12: {gap['k_proj'] < 1e-12}")
+print(
+    f"max change of the output: query bias {gap['q_proj']:.2f}, "
+    f"value bias {gap['v_proj']:.2f}, "
+    f"key bias < 1e-12: {gap['k_proj'] < 1e-12}"
+)
 assert gap["k_proj"] < 1e-12 and gap["q_proj"] > 1e-2
-assert torch.allclose(shift, (mha.out_proj.weight @ b_rand).expand_as(shift), atol=1e-12)  # W_o b_v
+assert torch.allclose(
+    shift, (mha.out_proj.weight @ b_rand).expand_as(shift), atol=1e-12
+)  # W_o b_v
 
 rope = RotaryEmbedding(8, 10000.0, max_len=7)  # head width 8, positions 0..6
-gap_rope = (with_bias("k_proj", rope, b_rand) - with_bias("k_proj", rope)).abs().max().item()
+gap_rope = (
+    (with_bias("k_proj", rope, b_rand) - with_bias("k_proj", rope)).abs().max().item()
+)
 print(f"with RoPE, the key bias moves the output by up to {gap_rope:.2f}")
 assert gap_rope > 1e-2
 
@@ -346,15 +400,21 @@ out_ref = sink_naive_attention(q, k, v, sinks, causal=True)
 w = sink_attention_weights(q, k, sinks, causal=True)
 out_sdpa = sink_sdpa_attention(q, k, v, sinks, causal=True)
 row_sums = w.sum(-1)  # (B, H, T)
-print("mean weight on real keys, per head:", [f"{s:.3f}" for s in row_sums.mean((0, 2)).tolist()])
+print(
+    "mean weight on real keys, per head:",
+    [f"{s:.3f}" for s in row_sums.mean((0, 2)).tolist()],
+)
 sink_err = (out_ref - out_sdpa).abs().max()
-print("naive vs SDPA with the sink key: max difference < 1e-5:",
-      bool(sink_err < 1e-5))
+print("naive vs SDPA with the sink key: max difference < 1e-5:", bool(sink_err < 1e-5))
 assert (row_sums < 1).all() and torch.allclose(out_ref, out_sdpa, atol=1e-5)
-scores = (q @ k.transpose(-2, -1) / 4).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -torch.inf)
+scores = (q @ k.transpose(-2, -1) / 4).masked_fill(
+    ~torch.ones(6, 6, dtype=torch.bool).tril(), -torch.inf
+)
 expected = torch.sigmoid(torch.logsumexp(scores, -1) - sinks.view(1, 4, 1))
 assert torch.allclose(row_sums, expected, atol=1e-6)
-assert row_sums[:, 3].mean() < row_sums[:, 0].mean()  # a larger sink logit takes more weight
+assert (
+    row_sums[:, 3].mean() < row_sums[:, 0].mean()
+)  # a larger sink logit takes more weight
 
 # %% [markdown]
 # Every row now sums to less than one, by exactly $\sigma(\mathrm{LSE} - s_h)$, and a head
@@ -365,7 +425,9 @@ assert row_sums[:, 3].mean() < row_sums[:, 0].mean()  # a larger sink logit take
 # over the seven irrelevant keys. With a sink ($s = 1$) it drains into the sink.
 
 # %%
-base = torch.tensor([0.3, -0.2, 0.1, 0.0, -0.1, 0.2, -0.3, 0.0])  # irrelevant keys: scores near 0
+base = torch.tensor(
+    [0.3, -0.2, 0.1, 0.0, -0.1, 0.2, -0.3, 0.0]
+)  # irrelevant keys: scores near 0
 relevant = np.linspace(5.0, -5.0, 11)
 sink_logit = torch.tensor([1.0])
 frames_no, frames_sink = [], []
@@ -375,14 +437,22 @@ for s in relevant:
     frames_no.append(torch.softmax(z, 0))
     frames_sink.append(torch.softmax(torch.cat([z, sink_logit]), 0))
 last_no, last_sink = frames_no[-1], frames_sink[-1]
-print(f"relevant score −5: no sink, irrelevant keys hold {1 - last_no[3]:.3f}; "
-      f"with sink, real keys hold {last_sink[:8].sum():.3f}, the sink {last_sink[8]:.3f}")
+print(
+    f"relevant score −5: no sink, irrelevant keys hold {1 - last_no[3]:.3f}; "
+    f"with sink, real keys hold {last_sink[:8].sum():.3f}, the sink {last_sink[8]:.3f}"
+)
 assert 1 - last_no[3] > 0.99 and last_sink[:8].sum() < 0.75 and last_sink[8] > 0.25
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
 labels = [f"k{j}" for j in range(8)]
-bars_no = axes[0].bar(labels, frames_no[0], color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)])
-bars_sink = axes[1].bar(labels + ["sink"], frames_sink[0], color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)] + [PALETTE[7]])
+bars_no = axes[0].bar(
+    labels, frames_no[0], color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)]
+)
+bars_sink = axes[1].bar(
+    labels + ["sink"],
+    frames_sink[0],
+    color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)] + [PALETTE[7]],
+)
 axes[0].set(ylim=(0, 1), ylabel="attention weight", title="softmax: weights sum to 1")
 axes[1].set(title="with a sink logit s = 1")
 fig.suptitle("When the relevant key (orange) fades, where does the weight go?")
@@ -393,7 +463,9 @@ def draw_sink(i: int) -> None:
         bar.set_height(float(h))
     for bar, h in zip(bars_sink, frames_sink[i], strict=True):
         bar.set_height(float(h))
-    axes[0].set_xlabel(f"score of k3 = {relevant[i]:+.0f}; real keys sum to {frames_no[i].sum():.2f}")
+    axes[0].set_xlabel(
+        f"score of k3 = {relevant[i]:+.0f}; real keys sum to {frames_no[i].sum():.2f}"
+    )
     axes[1].set_xlabel(f"real keys sum to {frames_sink[i][:8].sum():.2f}")
 
 
@@ -420,21 +492,29 @@ plain = MultiHeadAttention(d, H, **kw).double()
 gated = MultiHeadAttention(d, H, **kw, output_gate=True).double()
 q_rows = 2 * H * Dh
 with torch.no_grad():
-    w_q = gated.qkv.weight[:q_rows].view(H, 2, Dh, d)  # per head: [query rows, gate rows]
+    w_q = gated.qkv.weight[:q_rows].view(
+        H, 2, Dh, d
+    )  # per head: [query rows, gate rows]
     b_q = gated.qkv.bias[:q_rows].view(H, 2, Dh)
     w_q[:, 1] = 0.0
-    plain.qkv.weight.copy_(torch.cat([w_q[:, 0].reshape(H * Dh, d), gated.qkv.weight[q_rows:]]))
-    plain.qkv.bias.copy_(torch.cat([b_q[:, 0].reshape(H * Dh), gated.qkv.bias[q_rows:]]))
+    plain.qkv.weight.copy_(
+        torch.cat([w_q[:, 0].reshape(H * Dh, d), gated.qkv.weight[q_rows:]])
+    )
+    plain.qkv.bias.copy_(
+        torch.cat([b_q[:, 0].reshape(H * Dh), gated.qkv.bias[q_rows:]])
+    )
     plain.out_proj.weight.copy_(gated.out_proj.weight)
     outs = {}
     for name, logit in (("closed", -30.0), ("open", 30.0)):
         b_q[:, 1] = logit
         outs[name] = gated(x)
     ref_plain = plain(x)
-print(f"gate closed: max |output| < 1e-10 · max |plain output|: "
-      f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};  "
-      f"gate open: max |gated - plain| < 1e-10: "
-      f"{(outs['open'] - ref_plain).abs().max() < 1e-10}")
+print(
+    f"gate closed: max |output| < 1e-10 · max |plain output|: "
+    f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};  "
+    f"gate open: max |gated - plain| < 1e-10: "
+    f"{(outs['open'] - ref_plain).abs().max() < 1e-10}"
+)
 assert outs["closed"].abs().max() < 1e-10 * ref_plain.abs().max()
 assert torch.allclose(outs["open"], ref_plain, atol=1e-10)
 next_cfg = preset("qwen3-next-80b-a3b")
@@ -443,7 +523,9 @@ gate_params = (
     - count_params(next_cfg.replace(attn_output_gate=False)).breakdown["attention"]
 )
 print(f"Qwen3-Next-80B's output gates: {gate_params:,} parameters")
-assert gate_params == next_cfg.layer_types.count("full") * 2048 * 16 * 256 == 100_663_296
+assert (
+    gate_params == next_cfg.layer_types.count("full") * 2048 * 16 * 256 == 100_663_296
+)
 
 # %% [markdown]
 # A closed gate silences the head completely (the output is $\sigma(-30) \approx 10^{-13}$
@@ -466,7 +548,10 @@ assert gate_params == next_cfg.layer_types.count("full") * 2048 * 16 * 256 == 10
 # `companion.models.mtp` builds that module for a `DecoderLM`:
 
 # %%
-Code(inspect.getsource(MTPModule.forward) + "\n\n" + inspect.getsource(mtp_losses), language="python")
+Code(
+    inspect.getsource(MTPModule.forward) + "\n\n" + inspect.getsource(mtp_losses),
+    language="python",
+)
 
 # %% [markdown]
 # We train a small character model on Shakespeare twice, from the same seed and on the same
@@ -479,7 +564,10 @@ chars = CharTokenizer(text)
 train_ids, val_ids = split_tokens(torch.tensor(chars.encode(text)), 0.1)
 SEQ, BATCH, STEPS, LR = (256, 64, 2000, 3e-3) if FULL else (64, 32, 100, 1e-2)
 cfg = tiny(
-    vocab_size=chars.vocab_size, d_model=64, max_seq_len=SEQ, init_std=0.1,
+    vocab_size=chars.vocab_size,
+    d_model=64,
+    max_seq_len=SEQ,
+    init_std=0.1,
     n_kv_heads=None,
 )
 x_val, y_val = sample_windows(val_ids, 128, SEQ, torch.Generator().manual_seed(5))
@@ -506,19 +594,32 @@ for lam in (0.0, 0.3):
         # self-speculation: greedy text from the trunk, drafts of the token after next from MTP
         seq = model.generate(x_val[:16, :16].to(DEVICE), 48)
         h, _ = trunk_forward(model, seq)
-        draft = mtp(model, h[:, :-1], seq[:, 1:]).argmax(-1)  # position i drafts token i + 2
+        draft = mtp(model, h[:, :-1], seq[:, 1:]).argmax(
+            -1
+        )  # position i drafts token i + 2
         accept = (draft[:, 15:-1] == seq[:, 17:]).float().mean().item()
     results[lam] = (l1.item(), l2.item(), accept)
 counts = np.bincount(train_ids.numpy(), minlength=chars.vocab_size) / len(train_ids)
 unigram = float(-(np.log(counts[y_val.numpy()] + 1e-12)).mean())
 n_mtp = sum(p.numel() for p in mtp.parameters())
-print(f"trunk {model.num_params():,} parameters, MTP module {n_mtp:,}; unigram loss {unigram:.2f}")
-print(f"{'λ':>4} {'next-token loss':>16} {'token-after-next loss':>22} {'drafts accepted':>16}")
+print(
+    f"trunk {model.num_params():,} parameters, MTP module {n_mtp:,}; unigram loss {unigram:.2f}"
+)
+print(
+    f"{'λ':>4} {'next-token loss':>16} {'token-after-next loss':>22} {'drafts accepted':>16}"
+)
 for lam, (l1, l2, acc) in results.items():
     print(f"{lam:>4} {l1:>16.3f} {l2:>22.3f} {acc:>16.1%}")
-assert n_mtp == 2 * cfg.d_model**2 + sum(p.numel() for p in model.blocks[0].parameters()) + 3 * cfg.d_model
+assert (
+    n_mtp
+    == 2 * cfg.d_model**2
+    + sum(p.numel() for p in model.blocks[0].parameters())
+    + 3 * cfg.d_model
+)
 assert all(r[0] < unigram - 0.8 for r in results.values())  # both trunks learn
-assert results[0.3][1] < unigram - 0.8 < results[0.0][1]  # only the trained module predicts t+2
+assert (
+    results[0.3][1] < unigram - 0.8 < results[0.0][1]
+)  # only the trained module predicts t+2
 assert results[0.3][2] > 0.5 > 10 * results[0.0][2]  # and only its drafts are accepted
 
 # %% [markdown]
@@ -549,26 +650,46 @@ assert results[0.3][2] > 0.5 > 10 * results[0.0][2]  # and only its drafts are a
 
 # %%
 gpt_oss_20b = preset("gpt-oss-120b").replace(
-    n_layers=24, n_experts=32, layer_types=tuple("full" if i % 2 else "sliding" for i in range(24))
+    n_layers=24,
+    n_experts=32,
+    layer_types=tuple("full" if i % 2 else "sliding" for i in range(24)),
 )
 qwen3_30b = preset("qwen3-235b-a22b").replace(
-    d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, d_ff=6144,
-    expert_d_ff=768, n_experts=128, experts_per_token=8,
+    d_model=2048,
+    n_layers=48,
+    n_heads=32,
+    n_kv_heads=4,
+    head_dim=128,
+    d_ff=6144,
+    expert_d_ff=768,
+    n_experts=128,
+    experts_per_token=8,
 )
 shape = {}
-print(f"{'':<15}{'layers':>7}{'width':>7}{'total':>16}{'active':>15}{'active/layer':>14}{'GFLOP/token':>13}{'KV B/token':>12}")
+print(
+    f"{'':<15}{'layers':>7}{'width':>7}{'total':>16}{'active':>15}{'active/layer':>14}{'GFLOP/token':>13}{'KV B/token':>12}"
+)
 for name, cfg_m in (("gpt-oss-20b", gpt_oss_20b), ("Qwen3-30B-A3B", qwen3_30b)):
     pc = count_params(cfg_m)
-    per_layer = (pc.active_without_embeddings - pc.breakdown["lm_head"]) // cfg_m.n_layers
+    per_layer = (
+        pc.active_without_embeddings - pc.breakdown["lm_head"]
+    ) // cfg_m.n_layers
     flops = flops_per_token(cfg_m, 4096)
     kv = kv_cache_bytes_per_token(cfg_m)
     shape[name] = (pc.total, pc.active_without_embeddings, flops, kv)
-    print(f"{name:<15}{cfg_m.n_layers:>7}{cfg_m.d_model:>7}{pc.total:>16,}{pc.active:>15,}"
-          f"{per_layer:>14,}{flops / 1e9:>13.1f}{kv:>12,}")
+    print(
+        f"{name:<15}{cfg_m.n_layers:>7}{cfg_m.d_model:>7}{pc.total:>16,}{pc.active:>15,}"
+        f"{per_layer:>14,}{flops / 1e9:>13.1f}{kv:>12,}"
+    )
 assert shape["gpt-oss-20b"] == (20_914_757_184, 3_608_307_264, 8_044_756_992, 49_152)
 assert shape["Qwen3-30B-A3B"] == (30_532_122_624, 3_041_867_776, 9_304_539_136, 98_304)
-assert round(shape["gpt-oss-20b"][0] / 1e9, 1) == 20.9 and round(shape["Qwen3-30B-A3B"][0] / 1e9, 1) == 30.5
-assert round(shape["gpt-oss-20b"][1] / 1e9, 2) == 3.61  # the model card's active count (no embeddings)
+assert (
+    round(shape["gpt-oss-20b"][0] / 1e9, 1) == 20.9
+    and round(shape["Qwen3-30B-A3B"][0] / 1e9, 1) == 30.5
+)
+assert (
+    round(shape["gpt-oss-20b"][1] / 1e9, 2) == 3.61
+)  # the model card's active count (no embeddings)
 
 # %% [markdown]
 # The totals, 20.9 and 30.5 billion, are the model cards' {cite}`openai2025gptoss`

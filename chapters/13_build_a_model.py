@@ -35,7 +35,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -97,7 +98,9 @@ print(describe(DEVICE))
 
 # %%
 Code(
-    inspect.getsource(calc.attention_layer_params) + "\n\n" + inspect.getsource(calc.tally_moe),
+    inspect.getsource(calc.attention_layer_params)
+    + "\n\n"
+    + inspect.getsource(calc.tally_moe),
     language="python",
 )
 
@@ -107,10 +110,18 @@ Code(
 # RMSNorm gains: two per layer and one before the head, $d$ numbers each. With those the
 # formula is not an approximation but the exact count.
 
+
 # %%
 def shapes(cfg: ModelConfig) -> tuple[int, int, int, int, int, int]:
     """(L, d, d_h, n_q, n_kv, V) of a config, the letters of the formulas."""
-    return cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size
+    return (
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.head_dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.vocab_size,
+    )
 
 
 llama3 = preset("llama3-8b")
@@ -152,8 +163,10 @@ router = L * N * d
 omitted = 2 * V * d + (2 * L + 1) * d + router
 print(f"formula total {p_total_formula:>16,}   calc total  {pm.total:>16,}")
 print(f"formula active{p_active_formula:>16,}   calc active {pm.active:>16,}")
-print(f"residual {residual_active:,} = embeddings {2 * V * d:,} + norms {(2 * L + 1) * d:,} "
-      f"+ router {router:,}")
+print(
+    f"residual {residual_active:,} = embeddings {2 * V * d:,} + norms {(2 * L + 1) * d:,} "
+    f"+ router {router:,}"
+)
 assert residual_active == residual_total == omitted == 263_458_816
 assert pm.active == 12_879_925_248 and pm.total == 46_702_792_704
 assert pm.active_breakdown["router"] == router == 1_048_576
@@ -175,10 +188,14 @@ s = 8192
 L, d, d_h, n_q, n_kv, V = shapes(llama3)
 short = 2 * pc.active + 4 * L * n_q * d_h * s
 exact = flops_per_token(llama3, s)
-print(f"short formula {short / 1e9:.2f} GFLOP, calc {exact / 1e9:.2f} GFLOP per token at s = {s:,}")
+print(
+    f"short formula {short / 1e9:.2f} GFLOP, calc {exact / 1e9:.2f} GFLOP per token at s = {s:,}"
+)
 assert short - exact == 2 * (V * d + pc.breakdown["norms"])
 assert round(short / exact - 1, 3) == 0.054
-assert round(4 * L * n_q * d_h * s / exact, 3) == 0.222  # attention's own work: 22% at 8k
+assert (
+    round(4 * L * n_q * d_h * s / exact, 3) == 0.222
+)  # attention's own work: 22% at 8k
 
 # %% [markdown]
 # At 8k tokens attention's weight-free work is already 22% of the total; at 128k it would
@@ -235,7 +252,9 @@ for name, row in rows.items():
 
 # %%
 vocab = {name: int(rows[name]["vocab"].replace(",", "")) for name in rows}
-assert vocab["gpt2-xl"] == 50_257 and vocab["llama2-7b"] == vocab["mistral-7b"] == 32_000
+assert (
+    vocab["gpt2-xl"] == 50_257 and vocab["llama2-7b"] == vocab["mistral-7b"] == 32_000
+)
 assert vocab["llama3-8b"] == 128_256 and vocab["deepseek-v3"] == 129_280
 assert vocab["qwen3-235b-a22b"] == 151_936 and vocab["gpt-oss-120b"] == 201_088
 assert vocab["gemma3-27b"] == 262_208 == 262_144 + 64
@@ -255,7 +274,9 @@ assert context["gpt2-xl"] == 1_024 and context["llama2-7b"] == 4_096
 assert (context["llama3-8b"], context["llama3.1-8b"]) == (8_192, 131_072)  # 8k -> 128k
 assert context["gpt-oss-120b"] == context["gemma3-27b"] == 131_072
 assert context["olmo3-32b"] == 65_536 and context["qwen3-next-80b-a3b"] == 262_144
-assert context["mistral-7b"] == 32_768 and context["deepseek-v3"] == 163_840 == 40 * 4096
+assert (
+    context["mistral-7b"] == 32_768 and context["deepseek-v3"] == 163_840 == 40 * 4096
+)
 
 # %% [markdown]
 # The same presets through the calculator: total and active parameters, and the KV cache
@@ -277,26 +298,59 @@ for n, t, a, c in zip(names, totals, actives, kv, strict=True):
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
 sparse = totals > actives
 ax1.scatter(years, totals, color=PALETTE[0], label="total", zorder=3)
-ax1.scatter(years[sparse], actives[sparse], color=PALETTE[1], marker="s", label="active (MoE)", zorder=3)
+ax1.scatter(
+    years[sparse],
+    actives[sparse],
+    color=PALETTE[1],
+    marker="s",
+    label="active (MoE)",
+    zorder=3,
+)
 for x, t, a in zip(years[sparse], totals[sparse], actives[sparse], strict=True):
     ax1.plot([x, x], [a, t], color="0.6", lw=1)
 for n, x, t in zip(names, years, totals, strict=True):
-    ax1.annotate(RELEASED[n][0], (x, t), fontsize=7, xytext=(3, 3), textcoords="offset points")
-ax1.set(yscale="log", xlabel="release", ylabel="parameters", title="stored vs used per token")
+    ax1.annotate(
+        RELEASED[n][0], (x, t), fontsize=7, xytext=(3, 3), textcoords="offset points"
+    )
+ax1.set(
+    yscale="log",
+    xlabel="release",
+    ylabel="parameters",
+    title="stored vs used per token",
+)
 ax1.legend(loc="upper left")
 ax2.scatter(years, kv / 1024, color=PALETTE[2], zorder=3)
 for n, x, c in zip(names, years, kv, strict=True):
-    ax2.annotate(RELEASED[n][0], (x, c / 1024), fontsize=7, xytext=(3, 3), textcoords="offset points")
-ax2.set(yscale="log", xlabel="release", ylabel="KiB per cached token (bf16)", title="KV cache per token")
+    ax2.annotate(
+        RELEASED[n][0],
+        (x, c / 1024),
+        fontsize=7,
+        xytext=(3, 3),
+        textcoords="offset points",
+    )
+ax2.set(
+    yscale="log",
+    xlabel="release",
+    ylabel="KiB per cached token (bf16)",
+    title="KV cache per token",
+)
 plt.show()
 
 ratio = dict(zip(names, totals / actives, strict=True))
-assert round(ratio["deepseek-v3"], 1) == 17.9 and round(ratio["qwen3-235b-a22b"], 1) == 10.6
+assert (
+    round(ratio["deepseek-v3"], 1) == 17.9
+    and round(ratio["qwen3-235b-a22b"], 1) == 10.6
+)
 assert round(ratio["qwen3-next-80b-a3b"], 1) == 20.6
 kib = dict(zip(names, kv / 1024, strict=True))
-assert kib["llama2-7b"] == 512 and kib["llama3-8b"] == 128 and kib["deepseek-v3"] == 68.625
+assert (
+    kib["llama2-7b"] == 512 and kib["llama3-8b"] == 128 and kib["deepseek-v3"] == 68.625
+)
 assert kib["qwen3-next-80b-a3b"] == 24 and kib["gpt-oss-120b"] == 72
-assert max(kib[n] for n in ("deepseek-v3", "gpt-oss-120b", "qwen3-next-80b-a3b")) < kib["llama3-8b"]
+assert (
+    max(kib[n] for n in ("deepseek-v3", "gpt-oss-120b", "qwen3-next-80b-a3b"))
+    < kib["llama3-8b"]
+)
 assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
 
 # %% [markdown]
@@ -328,9 +382,13 @@ plt.show()
 kinds = [p.kind for p in block_parts(qwen_next, 3)]  # layer 3: full attention
 assert kinds == ["norm", "full", "add", "norm", "moe", "add"]
 gqa = next(p for p in block_parts(qwen_next, 3) if p.kind == "full").title
-mqa = next(p for p in block_parts(qwen_next.replace(n_kv_heads=1), 3) if p.kind == "full").title
+mqa = next(
+    p for p in block_parts(qwen_next.replace(n_kv_heads=1), 3) if p.kind == "full"
+).title
 print(f"{gqa}  ->  with n_kv_heads=1: {mqa}")
-assert gqa.startswith(f"GQA {qwen_next.n_heads}:{qwen_next.n_kv_heads}") and mqa.startswith("MQA")
+assert gqa.startswith(
+    f"GQA {qwen_next.n_heads}:{qwen_next.n_kv_heads}"
+) and mqa.startswith("MQA")
 
 # %% [markdown]
 # *Top: Qwen3-Next-80B-A3B's two kinds of block, drawn from its preset; bottom: its 48
@@ -344,27 +402,42 @@ assert gqa.startswith(f"GQA {qwen_next.n_heads}:{qwen_next.n_kv_heads}") and mqa
 # held, so it scales the FFN-facing parts and the vocabulary tables; changing the layer
 # count keeps a preset's repeating layer pattern.
 
+
 # %%
-def build(name: str, layers=None, width=None, kv_heads=None, experts=None, top_k=None) -> ModelConfig:
+def build(
+    name: str, layers=None, width=None, kv_heads=None, experts=None, top_k=None
+) -> ModelConfig:
     """A preset with some dials turned; None keeps the preset's value."""
     cfg = preset(name)
     changes: dict[str, object] = {"head_dim": cfg.head_dim}
     if layers is not None:
         kinds = cfg.layer_types
-        period = next(p for p in range(1, len(kinds) + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
+        period = next(
+            p
+            for p in range(1, len(kinds) + 1)
+            if all(kinds[i] == kinds[i % p] for i in range(len(kinds)))
+        )
         changes["n_layers"] = layers
         changes["layer_types"] = tuple(kinds[i % period] for i in range(layers))
     if width is not None:
         changes["d_model"] = width
     if kv_heads is not None and not cfg.is_mla:
         # the largest divisor of the query heads not above the dial
-        changes["n_kv_heads"] = max(h for h in range(1, kv_heads + 1) if cfg.n_heads % h == 0)
+        changes["n_kv_heads"] = max(
+            h for h in range(1, kv_heads + 1) if cfg.n_heads % h == 0
+        )
     if experts is not None and cfg.n_experts:
         changes["n_experts"] = experts
-        changes["router_groups"] = cfg.router_groups if experts % cfg.router_groups == 0 else 1
-        changes["router_topk_groups"] = min(cfg.router_topk_groups, changes["router_groups"])
+        changes["router_groups"] = (
+            cfg.router_groups if experts % cfg.router_groups == 0 else 1
+        )
+        changes["router_topk_groups"] = min(
+            cfg.router_topk_groups, changes["router_groups"]
+        )
     if top_k is not None and cfg.n_experts:
-        changes["experts_per_token"] = min(top_k, changes.get("n_experts", cfg.n_experts))
+        changes["experts_per_token"] = min(
+            top_k, changes.get("n_experts", cfg.n_experts)
+        )
     return cfg.replace(**changes)
 
 
@@ -378,7 +451,9 @@ def report(cfg: ModelConfig, context: int) -> dict[str, float]:
         "gflops_token": flops_per_token(cfg, context) / 1e9,
     }
     print(f"parameters   {out['params_B']:10.2f} B   (active {out['active_B']:.2f} B)")
-    print(f"KV cache     {out['kv_GiB']:10.2f} GiB at {context:,} tokens (bf16, one sequence)")
+    print(
+        f"KV cache     {out['kv_GiB']:10.2f} GiB at {context:,} tokens (bf16, one sequence)"
+    )
     print(f"forward      {out['gflops_token']:10.2f} GFLOP per token at that context")
     return out
 
@@ -407,7 +482,9 @@ dials = {
     "top_k": widgets.IntSlider(2, 1, 16, description="top-k"),
     "context": widgets.IntSlider(8192, 1024, 262144, 1024, description="context"),
 }
-choice = widgets.Dropdown(options=list(RELEASED), value="llama3-8b", description="preset")
+choice = widgets.Dropdown(
+    options=list(RELEASED), value="llama3-8b", description="preset"
+)
 
 
 def reset(change) -> None:
@@ -457,7 +534,11 @@ def draw(i: int) -> None:
     ax.bar(labels, rel[i], color=PALETTE[:3])
     for x, v in enumerate(rel[i]):
         ax.text(x, v + 0.02, f"{v:.3f}", ha="center")
-    ax.set(ylim=(0, 1.15), ylabel="relative to 32 KV heads", title=f"Llama 3 8B with {steps[i]} KV heads")
+    ax.set(
+        ylim=(0, 1.15),
+        ylabel="relative to 32 KV heads",
+        title=f"Llama 3 8B with {steps[i]} KV heads",
+    )
 
 
 HTML(animate(fig, draw, len(steps), interval_ms=700))
@@ -469,7 +550,9 @@ print("KV cache ", np.round(rel[:, 1], 4))
 print("FLOPs    ", np.round(rel[:, 2], 3))
 assert np.allclose(rel[:, 1], np.array(steps) / 32)  # the cache is linear in n_kv
 L, d, d_h = llama3.n_layers, llama3.d_model, llama3.head_dim
-assert count_params(sweep[0]).total - count_params(sweep[-1]).total == 2 * L * d * d_h * 31
+assert (
+    count_params(sweep[0]).total - count_params(sweep[-1]).total == 2 * L * d * d_h * 31
+)
 assert round(1 - rel[-1, 0], 2) == 0.12 and round(1 - rel[-1, 2], 2) == 0.10
 
 # %% [markdown]
@@ -495,7 +578,9 @@ for name, tokens in budgets.items():
     pc = count_params(preset(name))
     compute[name] = 6 * pc.active * tokens
     naive = 6 * pc.total * tokens
-    print(f"{RELEASED[name][0]:<12} 6·N_active·D = {compute[name]:.2e} FLOPs   (with N_total: {naive:.2e})")
+    print(
+        f"{RELEASED[name][0]:<12} 6·N_active·D = {compute[name]:.2e} FLOPs   (with N_total: {naive:.2e})"
+    )
 assert f"{compute['llama3-8b']:.2e}" == "7.23e+23"
 assert f"{compute['deepseek-v3']:.2e}" == "3.33e+24"
 assert round(compute["deepseek-v3"] / compute["llama3-8b"], 1) == 4.6

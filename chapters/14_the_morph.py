@@ -38,7 +38,8 @@ import sys
 if "google.colab" in sys.modules:
     REPO = "https://github.com/transformer-2017-2026/book"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"], check=True
+        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
+        check=True,
     )
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -65,14 +66,21 @@ from companion.device import default_device, describe
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, use_style
-from companion.tasks.text import CharTokenizer, load_shakespeare, sample_windows, split_tokens
+from companion.tasks.text import (
+    CharTokenizer,
+    load_shakespeare,
+    sample_windows,
+    split_tokens,
+)
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
 FULL = False  # True: wider models, longer runs (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
-torch.set_num_threads(1)  # tiny models: one thread is as fast as two on a shared machine
+torch.set_num_threads(
+    1
+)  # tiny models: one thread is as fast as two on a shared machine
 print(describe(DEVICE))
 
 # %% [markdown]
@@ -183,7 +191,10 @@ def changed_fields(a: ModelConfig, b: ModelConfig) -> dict[str, tuple]:
 
 for i, (name, changes) in enumerate(MORPH, start=1):
     diff = changed_fields(configs[i - 1], configs[i])
-    assert set(diff) == set(changes), (name, diff)  # exactly the intended fields, nothing else
+    assert set(diff) == set(changes), (
+        name,
+        diff,
+    )  # exactly the intended fields, nothing else
     shown = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in diff.items())
     print(f"{i:>2} {name:<13} {shown}")
 assert len(configs) == 12
@@ -229,14 +240,22 @@ for r in rows:
         f"{r['kv_context'] / 1024:>12,.0f} {r['flops']:>14,}"
     )
 first, last = rows[0], rows[-1]
-assert (first["total"], first["active"], first["kv_per_token"]) == (204_800, 204_800, 1_024)
+assert (first["total"], first["active"], first["kv_per_token"]) == (
+    204_800,
+    204_800,
+    1_024,
+)
 assert first["flops"] == 4_597_248 and first["kv_context"] == 4_194_304
 assert (last["total"], last["active"], last["kv_per_token"]) == (266_664, 119_208, 64)
 assert last["flops"] == 1_304_064 and last["kv_context"] == 276_736
-assert rows[7]["kv_per_token"] * 4 == rows[6]["kv_per_token"]  # GQA 4 → 1 KV head: ¼ the cache
+assert (
+    rows[7]["kv_per_token"] * 4 == rows[6]["kv_per_token"]
+)  # GQA 4 → 1 KV head: ¼ the cache
 assert round(last["total"] / first["total"], 2) == 1.30  # 30% more parameters
 assert round(last["active"] / first["active"], 2) == 0.58  # 58% of the active ones
-assert last["kv_per_token"] * 16 == first["kv_per_token"]  # a sixteenth of the cache growth
+assert (
+    last["kv_per_token"] * 16 == first["kv_per_token"]
+)  # a sixteenth of the cache growth
 assert round(last["flops"] / first["flops"], 2) == 0.28  # 28% of the FLOPs at 4k
 
 # %% [markdown]
@@ -275,13 +294,17 @@ val_loss, curves = [], []
 for cfg in configs:
     seed_everything(0)
     model = DecoderLM(cfg).to(DEVICE)
-    windows = torch.Generator().manual_seed(1)  # the same batches for every step of the morph
+    windows = torch.Generator().manual_seed(
+        1
+    )  # the same batches for every step of the morph
     hist = train(
         model,
         lambda step, g=windows: sample_windows(train_ids, BATCH, SEQ, g, DEVICE),
         STEPS,
         make_adamw(model, lr=LR),
-        lr_at=lambda s: cosine_lr(s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10),
+        lr_at=lambda s: cosine_lr(
+            s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+        ),
     )
     curves.append(hist.loss)
     val_loss.append(evaluate(model, val_batches))
@@ -290,8 +313,12 @@ for cfg in configs:
 print(f"unigram baseline: {unigram_loss:.2f} nats/char")
 for name, loss in zip(names, val_loss, strict=True):
     print(f"{name:<13} held-out loss {loss:.2f}")
-assert all(loss < unigram_loss - 0.1 for loss in val_loss)  # every model learned something
-assert max(abs(loss - val_loss[0]) for loss in val_loss) < 0.6  # and none is far from 2017
+assert all(
+    loss < unigram_loss - 0.1 for loss in val_loss
+)  # every model learned something
+assert (
+    max(abs(loss - val_loss[0]) for loss in val_loss) < 0.6
+)  # and none is far from 2017
 
 # %% [markdown]
 # Every model beats the unigram baseline, and after a minute of CPU training none of them is

@@ -77,3 +77,14 @@ def test_positions_tying_and_dropout():
     assert "dropout 0.1" in _text(block_diagram(tiny(dropout=0.1)))
     with pytest.raises(ValueError, match=r"layer must be in \[0, n_layers=2\)"):
         block_parts(tiny(), 2)
+
+
+def test_diagrams_draw_into_given_axes() -> None:
+    """With ``ax`` both drawings reuse it (one frame of an animation) and make no figure."""
+    fig, (a, b) = plt.subplots(1, 2)
+    before = plt.get_fignums()
+    assert block_diagram(PRESETS["llama3-8b"], ax=a) is fig
+    assert model_diagram(PRESETS["llama3-8b"], ax=b) is fig
+    assert plt.get_fignums() == before
+    assert any("RMSNorm" in t.get_text() for t in a.texts)
+    plt.close(fig)

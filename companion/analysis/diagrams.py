@@ -169,14 +169,18 @@ def _box(
                 fontsize=6.5, linespacing=1.1)  # fmt: skip
 
 
-def block_diagram(cfg: ModelConfig) -> Figure:
+def block_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
     """One column per kind of block in the stack (stream bottom to top, the residual path on
-    the left), each titled with the layers it stands for."""
+    the left), each titled with the layers it stands for.
+
+    With ``ax`` it draws into that (empty) axes, e.g. one frame of an animation, and returns
+    its figure; otherwise it makes a figure sized to the number of columns."""
     groups = layer_groups(cfg)
     width, step = 3.4, 0.86
     columns = [block_parts(cfg, layers[0]) for layers in groups.values()]
     height = max(len(c) for c in columns) * step + 1.2
-    fig, ax = plt.subplots(figsize=(3.3 * len(columns) + 0.4, 0.72 * height + 0.3))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3.3 * len(columns) + 0.4, 0.72 * height + 0.3))
     for col, (parts, layers) in enumerate(zip(columns, groups.values(), strict=True)):
         x0 = col * (width + 0.6)
         y = 0.4
@@ -203,13 +207,14 @@ def block_diagram(cfg: ModelConfig) -> Figure:
     ax.set_ylim(-0.3, height + 0.3)
     ax.set_axis_off()
     ax.set_aspect("equal")
-    return fig
+    return ax.figure
 
 
-def model_diagram(cfg: ModelConfig) -> Figure:
+def model_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
     """The whole model left to right: embedding, the stack as a strip of token-mixer kinds
-    over a strip of FFN kinds, the final norm and the output head."""
-    fig, ax = plt.subplots(figsize=(9.0, 2.9))
+    over a strip of FFN kinds, the final norm and the output head (into ``ax`` if given)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9.0, 2.9))
     n = cfg.n_layers
     strip = 6.0
     cell = strip / n
@@ -252,4 +257,4 @@ def model_diagram(cfg: ModelConfig) -> Figure:
     ax.set_xlim(-2.5, strip + 3.5)
     ax.set_ylim(-0.75, 1.4)
     ax.set_axis_off()
-    return fig
+    return ax.figure
