@@ -139,7 +139,8 @@ for layer in (LSTM(16, 24), GRU(16, 24)):
         for a, b in zip(grads["reference"], grads["torch"], strict=True)
     )
     print(
-        f"{type(layer).__name__}: max |Δ output| < 1e-5: {err_out < 1e-5}, |Δ grad| < 1e-4: {err_grad < 1e-4}"
+        f"{type(layer).__name__}: max |Δ output| < 1e-5: {err_out < 1e-5}, "
+        f"|Δ grad| < 1e-4: {err_grad < 1e-4}"
     )
     assert err_out < 1e-5 and err_grad < 1e-4
 
@@ -372,7 +373,8 @@ plt.show()
 
 # %%
 def gradient_reach(layer, n_steps: int = 128, width: int = 64) -> np.ndarray:
-    """Mean ‖∂loss/∂x_t‖ against the distance d = T - 1 - t from the scored last position."""
+    """Mean ‖∂loss/∂x_t‖ against the distance d = T - 1 - t from the scored last
+    position."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(
         16, n_steps, width, generator=gen, dtype=torch.float64
@@ -406,10 +408,8 @@ factor = {
     name: np.exp(np.polyfit(range(1, 65), np.log(g[1:65]), 1)[0])
     for name, g in reach.items()
 }
-print(
-    "average factor per step over d = 1..64:",
-    {k: round(float(v), 2) for k, v in factor.items()},
-)
+print("average factor per step over d = 1..64:")
+print("  " + "; ".join(f"{k} {round(float(v), 2)}" for k, v in factor.items()))
 
 # %%
 span = {name: g[1] / g[127] for name, g in reach.items()}  # decay from d = 1 to d = 127
@@ -501,7 +501,8 @@ def accuracy_by_distance(model: torch.nn.Module) -> list[float]:
 def train_on_recall(
     model: torch.nn.Module, seed: int = 0
 ) -> tuple[list[list[float]], list[float]]:
-    """Train with the shared budget; return accuracy snapshots (10 + the start) and losses."""
+    """Train with the shared budget; return accuracy snapshots (10 + the start) and
+    losses."""
     gen = torch.Generator().manual_seed(seed)
     snaps = [accuracy_by_distance(model)]
 
@@ -541,7 +542,8 @@ print(f"{'Transformer':>10}" + "".join(f"{a:>6.2f}" for a in acc_tf))
 print(f"{'LSTM':>10}" + "".join(f"{a:>6.2f}" for a in acc_lstm))
 mastered = [i for i, snap in enumerate(snaps_tf) if min(snap) > 0.9]
 print(
-    f"the Transformer was above 0.9 at every distance after {STEPS // 10 * mastered[0]} steps"
+    "the Transformer was above 0.9 at every distance after "
+    f"{STEPS // 10 * mastered[0]} steps"
 )
 
 # %%
@@ -555,7 +557,8 @@ assert (
     acc_lstm[:3].mean() - acc_lstm[far].mean()
 ) > 0.2  # its accuracy falls with distance
 print(
-    f"chance {chance:.3f}; LSTM at d ≥ 64: {acc_lstm[far].mean():.2f}; Transformer: {acc_tf[far].min():.2f}"
+    f"chance {chance:.3f}; LSTM at d ≥ 64: {acc_lstm[far].mean():.2f}; "
+    f"Transformer: {acc_tf[far].min():.2f}"
 )
 
 # %% [markdown]
@@ -663,7 +666,8 @@ word_acc = (logits.argmax(-1) == tgt_out).float().mean().item()
 hits = (align.argmax(-1) == mirror).float().mean().item()
 mass = align[:, torch.arange(REV_LEN), mirror].mean().item()
 print(
-    f"reversal accuracy {word_acc:.2f}; largest weight on the mirrored position: {hits:.2f}"
+    f"reversal accuracy {word_acc:.2f}; "
+    f"largest weight on the mirrored position: {hits:.2f}"
 )
 print(f"average weight on it: {mass:.2f} (uniform would be {1 / REV_LEN:.2f})")
 assert word_acc > 0.95 and hits > 0.9 and mass > 3 / REV_LEN

@@ -105,7 +105,7 @@ bpe = load_bpe()
 sentence = "To be, or not to be, that is the question"
 ids = bpe.encode(sentence)
 pieces = [p.replace("Ġ", "·") for p in bpe.tokens(sentence)]
-print(len(ids), "tokens:", pieces)
+print(len(ids), "tokens:", " | ".join(pieces))
 print("ids:", ids)
 assert bpe.decode(ids) == sentence
 
@@ -208,11 +208,13 @@ for d_k in [4, 16, 64, 256, 1024]:
             }
         )
 print(
-    f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} {'median ‖∂p/∂s‖':>15}"
+    f"{'d_k':>5} {'scaled':>7} {'std(score)':>11} {'max weight':>11} "
+    f"{'median ‖∂p/∂s‖':>15}"
 )
 for r in rows:
     print(
-        f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} {r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}"
+        f"{r['d_k']:>5} {r['scaled']!s:>7} {r['score_std']:>11.2f} "
+        f"{r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}"
     )
 
 # %%
@@ -367,7 +369,8 @@ hist = train(
 unigram = torch.bincount(train_ids, minlength=chars.vocab_size).float() / len(train_ids)
 unigram_loss = -(unigram[val_ids] + 1e-12).log().mean().item()
 print(
-    f"validation loss {hist.eval_loss[-1]:.2f} nats/char; unigram baseline {unigram_loss:.2f}"
+    f"validation loss {hist.eval_loss[-1]:.2f} nats/char; "
+    f"unigram baseline {unigram_loss:.2f}"
 )
 assert (
     hist.eval_loss[-1] < unigram_loss - 0.8
@@ -443,17 +446,17 @@ assert max(look_back) > 3 * min(
 assert max(prev_weight) > 0.3  # at least one head leans on the previous character
 
 # %% [markdown]
-# For live exploration in Jupyter, pick any layer and head (in the static book the controls
-# are shown but need a running kernel):
+# Each head up close, on the line the training animation used. In Jupyter, the sliders
+# below pick any layer and head (they need a running kernel); the animation below steps
+# through every head, layer by layer.
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-# (nbval's kernel shows the widget's figure outside the widget; Jupyter does not)
-import ipywidgets as widgets  # noqa: E402
+n_layers, n_heads = len(maps), maps[0].shape[1]
 
 
-def show_head(layer: int = 2, head: int = 1) -> None:
-    fig, ax = plt.subplots(figsize=(4.6, 3.9))
+def draw_head(ax, layer: int, head: int) -> None:
+    """Head ``head`` of layer ``layer`` (both counted from 1) on the probe line."""
+    ax.clear()
     heatmap(
         ax,
         maps[layer - 1][0, head - 1].cpu().numpy(),
@@ -461,11 +464,35 @@ def show_head(layer: int = 2, head: int = 1) -> None:
         line_chars,
         title=f"layer {layer} · head {head}",
     )
+
+
+# %% tags=["remove-cell"]
+# NBVAL_IGNORE_OUTPUT
+# (nbval's kernel shows the widget's figure outside the widget; Jupyter does not)
+import ipywidgets as widgets  # noqa: E402
+
+
+def show_head(layer: int = 2, head: int = 1) -> None:
+    fig, ax = plt.subplots(figsize=(4.6, 3.9))
+    draw_head(ax, layer, head)
     plt.show()
 
 
 widgets.interactive(
-    show_head, layer=widgets.IntSlider(2, 1, 2), head=widgets.IntSlider(1, 1, 4)
+    show_head,
+    layer=widgets.IntSlider(2, 1, n_layers),
+    head=widgets.IntSlider(1, 1, n_heads),
+)
+
+# %%
+# every (layer, head) the sliders offer, in order
+head_frames = [(la, h) for la in range(1, n_layers + 1) for h in range(1, n_heads + 1)]
+assert len(set(head_frames)) == len(head_frames) == 8  # 2 layers × 4 heads, each once
+fig, ax = plt.subplots(figsize=(4.6, 3.9))
+HTML(
+    animate(
+        fig, lambda i: draw_head(ax, *head_frames[i]), len(head_frames), interval_ms=900
+    )
 )
 
 # %% [markdown]
@@ -560,10 +587,8 @@ final_m, final_l = trace[-1]
 assert torch.allclose(
     torch.exp(row.double() - final_m) / final_l, torch.softmax(row.double(), dim=0)
 )
-print(
-    "running (max, sum) after each block:",
-    [(round(m, 2), round(s, 2)) for m, s in trace],
-)
+print("running (max, sum) after each block:")
+print([(round(m, 2), round(s, 2)) for m, s in trace])
 
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 true_p = torch.softmax(row, dim=0).numpy()
@@ -636,7 +661,8 @@ for name in ("sdpa", "tiled"):
         for a, b in zip(results[name][1], results["reference"][1], strict=True)
     )
     print(
-        f"{name:>6} vs reference: max |Δ output| < 1e-5: {err_o < 1e-5}, max |Δ grad| < 1e-4: {err_g < 1e-4}"
+        f"{name:>6} vs reference: max |Δ output| < 1e-5: {err_o < 1e-5}, "
+        f"max |Δ grad| < 1e-4: {err_g < 1e-4}"
     )
     assert err_o < 1e-5 and err_g < 1e-4
 

@@ -89,11 +89,12 @@ from companion.training import (
     train,
 )
 
-FULL = False  # True: a wider, deeper model trained longer, with the paper's dropout (use a GPU)
+# True: a wider, deeper model trained longer, with the paper's dropout (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# One thread: with matrices this small a second thread costs more in synchronisation than
-# it saves, and it makes the run crawl when other programs share the CPU.
+# One thread: with matrices this small a second thread costs more in synchronisation
+# than it saves, and it makes the run crawl when other programs share the CPU.
 torch.set_num_threads(1)
 print(describe(DEVICE))
 
@@ -190,7 +191,8 @@ ex = example.to(DEVICE)
 with torch.no_grad():
     logits0 = model(ex.src, ex.tgt_in, ex.src_mask)
 print(
-    f"‖E[token]‖ ≈ {token_norm:.2f}, ‖√d·E[token]‖ ≈ {scaled_norm:.1f}, ‖PE[pos]‖ = {pe_norm[0]:.2f}"
+    f"‖E[token]‖ ≈ {token_norm:.2f}, ‖√d·E[token]‖ ≈ {scaled_norm:.1f}, "
+    f"‖PE[pos]‖ = {pe_norm[0]:.2f}"
 )
 print(f"std of the initial logits: {logits0.std().item():.2f}")
 assert torch.allclose(pe_norm, torch.full_like(pe_norm, math.sqrt(d / 2)))
@@ -359,7 +361,8 @@ loss_at_q = label_smoothed_cross_entropy(z, torch.tensor([5]), 0.1)
 entropy = -(q * q.log()).sum()
 assert torch.isclose(loss_at_q, entropy) and grad.abs().max() < 1e-6
 print(
-    f"optimum: p(right word) = 0.9; loss there = H(q) = {entropy.item():.3f} nats, not 0"
+    "optimum: p(right word) = 0.9; "
+    f"loss there = H(q) = {entropy.item():.3f} nats, not 0"
 )
 
 # %% [markdown]
@@ -466,7 +469,8 @@ beam = beam_search(model, test.src, test.src_mask, beam_size=4, alpha=0.6, **com
 em_greedy = task.exact_match(greedy.tokens.cpu(), test_nums).float().mean().item()
 em_beam = task.exact_match(beam.tokens.cpu(), test_nums).float().mean().item()
 print(
-    f"held-out exact match: greedy {em_greedy:.3f}, beam search (K=4, α=0.6) {em_beam:.3f}"
+    f"held-out exact match: greedy {em_greedy:.3f}, "
+    f"beam search (K=4, α=0.6) {em_beam:.3f}"
 )
 assert em_greedy == sequence_accuracy(
     model
@@ -533,7 +537,7 @@ for name, m in (("smoothed", model), ("plain", model_ce)):
     calib[name] = dict(conf=conf, correct=correct, nll=nll, rows=rows, ece=ece)
     print(
         f"{name:>8}: token accuracy {correct.float().mean():.3f}, mean confidence "
-        f"{conf.mean():.3f}, ECE {ece:.3f}, test NLL {nll:.3f} nats/token"
+        f"{conf.mean():.3f}, ECE {ece:.3f}, NLL {nll:.3f} nats/token"
     )
 
 # %%
@@ -661,9 +665,10 @@ for i, n in enumerate(test_nums.tolist()):
             chance.append(len(at) / len(str(n)))
 share = [float(np.mean(x)) for x in on_digit]
 print(
-    f"weight on the digits being translated: block 1 {share[0]:.2f}, block 2 {share[1]:.2f}; "
-    f"their share of the source {np.mean(chance):.2f}"
+    "weight on the digits being translated: "
+    f"block 1 {share[0]:.2f}, block 2 {share[1]:.2f};"
 )
+print(f"their share of the source {np.mean(chance):.2f}")
 assert share[-1] > 0.7 and share[-1] > 3 * np.mean(chance) and share[0] < share[-1]
 
 # %% [markdown]
@@ -728,8 +733,12 @@ for u in show.values():
     promo = ", ".join(vocab.tokens[t] for t in values[u].topk(3).indices)
     print(f"{u:>4} {purity[u]:>7.2f}  {ctx:<30}  {promo}")
 print(
-    f"median purity {purity.median():.2f} (random positions: {chance_purity.median():.2f}); "
-    f"value's top word = the usual next word for {agree:.0%} of units (chance {1 / V:.0%})"
+    f"median purity {purity.median():.2f} "
+    f"(random positions: {chance_purity.median():.2f});"
+)
+print(
+    f"value's top word = the usual next word for {agree:.0%} of units "
+    f"(chance {1 / V:.0%})"
 )
 assert purity.median() > 2 * chance_purity.median()
 assert agree > 5 / V
@@ -802,7 +811,8 @@ with torch.device("meta"):
         transformer_base_config(tie_embeddings=False)
     ).num_params()
 print(
-    f"with a separate output projection: {untied / 1e6:.1f}M (+{(untied - total) / 1e6:.1f}M)"
+    f"with a separate output projection: {untied / 1e6:.1f}M "
+    f"(+{(untied - total) / 1e6:.1f}M)"
 )
 assert untied - total == v_b * d_b
 

@@ -52,6 +52,7 @@ pin_cpu_path()
 # %%
 import inspect
 import os
+import textwrap
 from itertools import pairwise
 
 import matplotlib.pyplot as plt
@@ -105,14 +106,16 @@ os.environ.setdefault(
 FULL = False  # True: longer contexts, wider models, more steps (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
-# several times faster when other programs share the cores (two threads wait on each other).
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine,
+# and several times faster when other programs share the cores (two threads wait on each
+# other).
 torch.set_num_threads(1)
 print(describe(DEVICE))
 
 
 def plain_log_ticks(ax: plt.Axes) -> None:
-    """Log axes over less than a decade: label the y ticks as plain numbers, drop x minor labels."""
+    """Log axes over less than a decade: label the y ticks as plain numbers, drop x
+    minor labels."""
     ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f"))
     ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f"))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -162,7 +165,8 @@ frac = {
 }
 print({k: round(v, 2) for k, v in frac.items()})
 assert abs(frac["selected"] - 0.15) < 0.002 and abs(frac["[MASK]"] - 0.80) < 0.005
-# a random replacement can hit the original character by chance, so "unchanged" gets a little more
+# a random replacement can hit the original character by chance, so "unchanged" gets a
+# little more
 assert abs(frac["random"] - 0.10) < 0.005 and abs(frac["unchanged"] - 0.10) < 0.01
 line = "To be, or not to be, that is the question"
 ids_line = torch.tensor(chars.encode(line))
@@ -190,7 +194,8 @@ LR = 1e-2
 
 
 def trunk(d_model: int) -> ModelConfig:
-    """The chapter's model family: 2 Pre-LN blocks, heads of width 16, 2017-style positions."""
+    """The chapter's model family: 2 Pre-LN blocks, heads of width 16, 2017-style
+    positions."""
     return ModelConfig(
         vocab_size=V + 1,
         d_model=d_model,
@@ -251,7 +256,8 @@ seed_everything(0)
 mlm_curve = train_model(mlm, "mlm")
 gpt_curve = train_model(gpt, "next-token")
 print(
-    f"final training loss: MLM {np.mean(mlm_curve[-50:]):.2f}, GPT {np.mean(gpt_curve[-50:]):.2f} nats/char"
+    f"final training loss: MLM {np.mean(mlm_curve[-50:]):.2f}, "
+    f"GPT {np.mean(gpt_curve[-50:]):.2f} nats/char"
 )
 
 # %% [markdown]
@@ -347,8 +353,8 @@ with torch.no_grad():
     gpt_moved = (gpt(longer)[:, :n] - gpt(prompt)).abs().max().item()
     mlm_moved = (mlm(longer)[:, :n] - mlm(prompt)).abs().max().item()
 print(
-    f"appending one character moves the earlier outputs by: GPT < 1e-4: {gpt_moved < 1e-4}, "
-    f"MLM {mlm_moved:.1f}"
+    "appending one character moves the earlier outputs by: "
+    f"GPT < 1e-4: {gpt_moved < 1e-4}, MLM {mlm_moved:.1f}"
 )
 assert gpt_moved < 1e-4 and mlm_moved > 0.1
 
@@ -360,7 +366,8 @@ assert gpt_moved < 1e-4 and mlm_moved > 0.1
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (sampled text is the first thing to change if a float rounds differently on another CPU)
+# (sampled text is the first thing to change if a float rounds differently on another
+# CPU)
 @torch.no_grad()
 def mlm_continue(ids: torch.Tensor, n_new: int, gen: torch.Generator) -> torch.Tensor:
     for _ in range(n_new):
@@ -379,8 +386,15 @@ gpt_text = gpt.generate(
     prompt, 120, temperature=0.8, generator=torch.Generator(DEVICE).manual_seed(0)
 )
 mlm_text = mlm_continue(prompt, 120, torch.Generator().manual_seed(0))
-print("GPT:", chars.decode(gpt_text[0].cpu()))
-print("\nMLM:", chars.decode(mlm_text[0].cpu()))
+
+
+def wrap(text: str, width: int = 88) -> str:
+    """Break each line of a sample at spaces so that it fits the page."""
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
+
+
+print(wrap("GPT: " + chars.decode(gpt_text[0].cpu())))
+print(wrap("\nMLM: " + chars.decode(mlm_text[0].cpu())))
 
 # %% [markdown]
 # ### Watching the encoder fill blanks
@@ -409,7 +423,8 @@ with torch.no_grad():
 filled = chars.decode(state[0].cpu())
 n_right = sum(filled[h] == masked_line[h] for h in holes)
 print(
-    f"{masked_line!r} with {len(holes)} blanks -> {filled!r}: {n_right} of {len(holes)} recovered"
+    f"{masked_line!r} with {len(holes)} blanks -> {filled!r}: "
+    f"{n_right} of {len(holes)} recovered"
 )
 assert n_right >= 3
 
@@ -471,8 +486,9 @@ HTML(animate(fig, draw_fill, len(frames), interval_ms=900))
 encoder, tokenizer = load_minilm(device=DEVICE)
 c = encoder.cfg
 print(
-    f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.d_ff}, vocab {c.vocab_size}, "
-    f"{c.norm_placement}-LN, {encoder.num_params() / 1e6:.1f}M parameters"
+    f"{c.n_layers} layers, d={c.d_model}, {c.n_heads} heads, d_ff={c.d_ff}, "
+    f"vocab {c.vocab_size}, {c.norm_placement}-LN, "
+    f"{encoder.num_params() / 1e6:.1f}M parameters"
 )
 layer0 = {
     k: v
@@ -503,7 +519,7 @@ try:
     raise AssertionError("the converter accepted a broken checkpoint")
 except WeightConversionError as err:
     message = str(err)
-print(message)
+print(message.replace(": expected", ":\n      expected"))  # one line is too long
 for name in (
     "layer.3.attention.self.key.bias",
     "rotary.weight",
@@ -527,8 +543,9 @@ reference = SentenceTransformer(str(model_dir()), device=str(DEVICE))
 sentences = [
     "Hi.",
     "The quick brown fox jumps over the lazy dog.",
-    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-    "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.",
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to "
+    "suffer the slings and arrows of outrageous fortune, or to take arms against a sea "
+    "of troubles.",
     "Attention is all you need.",
     "Encoders read the whole sentence at once; decoders read it left to right.",
 ]
@@ -538,7 +555,8 @@ theirs = reference.encode(sentences, convert_to_tensor=True).to(ours.device)
 max_diff = (ours - theirs).abs().max().item()
 print(f"batch {tuple(ids.shape)}, real tokens per sentence {mask.sum(1).tolist()}")
 print(
-    f"embeddings {tuple(ours.shape)}; max |ours - sentence-transformers| < 1e-5: {max_diff < 1e-5}"
+    f"embeddings {tuple(ours.shape)}; "
+    f"max |ours - sentence-transformers| < 1e-5: {max_diff < 1e-5}"
 )
 assert ours.shape == (5, 384) and max_diff < 1e-5
 
@@ -614,9 +632,9 @@ assert scores_q.argmax().item() == 0 and scores_q[0] > scores_q.sort().values[-2
 
 # %%
 words = (
-    "king queen man woman prince princess boy girl father mother son daughter uncle aunt "
-    "husband wife brother sister lord lady emperor empress knight duke duchess monarch "
-    "throne crown palace castle sword horse"
+    "king queen man woman prince princess boy girl father mother son daughter uncle "
+    "aunt husband wife brother sister lord lady emperor empress knight duke duchess "
+    "monarch throne crown palace castle sword horse"
 ).split()
 W = embed(encoder, tokenizer, words)
 analogies = [
@@ -695,11 +713,13 @@ for n_layers, d, seq in [
         )
     )
 print(
-    f"{'L':>2} {'d':>4} {'T':>4} {'N (non-emb)':>12} {'FLOPs/token':>12} {'÷ 6N':>6} {'÷ full count':>13}"
+    f"{'L':>2} {'d':>4} {'T':>4} {'N (non-emb)':>12} {'FLOPs/token':>12} "
+    f"{'÷ 6N':>6} {'÷ full count':>13}"
 )
 for n_layers, d, seq, n, measured, r6, rf in flop_rows:
     print(
-        f"{n_layers:>2} {d:>4} {seq:>4} {n:>12,} {measured:>12.4g} {r6:>6.2f} {rf:>13.4f}"
+        f"{n_layers:>2} {d:>4} {seq:>4} {n:>12,} {measured:>12.4g} "
+        f"{r6:>6.2f} {rf:>13.4f}"
     )
 assert all(
     abs(r[-1] - 1) < 1e-3 for r in flop_rows
@@ -797,18 +817,21 @@ c_chin = training_compute(n_chin, d_chin)
 c_gopher = training_compute(280e9, 300e9)
 n_opt, d_opt = compute_optimal(c_gopher)
 print(
-    f"Chinchilla: 70B parameters × 20 = {d_chin / 1e12:.1f}T tokens, C = 6ND = {c_chin:.2e} FLOPs"
+    f"Chinchilla: 70B parameters × 20 = {d_chin / 1e12:.1f}T tokens, "
+    f"C = 6ND = {c_chin:.2e} FLOPs"
 )
 print(f"Gopher:     280B parameters, 0.3T tokens,     C = {c_gopher:.2e} FLOPs")
 print(
-    f"compute-optimal for Gopher's budget: N = {n_opt / 1e9:.0f}B, D = {d_opt / 1e12:.2f}T tokens"
+    f"compute-optimal for Gopher's budget: N = {n_opt / 1e9:.0f}B, "
+    f"D = {d_opt / 1e12:.2f}T tokens"
 )
 print(f"GPT-3 (175B on 0.3T tokens): {300e9 / 175e9:.1f} tokens per parameter")
 assert d_chin == 1.4e12
 assert abs(c_chin / c_gopher - 1) < 0.2  # about the same budget...
 assert 55e9 < n_opt < 75e9  # ...for which ~70B parameters, not 280B, is the right size
 print(
-    f"our sweep: {tokens_seen / 1e6:.1f}M tokens, {tokens_seen / max(n_params):.0f} to {tokens_seen / min(n_params):.0f} tokens per parameter"
+    f"our sweep: {tokens_seen / 1e6:.1f}M tokens, {tokens_seen / max(n_params):.0f} "
+    f"to {tokens_seen / min(n_params):.0f} tokens per parameter"
 )
 
 # %% [markdown]
@@ -862,7 +885,8 @@ print(
     "exact match, largest ÷ smallest model:", {k: round(g, 1) for k, g in gain.items()}
 )
 print(
-    f"per-character loss, smallest ÷ largest model: {per_char_loss[0] / per_char_loss[-1]:.2f}"
+    "per-character loss, smallest ÷ largest model: "
+    f"{per_char_loss[0] / per_char_loss[-1]:.2f}"
 )
 assert per_char_loss[0] / per_char_loss[-1] < 1.5  # the loss improves gently...
 assert all(
@@ -871,7 +895,8 @@ assert all(
 assert exact[8][0] < 1e-4 and exact[8][-1] > 1e-3  # and 8-character answers "appear"
 n_spans = span_exact_match(correct, 8, start=first, stride=1).numel()
 print(
-    f"8 characters in a row right: smallest model {round(exact[8][0] * n_spans)} times, "
+    "8 characters in a row right: "
+    f"smallest model {round(exact[8][0] * n_spans)} times, "
     f"largest {round(exact[8][-1] * n_spans)} times, in {n_spans:,} tries"
 )
 

@@ -84,7 +84,7 @@ from companion.ops.linear_attention import (
     parallel_linear_attention,
     recurrent_linear_attention,
 )
-from companion.plotting import PALETTE, animate, use_style
+from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.recall import RULES, recall_pairs, recall_read, recall_scores
 from companion.training import seed_everything
 
@@ -99,7 +99,8 @@ print(describe(DEVICE))
 def inputs(
     t: int, heads: int = 2, dim: int = 16, seed: int = 0, dtype=torch.float64
 ) -> dict:
-    """Random q, k, v (1, T, H, D), a log-decay g ≤ 0 and a write strength β in (0, 1)."""
+    """Random q, k, v (1, T, H, D), a log-decay g ≤ 0 and a write strength
+    β in (0, 1)."""
     gen = torch.Generator().manual_seed(seed)
     x = {n: torch.randn(1, t, heads, dim, generator=gen, dtype=dtype) for n in "qkv"}
     x["g"] = F.logsigmoid(torch.randn(1, t, heads, generator=gen, dtype=dtype) + 2)
@@ -467,10 +468,8 @@ assert 0.7 < acc["linear"][-1] < 0.8 and abs(acc["delta"][i_d] - 0.91) < 0.02
 assert 0.22 < acc["delta"][-1] < 0.32
 assert age["delta"][0] < 0.05 and age["delta"][1] > 0.85  # it forgets the oldest pairs
 assert all(0.65 < a < 0.85 for a in age["linear"])  # linear attention: all ages alike
-print(
-    "recall of the oldest / newest quarter at N = 256:",
-    {r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")},
-)
+print("recall of the oldest / newest quarter at N = 256:")
+print({r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")})
 
 # %% [markdown]
 # Softmax attention with the whole cache recalls every pair at every $N$: its error grows
@@ -533,7 +532,8 @@ for t in (1_024, 4_096, 32_768, 262_144):
     hybrid, full = kv_cache_bytes(qwen, t), kv_cache_bytes(all_full, t)
     assert hybrid == 77_266_944 + 24_576 * t and full == 98_304 * t
     print(
-        f"{t:>8,} | {hybrid / 2**20:>7.0f}MiB {kv_cache_bytes(qwen, 0) / hybrid:>14.1%} | "
+        f"{t:>8,} | {hybrid / 2**20:>7.0f}MiB "
+        f"{kv_cache_bytes(qwen, 0) / hybrid:>14.1%} | "
         f"{full / 2**20:>7.0f}MiB | {full / hybrid:.2f}"
     )
 assert kv_cache_bytes(qwen, 1048) == kv_cache_bytes(
@@ -553,10 +553,11 @@ assert kv_cache_bytes(all_full, 262_144) / kv_cache_bytes(qwen, 262_144) > 3.95
 # the 3:1 ratio gives in the limit.
 #
 # The step by step picture: every new token adds a row to each full layer's cache, while each
-# linear layer's state only changes its contents. Below, a 16×16 linear-attention state and
-# the key/value rows of a softmax layer of the same width, token by token.
+# linear layer's state only changes its contents. {numref}`fig-beyond-softmax` steps through
+# 16 tokens: a 16×16 linear-attention state next to the key/value rows of a softmax layer of
+# the same width.
 
-# %%
+# %% tags=["remove-output"]
 STEPS = 16
 xs = inputs(STEPS, heads=1, dim=16, seed=5)
 with torch.no_grad():
@@ -585,7 +586,28 @@ def draw_memory(step: int) -> None:
     fig.suptitle(f"after token {step + 1}: a fixed state vs a growing cache")
 
 
-HTML(animate(fig, draw_memory, STEPS, interval_ms=500))
+# the state keeps its size, changes with every token, and is all the layer reads:
+# the last token's output over the whole sequence (parallel form, no state) is
+# S^T q, with q scaled by 1/√D_k
+assert all(s.shape == (1, 1, 16, 16) for s in states)
+assert all(not torch.equal(a, b) for a, b in zip(states, states[1:], strict=False))
+with torch.no_grad():
+    o_all = parallel_linear_attention(*(xs[n] for n in "qkv"))[0]
+    read = states[-1][0, 0].T @ xs["q"][0, -1, 0] / math.sqrt(16)
+torch.testing.assert_close(o_all[0, -1, 0], read, rtol=1e-10, atol=1e-10)
+glue("fig-beyond-softmax", HTML(animate(fig, draw_memory, STEPS, interval_ms=500)))
+
+# %% [markdown]
+# ```{glue:figure} fig-beyond-softmax
+# :name: fig-beyond-softmax
+#
+# A fixed state against a growing cache, one frame per token. Left: the 16×16 state of one
+# linear-attention head, $S_t = S_{t-1} + k_t v_t^\top$, after token $t$. Its colours change
+# with every token but its size never does: 256 numbers at token 1 and at token 16. Right:
+# the keys and values a softmax layer of the same width caches, one row of 32 numbers per
+# token. Step through it and watch the right panel fill up row by row while the left one only
+# changes its contents: at token 8 the cache is as large as the state, after that larger.
+# ```
 
 # %% [markdown]
 # Finally the hybrid as a whole. `DecoderLM` accepts `"linear"` in `layer_types`: such a
@@ -614,7 +636,7 @@ with torch.no_grad():
     steps = [model(ids[:, :8], cache=cache)]
     steps += [model(ids[:, t : t + 1], cache=cache) for t in range(8, 24)]
 cached_logits = torch.cat(steps, dim=1)
-print("cache kinds:", [type(c).__name__ for c in cache.layers])
+print("cache kinds:", ", ".join(type(c).__name__ for c in cache.layers))
 cache_err = (cached_logits - full_logits).abs().max()
 print(f"max |cached − full| logit difference < 1e-6: {cache_err < 1e-6}")
 torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-6)

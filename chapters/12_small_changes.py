@@ -253,15 +253,16 @@ for name in ("smollm2-135m", "llama3-8b", "deepseek-v3"):
     tables = pc.breakdown["embedding"] + pc.breakdown["lm_head"]
     rows[name] = (pc.total, tables, cfg.tie_embeddings)
     print(
-        f"{name:<13} total {pc.total:>16,}  V·d {pc.breakdown['embedding']:>12,}  "
-        f"tied {str(cfg.tie_embeddings):<5}  tables {tables / pc.total:6.2%} of the model"
+        f"{name:<13} total {pc.total:>15,}  V·d {pc.breakdown['embedding']:>12,}  "
+        f"tied {str(cfg.tie_embeddings):<5}  tables {tables / pc.total:6.2%} of all"
     )
 assert rows["smollm2-135m"] == (134_515_008, 49_152 * 576, True)
 assert rows["llama3-8b"] == (8_030_261_248, 2 * 128_256 * 4096, False)
 assert rows["deepseek-v3"] == (671_026_419_200, 2 * 129_280 * 7168, False)
 untied_smol = count_params(preset("smollm2-135m").replace(tie_embeddings=False)).total
 print(
-    f"SmolLM2-135M untied would have {untied_smol:,} parameters (+{untied_smol / rows['smollm2-135m'][0] - 1:.0%})"
+    f"SmolLM2-135M untied would have {untied_smol:,} parameters "
+    f"(+{untied_smol / rows['smollm2-135m'][0] - 1:.0%})"
 )
 assert untied_smol - rows["smollm2-135m"][0] == 28_311_552
 assert (
@@ -437,9 +438,10 @@ for s in relevant:
     frames_no.append(torch.softmax(z, 0))
     frames_sink.append(torch.softmax(torch.cat([z, sink_logit]), 0))
 last_no, last_sink = frames_no[-1], frames_sink[-1]
+print(f"relevant score −5: no sink, irrelevant keys hold {1 - last_no[3]:.3f};")
 print(
-    f"relevant score −5: no sink, irrelevant keys hold {1 - last_no[3]:.3f}; "
-    f"with sink, real keys hold {last_sink[:8].sum():.3f}, the sink {last_sink[8]:.3f}"
+    f"{'':<19}with sink, real keys hold {last_sink[:8].sum():.3f}, "
+    f"the sink {last_sink[8]:.3f}"
 )
 assert 1 - last_no[3] > 0.99 and last_sink[:8].sum() < 0.75 and last_sink[8] > 0.25
 
@@ -511,8 +513,10 @@ with torch.no_grad():
     ref_plain = plain(x)
 print(
     f"gate closed: max |output| < 1e-10 · max |plain output|: "
-    f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};  "
-    f"gate open: max |gated - plain| < 1e-10: "
+    f"{outs['closed'].abs().max() < 1e-10 * ref_plain.abs().max()};"
+)
+print(
+    f"gate open:   max |gated - plain| < 1e-10: "
     f"{(outs['open'] - ref_plain).abs().max() < 1e-10}"
 )
 assert outs["closed"].abs().max() < 1e-10 * ref_plain.abs().max()
@@ -591,7 +595,8 @@ for lam in (0.0, 0.3):
     mtp.eval()
     with torch.no_grad():
         l1, l2 = mtp_losses(model, mtp, x_val.to(DEVICE), y_val.to(DEVICE))
-        # self-speculation: greedy text from the trunk, drafts of the token after next from MTP
+        # self-speculation: greedy text from the trunk, drafts of the token after next
+        # from MTP
         seq = model.generate(x_val[:16, :16].to(DEVICE), 48)
         h, _ = trunk_forward(model, seq)
         draft = mtp(model, h[:, :-1], seq[:, 1:]).argmax(
@@ -603,10 +608,12 @@ counts = np.bincount(train_ids.numpy(), minlength=chars.vocab_size) / len(train_
 unigram = float(-(np.log(counts[y_val.numpy()] + 1e-12)).mean())
 n_mtp = sum(p.numel() for p in mtp.parameters())
 print(
-    f"trunk {model.num_params():,} parameters, MTP module {n_mtp:,}; unigram loss {unigram:.2f}"
+    f"trunk {model.num_params():,} parameters, MTP module {n_mtp:,}; "
+    f"unigram loss {unigram:.2f}"
 )
 print(
-    f"{'λ':>4} {'next-token loss':>16} {'token-after-next loss':>22} {'drafts accepted':>16}"
+    f"{'λ':>4} {'next-token loss':>16} {'token-after-next loss':>22} "
+    f"{'drafts accepted':>16}"
 )
 for lam, (l1, l2, acc) in results.items():
     print(f"{lam:>4} {l1:>16.3f} {l2:>22.3f} {acc:>16.1%}")
@@ -665,10 +672,7 @@ qwen3_30b = preset("qwen3-235b-a22b").replace(
     n_experts=128,
     experts_per_token=8,
 )
-shape = {}
-print(
-    f"{'':<15}{'layers':>7}{'width':>7}{'total':>16}{'active':>15}{'active/layer':>14}{'GFLOP/token':>13}{'KV B/token':>12}"
-)
+shape, column = {}, {}
 for name, cfg_m in (("gpt-oss-20b", gpt_oss_20b), ("Qwen3-30B-A3B", qwen3_30b)):
     pc = count_params(cfg_m)
     per_layer = (
@@ -677,10 +681,28 @@ for name, cfg_m in (("gpt-oss-20b", gpt_oss_20b), ("Qwen3-30B-A3B", qwen3_30b)):
     flops = flops_per_token(cfg_m, 4096)
     kv = kv_cache_bytes_per_token(cfg_m)
     shape[name] = (pc.total, pc.active_without_embeddings, flops, kv)
-    print(
-        f"{name:<15}{cfg_m.n_layers:>7}{cfg_m.d_model:>7}{pc.total:>16,}{pc.active:>15,}"
-        f"{per_layer:>14,}{flops / 1e9:>13.1f}{kv:>12,}"
+    column[name] = (
+        f"{cfg_m.n_layers}",
+        f"{cfg_m.d_model}",
+        f"{pc.total:,}",
+        f"{pc.active:,}",
+        f"{per_layer:,}",
+        f"{flops / 1e9:.1f}",
+        f"{kv:,}",
     )
+quantities = (
+    "layers",
+    "width",
+    "total",
+    "active",
+    "active/layer",
+    "GFLOP/token",
+    "KV B/token",
+)
+# one column per model, one row per quantity
+print(f"{'':<13}" + "".join(f"{name:>16}" for name in column))
+for i, quantity in enumerate(quantities):
+    print(f"{quantity:<13}" + "".join(f"{col[i]:>16}" for col in column.values()))
 assert shape["gpt-oss-20b"] == (20_914_757_184, 3_608_307_264, 8_044_756_992, 49_152)
 assert shape["Qwen3-30B-A3B"] == (30_532_122_624, 3_041_867_776, 9_304_539_136, 98_304)
 assert (
@@ -694,7 +716,7 @@ assert (
 # %% [markdown]
 # The totals, 20.9 and 30.5 billion, are the model cards' {cite}`openai2025gptoss`
 # {cite}`yang2025qwen3`, and gpt-oss's 3.61 billion active parameters is our count without
-# the embedding table (the "active" column above includes it; model cards do not agree on
+# the embedding table (the "active" row above includes it; model cards do not agree on
 # that convention). So the deeper model holds half again as many parameters, but each of
 # its tokens touches fewer of them per layer: 57 million against 126 million. In
 # exchange it runs 48 layers one after the other. Each layer is a step that cannot start

@@ -61,11 +61,17 @@ from companion.analysis.calculator import (
     kv_cache_bytes,
     kv_cache_bytes_per_token,
 )
+from companion.analysis.calculator_page import (
+    calculator_html,
+    config_from_dials,
+    dial_values,
+    layer_period,
+)
 from companion.device import default_device, describe
 from companion.models.config import ModelConfig
 from companion.models.presets import PRESETS, preset, spec_row
 from companion.models.validation import ConfigError
-from companion.plotting import PALETTE, animate, use_style
+from companion.plotting import PALETTE, animate, glue, use_style
 from companion.training import seed_everything
 
 FULL = False  # nothing here trains: the switch only picks the device (all arithmetic)
@@ -164,7 +170,8 @@ omitted = 2 * V * d + (2 * L + 1) * d + router
 print(f"formula total {p_total_formula:>16,}   calc total  {pm.total:>16,}")
 print(f"formula active{p_active_formula:>16,}   calc active {pm.active:>16,}")
 print(
-    f"residual {residual_active:,} = embeddings {2 * V * d:,} + norms {(2 * L + 1) * d:,} "
+    f"residual {residual_active:,} = embeddings {2 * V * d:,} "
+    f"+ norms {(2 * L + 1) * d:,} "
     f"+ router {router:,}"
 )
 assert residual_active == residual_total == omitted == 263_458_816
@@ -189,7 +196,8 @@ L, d, d_h, n_q, n_kv, V = shapes(llama3)
 short = 2 * pc.active + 4 * L * n_q * d_h * s
 exact = flops_per_token(llama3, s)
 print(
-    f"short formula {short / 1e9:.2f} GFLOP, calc {exact / 1e9:.2f} GFLOP per token at s = {s:,}"
+    f"short formula {short / 1e9:.2f} GFLOP, "
+    f"calc {exact / 1e9:.2f} GFLOP per token at s = {s:,}"
 )
 assert short - exact == 2 * (V * d + pc.breakdown["norms"])
 assert round(short / exact - 1, 3) == 0.054
@@ -371,7 +379,11 @@ assert kib["qwen3-235b-a22b"] == 188  # 94 layers x 4 KV heads: the exception
 # both with 512 routed experts, and the 3:1 pattern of the two across its 48 layers.
 
 # %%
-from companion.analysis.diagrams import block_diagram, block_parts, model_diagram  # noqa: E402
+from companion.analysis.diagrams import (  # noqa: E402
+    block_diagram,
+    block_parts,
+    model_diagram,
+)
 
 qwen_next = preset("qwen3-next-80b-a3b")
 block_diagram(qwen_next)
@@ -411,12 +423,7 @@ def build(
     cfg = preset(name)
     changes: dict[str, object] = {"head_dim": cfg.head_dim}
     if layers is not None:
-        kinds = cfg.layer_types
-        period = next(
-            p
-            for p in range(1, len(kinds) + 1)
-            if all(kinds[i] == kinds[i % p] for i in range(len(kinds)))
-        )
+        kinds, period = cfg.layer_types, layer_period(cfg.layer_types)
         changes["n_layers"] = layers
         changes["layer_types"] = tuple(kinds[i % period] for i in range(layers))
     if width is not None:
@@ -442,7 +449,7 @@ def build(
 
 
 def report(cfg: ModelConfig, context: int) -> dict[str, float]:
-    """Print and return parameters, active parameters, KV cache and FLOPs/token of ``cfg``."""
+    """Print and return parameters, active parameters, KV cache, FLOPs/token."""
     pc = count_params(cfg)
     out = {
         "params_B": pc.total / 1e9,
@@ -452,7 +459,8 @@ def report(cfg: ModelConfig, context: int) -> dict[str, float]:
     }
     print(f"parameters   {out['params_B']:10.2f} B   (active {out['active_B']:.2f} B)")
     print(
-        f"KV cache     {out['kv_GiB']:10.2f} GiB at {context:,} tokens (bf16, one sequence)"
+        f"KV cache     {out['kv_GiB']:10.2f} GiB at {context:,} tokens "
+        "(bf16, one sequence)"
     )
     print(f"forward      {out['gflops_token']:10.2f} GFLOP per token at that context")
     return out
@@ -467,10 +475,41 @@ assert round(1 - mqa["gflops_token"] / base["gflops_token"], 2) == 0.02
 # %% [markdown]
 # At its 8k context one Llama 3 8B sequence caches exactly 1 GiB; with a single KV head
 # (multi-query attention) an eighth of that, for 235 million fewer parameters and 2% fewer
-# FLOPs. In Jupyter, the panel below turns the same dials (the
-# static book shows the controls, which need a running kernel):
+# FLOPs.
+#
+# {numref}`fig-calculator` turns every dial the formulas read, in the page itself: pick a
+# preset, then change the width, the heads, the experts, the latent ranks, the window or
+# the layer pattern (one letter per layer, `F` full, `S` sliding, `L` linear, repeated to
+# the depth as `build` repeats a preset's pattern). It is a small script written for the
+# page by `companion.analysis.calculator_page`, which repeats the calculator's arithmetic
+# in exact integers; the book's browser test sets every preset and random dials and
+# requires the page's five numbers to equal `companion.analysis.calculator`'s.
 
-# %%
+# %% tags=["remove-output"]
+
+# the dials describe each preset completely: read back, the same four numbers
+for name, cfg in PRESETS.items():
+    back = config_from_dials(dial_values(cfg))
+    assert count_params(back) == count_params(cfg), name
+    assert kv_cache_bytes(back, 8192) == kv_cache_bytes(cfg, 8192), name
+    assert flops_per_token(back, 8192) == flops_per_token(cfg, 8192), name
+glue("fig-calculator", HTML(calculator_html("llama3-8b")))
+
+# %% [markdown]
+# ```{glue:figure} fig-calculator
+# :name: fig-calculator
+#
+# The calculator with no kernel: a preset menu, one dial per configuration field that
+# the parameter, cache and FLOP counts read, and the five outputs (hover over a number
+# for its exact value). Dials the preset does not use (the MLA ranks of a GQA model, say)
+# start at 0.
+# ```
+
+# %% [markdown] tags=["remove-cell"]
+# In Jupyter, the panel below calls `build` and `report` themselves through ipywidgets
+# (the book leaves it out: it needs a running kernel).
+
+# %% tags=["remove-cell"]
 # NBVAL_IGNORE_OUTPUT
 import ipywidgets as widgets  # noqa: E402
 
@@ -579,7 +618,8 @@ for name, tokens in budgets.items():
     compute[name] = 6 * pc.active * tokens
     naive = 6 * pc.total * tokens
     print(
-        f"{RELEASED[name][0]:<12} 6·N_active·D = {compute[name]:.2e} FLOPs   (with N_total: {naive:.2e})"
+        f"{RELEASED[name][0]:<12} 6·N_active·D = {compute[name]:.2e} FLOPs   "
+        f"(with N_total: {naive:.2e})"
     )
 assert f"{compute['llama3-8b']:.2e}" == "7.23e+23"
 assert f"{compute['deepseek-v3']:.2e}" == "3.33e+24"

@@ -51,6 +51,8 @@ pin_cpu_path()
 
 # %%
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -62,10 +64,11 @@ from companion.analysis.calculator import (
     kv_cache_bytes,
     kv_cache_bytes_per_token,
 )
+from companion.analysis.diagrams import block_diagram
 from companion.device import default_device, describe
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.plotting import PALETTE, animate, use_style
+from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.text import (
     CharTokenizer,
     load_shakespeare,
@@ -115,10 +118,10 @@ base = ModelConfig(
     tie_embeddings=True,
     init_std=0.1,
 )
-print(base)
+print(textwrap.fill(repr(base), 88, subsequent_indent="    "))
 
 # %% [markdown]
-# ## Eleven changes
+# ## Thirteen changes
 #
 # Each entry below is one organ transplant: a name, the chapter that argued for it, and the
 # fields it changes. Some changes need more than one field (SwiGLU changes the FFN kind, its
@@ -143,6 +146,10 @@ print(base)
 #   {cite}`gemmateam2025gemma3` (chapter 9);
 # - **MoE**: each FFN becomes 8 experts of width $d/2$, two per token
 #   {cite}`shazeer2017outrageously` (chapter 10);
+# - **shared expert**: one more expert of width $d/2$ that every token passes through, with
+#   a sigmoid gate as in Qwen3-Next {cite}`dai2024deepseekmoe` (chapter 10);
+# - **output gate**: a sigmoid gate on each attention head's output, Qwen3-Next's gated
+#   attention {cite}`qiu2025gated` (chapter 12);
 # - **Gated DeltaNet 3:1**: three linear-attention layers for each full one, as in Qwen3-Next
 #   {cite}`yang2024gated` {cite}`qwen3next` (chapter 11).
 
@@ -161,6 +168,8 @@ MORPH = [  # (name, fields changed)
         {"sliding_window": 16, "layer_types": ("sliding",) * 3 + ("full",)},
     ),
     ("MoE", {"n_experts": 8, "experts_per_token": 2, "expert_d_ff": D // 2}),
+    ("shared expert", {"shared_d_ff": D // 2, "shared_expert_gate": True}),
+    ("output gate", {"attn_output_gate": True}),
     (
         "DeltaNet 3:1",
         {
@@ -173,9 +182,35 @@ MORPH = [  # (name, fields changed)
         },
     ),
 ]
-if FULL:  # 8 layers: keep the 3:1 patterns
-    MORPH[8][1]["layer_types"] = (("sliding",) * 3 + ("full",)) * 2
-    MORPH[10][1]["layer_types"] = (("linear",) * 3 + ("full",)) * 2
+if FULL:  # 8 layers: keep the 3:1 patterns (by_name holds MORPH's own dicts)
+    by_name = dict(MORPH)
+    by_name["sliding 3:1"]["layer_types"] = (("sliding",) * 3 + ("full",)) * 2
+    by_name["DeltaNet 3:1"]["layer_types"] = (("linear",) * 3 + ("full",)) * 2
+# the component of the block each field belongs to: a step must change one
+COMPONENT = {
+    "norm_placement": "norm",
+    "norm": "norm",
+    "dropout": "dropout",
+    "attn_dropout": "dropout",
+    "position": "position",
+    "scale_embeddings": "position",
+    "ffn": "FFN",
+    "activation": "FFN",
+    "d_ff": "FFN",
+    "bias": "biases",
+    "n_kv_heads": "KV heads",
+    "qk_norm": "QK-norm",
+    "sliding_window": "token mixers",
+    "layer_types": "token mixers",
+    "n_experts": "routed experts",
+    "experts_per_token": "routed experts",
+    "expert_d_ff": "routed experts",
+    "shared_d_ff": "shared expert",
+    "shared_expert_gate": "shared expert",
+    "attn_output_gate": "output gate",
+}
+COMPONENT |= {f"linear_{k}": "token mixers" for k in ("key_heads", "value_heads")}
+COMPONENT |= {f"linear_{k}": "token mixers" for k in ("key_dim", "value_dim")}
 
 names, configs = ["2017"], [base]
 for name, changes in MORPH:
@@ -184,23 +219,32 @@ for name, changes in MORPH:
 
 
 def changed_fields(a: ModelConfig, b: ModelConfig) -> dict[str, tuple]:
-    """The fields set differently in two configs: name -> (old, new), as the model uses them."""
+    """The fields set differently in two configs: name -> (old, new), as the model
+    uses them."""
     old, new = a.settings(), b.settings()
     return {k: (getattr(a, k), getattr(b, k)) for k in old if old[k] != new[k]}
 
 
+def shown(value: object) -> str:
+    """A field's value for the listing; a layer pattern as full/full/..."""
+    return "/".join(value) if isinstance(value, tuple) else repr(value)
+
+
+components = []
 for i, (name, changes) in enumerate(MORPH, start=1):
     diff = changed_fields(configs[i - 1], configs[i])
-    assert set(diff) == set(changes), (
-        name,
-        diff,
-    )  # exactly the intended fields, nothing else
-    shown = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in diff.items())
-    print(f"{i:>2} {name:<13} {shown}")
-assert len(configs) == 12
+    # exactly the intended fields, nothing else, and all of one component
+    assert set(diff) == set(changes), (name, diff)
+    (component,) = {COMPONENT[k] for k in diff}
+    components.append(component)
+    print(f"{i:>2} {name:<13} [{component}]")
+    for k, (old, new) in diff.items():
+        print(f"{'':>5}{k}: {shown(old)} → {shown(new)}")
+assert len(configs) == 14
 
 # %% [markdown]
-# Every line is exactly one step's diff, and the assert checks that nothing else moved.
+# Every entry is exactly one step's diff, and the asserts check that nothing else moved and
+# that each step changes the fields of one component of the block only.
 # `replace` builds a fresh config, so each one is validated again: a step that
 # produced an impossible model (say, sliding layers without a window) would fail right here.
 #
@@ -246,17 +290,17 @@ assert (first["total"], first["active"], first["kv_per_token"]) == (
     1_024,
 )
 assert first["flops"] == 4_597_248 and first["kv_context"] == 4_194_304
-assert (last["total"], last["active"], last["kv_per_token"]) == (266_664, 119_208, 64)
-assert last["flops"] == 1_304_064 and last["kv_context"] == 276_736
+assert (last["total"], last["active"], last["kv_per_token"]) == (295_592, 148_136, 64)
+assert last["flops"] == 1_361_920 and last["kv_context"] == 276_736
 assert (
     rows[7]["kv_per_token"] * 4 == rows[6]["kv_per_token"]
 )  # GQA 4 → 1 KV head: ¼ the cache
-assert round(last["total"] / first["total"], 2) == 1.30  # 30% more parameters
-assert round(last["active"] / first["active"], 2) == 0.58  # 58% of the active ones
+assert round(last["total"] / first["total"], 2) == 1.44  # 44% more parameters
+assert round(last["active"] / first["active"], 2) == 0.72  # 72% of the active ones
 assert (
     last["kv_per_token"] * 16 == first["kv_per_token"]
 )  # a sixteenth of the cache growth
-assert round(last["flops"] / first["flops"], 2) == 0.28  # 28% of the FLOPs at 4k
+assert round(last["flops"] / first["flops"], 2) == 0.30  # 30% of the FLOPs at 4k
 
 # %% [markdown]
 # Read the table column by column. Through the first seven steps the parameter count barely
@@ -266,15 +310,17 @@ assert round(last["flops"] / first["flops"], 2) == 0.28  # 28% of the FLOPs at 4
 # **sliding** layers leave the per-token growth alone while the context is short, but at 4,096
 # tokens three of the four layers keep only 16 positions: the cache falls from 1,024 KiB to
 # 259 KiB and the FLOPs per token to less than a third, since attention over 4,096 keys is
-# most of this small model's work. **MoE** is the one change that *adds* parameters (to
-# 245,184) while halving the active ones (97,728). The **Gated DeltaNet** hybrid removes the
-# per-token cache of three layers for good: 64 bytes per token, against a fixed state.
-# From first row to last: 30% more parameters, yet 58% of the 2017 model's active ones per
-# token, a sixteenth of the cache growth and 28% of the FLOPs at 4k context.
+# most of this small model's work. **MoE** adds parameters (to 245,184) while halving the
+# active ones (97,728). The **shared expert** and the **output gate** then add parameters
+# that every token uses (24,832 and 16,384: 138,944 active), and the **Gated DeltaNet**
+# hybrid removes the per-token cache of three layers for good: 64 bytes per token, against
+# a fixed state. From first row to last: 44% more parameters, yet 72% of the 2017 model's
+# active ones per token, a sixteenth of the cache growth and 30% of the FLOPs at 4k
+# context.
 #
 # ## Does the loss care?
 #
-# Now the experiment every chapter ended with, for all twelve models at once: the same seed,
+# Now the experiment every chapter ended with, for all fourteen models at once: the same seed,
 # the same character windows in the same order, the same AdamW and cosine schedule, the same
 # number of steps. The learning rate, $3\cdot10^{-3}$, is one the 2017 post-LN model can
 # survive (chapter 6 showed it training far worse at a higher rate without warmup).
@@ -332,10 +378,14 @@ assert (
 #
 # ## The morph, animated
 #
-# One frame per step: the four bars are the step's parameters (total and active), its cache
-# at 4k context, its FLOPs per token and its held-out loss, each relative to the 2017 model.
+# {numref}`fig-morph` puts the fourteen models in a row, one frame per step. On the left is
+# the block as `companion.block_diagram` draws it from that step's config, with one column
+# per kind of layer once the stack mixes kinds; on the right, the step's parameters (total
+# and active), its cache at 4k context, its FLOPs per token and its held-out loss, each
+# relative to the 2017 model. The title carries the step's change and the absolute numbers
+# of the table above.
 
-# %%
+# %% tags=["remove-output"]
 metrics = [
     ("params", "total"),
     ("active", "active"),
@@ -344,38 +394,109 @@ metrics = [
     ("loss", "loss"),
 ]
 ratios = np.array([[r[key] / rows[0][key] for _, key in metrics] for r in rows])
-fig, ax = plt.subplots(figsize=(6.4, 3.4))
 
 
-def draw(i: int) -> None:
+def diagram_limits() -> tuple[tuple[float, float], tuple[float, float]]:
+    """The extent that holds every step's diagram, so that the frames do not jump."""
+    scratch = plt.figure()
+    ax = scratch.add_subplot()
+    xs, ys = [], []
+    for cfg in configs:
+        ax.clear()
+        block_diagram(cfg, ax=ax)
+        xs += ax.get_xlim()
+        ys += ax.get_ylim()
+    plt.close(scratch)
+    return (min(xs), max(xs)), (min(ys), max(ys))
+
+
+XLIM, YLIM = diagram_limits()
+drawn = {}  # frame -> the texts its block diagram shows
+
+
+def step_title(i: int) -> str:
+    r = rows[i]
+    change = f"step {i}/{len(MORPH)}: {names[i]} ({components[i - 1]})"
+    return (
+        f"{change if i else 'the 2017 decoder'}\n"
+        f"{r['total']:,} params, {r['active']:,} active · "
+        f"KV {r['kv_per_token']:,} B/token · {r['flops'] / 1e6:.2f} MFLOP/token @4k"
+    )
+
+
+def draw_block(ax: plt.Axes, i: int) -> None:
     ax.clear()
-    ax.bar(range(len(metrics)), ratios[i], color=PALETTE[: len(metrics)])
-    ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xticks(range(len(metrics)), [label for label, _ in metrics])
-    ax.set_ylim(0, 1.5)
-    ax.set_ylabel("relative to 2017")
+    block_diagram(configs[i], ax=ax)
+    ax.set(xlim=XLIM, ylim=YLIM)
+    drawn[i] = [t.get_text() for t in ax.texts]
+
+
+fig, (ax_block, ax_bars) = plt.subplots(1, 2, figsize=(9, 5.6), width_ratios=[2.5, 1])
+
+
+def draw_morph(i: int) -> None:
+    draw_block(ax_block, i)
+    ax_bars.clear()
+    ax_bars.barh(range(len(metrics)), ratios[i], color=PALETTE[: len(metrics)])
+    ax_bars.axvline(1.0, color="black", lw=0.8, ls="--")
+    ax_bars.set_yticks(range(len(metrics)), [label for label, _ in metrics])
+    ax_bars.invert_yaxis()
+    ax_bars.set(xlim=(0, 1.75), xlabel="relative to 2017")
     for j, v in enumerate(ratios[i]):
-        ax.text(j, v + 0.03, f"{v:.2f}", ha="center", fontsize=8)
-    ax.set_title(f"step {i:>2}/{len(rows) - 1}: {names[i]}")
+        ax_bars.text(v + 0.03, j, f"{v:.2f}", va="center", fontsize=8)
+    fig.suptitle(step_title(i), fontsize=11)
 
 
-HTML(animate(fig, draw, frames=len(rows), interval_ms=900))
+glue("fig-morph", HTML(animate(fig, draw_morph, len(configs), interval_ms=1200)))
+# the same frames, smaller, for the book's first page
+fig_small, ax_small = plt.subplots(figsize=(5, 4.4))
 
-# %%
+
+def draw_small(i: int) -> None:
+    draw_block(ax_small, i)
+    ax_small.set_title(f"{i}/{len(MORPH)}: {names[i]}", fontsize=10)
+
+
+glue("fig-morph-small", HTML(animate(fig_small, draw_small, len(configs), 1200)))
+assert sorted(drawn) == list(range(len(configs)))  # a frame for every step
+# every step changes what the block diagram shows...
+assert all(drawn[i] != drawn[i - 1] for i in range(1, len(configs)))
+# ... from one column of full attention to the hybrid's two kinds of layer
+n_linear = configs[-1].layer_types.count("linear")
+assert f"all {LAYERS} layers" in drawn[0] and "Gated DeltaNet" not in drawn[0]
+assert f"{n_linear} of {LAYERS} layers: 0–2" in drawn[len(configs) - 1]
+assert f"{LAYERS - n_linear} of {LAYERS} layers: 3" in drawn[len(configs) - 1]
+assert "Gated DeltaNet" in drawn[len(configs) - 1]
 assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
+
+# %% [markdown]
+# ```{glue:figure} fig-morph
+# :name: fig-morph
+#
+# The 2017 decoder turned into a 2026 hybrid, one component per frame. Left: the block of
+# each step, drawn from its `ModelConfig` (the stream runs bottom to top, the residual path
+# on the left; one column per kind of layer). Right: parameters, active parameters, cache
+# at 4k context, FLOPs per token and held-out loss relative to the 2017 model (dashed line).
+# Watch the norm move in front of the sublayers (step 1), the FFN become SwiGLU (5), the
+# heads share one key/value head (7), the stack split into sliding and full layers (9),
+# the experts arrive (10, 11) and the sliding layers become Gated DeltaNet (13). The cache
+# and FLOPs bars fall at steps 7 and 9 and the parameters grow from step 10 on, while the
+# loss bar hardly moves after RoPE (4).
+# ```
 
 # %% [markdown]
 # ## Summary
 #
-# - The 2026 decoder is the 2017 decoder with eleven transplants; each is a few config
-#   fields, and a config diff shows exactly what moved.
+# - The 2026 decoder is the 2017 decoder with thirteen transplants; each is a few config
+#   fields of one component, and a config diff shows exactly what moved.
 # - Pre-LN, RMSNorm, RoPE, SwiGLU at $\tfrac83 d$ and dropping biases leave the size almost
 #   unchanged (−2% here): they were adopted for stability and simplicity (chapters 5-7).
 # - GQA, sliding windows and linear-attention hybrids attack the cache: from 1,024 to 64
 #   bytes per token here, a sixteenth (chapters 8, 9, 11).
-# - MoE decouples parameters from compute: the final model stores 30% more parameters than
-#   the 2017 one but uses 58% as many per token (chapter 10).
-# - On a small character model, the held-out loss of all twelve steps stays within a few
+# - MoE decouples parameters from compute: the final model, shared expert and output gates
+#   included, stores 44% more parameters than the 2017 one but uses 72% as many per token
+#   (chapters 10, 12).
+# - On a small character model, the held-out loss of all fourteen steps stays within a few
 #   tenths of the 2017 model: the book's arc is about **cost** (memory traffic, precision,
 #   FLOPs per token), not about a better next-token predictor.
 #
@@ -421,12 +542,12 @@ assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
 # four layers; the one full layer in four carries the long-range information (chapter 9).
 # ```
 #
-# 5. Add a twelfth step, untied embeddings (`tie_embeddings=False`), as in most 2026 models.
+# 5. Add a fourteenth step, untied embeddings (`tie_embeddings=False`), as in most 2026 models.
 #    How many parameters does it add, and what fraction of the final model is that?
 #
 # ```{admonition} Solution
 # :class: dropdown
-# It adds a second $V \times d$ matrix: $76 \cdot 64 = 4{,}864$ parameters, 1.8% of the
-# final 266,664. In a large model with a big vocabulary (Llama 3: 128,256 × 4,096 = 525M)
+# It adds a second $V \times d$ matrix: $76 \cdot 64 = 4{,}864$ parameters, 1.6% of the
+# final 295,592. In a large model with a big vocabulary (Llama 3: 128,256 × 4,096 = 525M)
 # it is still a few percent of the total.
 # ```

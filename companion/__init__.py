@@ -3,7 +3,8 @@
 The package is layered, each layer importing only the ones before it:
 
 - ``companion.device``, ``numerics``, ``checks``, ``plotting``, ``training``: the base;
-- :mod:`companion.ops`: functions on tensors (attention forms, masks, RoPE, linear attention);
+- :mod:`companion.ops`: functions on tensors (attention forms, masks, RoPE, linear
+  attention);
 - :mod:`companion.layers`: modules (attention, FFNs, experts, norms, caches, the block);
 - :mod:`companion.models`: the config, the builders and whole models, generation;
 - :mod:`companion.checkpoints`: real weights (transformers, SmolLM2, MiniLM);
@@ -11,11 +12,11 @@ The package is layered, each layer importing only the ones before it:
 - :mod:`companion.analysis`: the calculator, decode cost, diagnostics, scaling fits;
 - ``companion.bench``: the benchmarks (``python -m companion.bench``).
 
-Each module opens with the chapter that explains it. Every public name is also importable
-from here (``from companion import ModelConfig, DecoderLM, from_hf``), except the few names
-two modules share (IMPLS), which live in their modules. Importing the
-package loads nothing else: names are imported on first use, so
-``from companion.numerics import pin_cpu_path`` can run before torch loads.
+Each module opens with the chapter that explains it. Every public name is also
+importable from here (``from companion import ModelConfig, DecoderLM, from_hf``), except
+the few names two modules share (IMPLS), which live in their modules. Importing the
+package loads nothing else: names are imported on first use, so ``from
+companion.numerics import pin_cpu_path`` can run before torch loads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "flops_per_token", "gated_deltanet_params", "kv_cache_bytes",
         "kv_cache_bytes_per_token", "latent_attention_params", "ParamCount", "Tally",
         "tally_moe",
+    ),
+    "analysis.calculator_page": (
+        "calculator_html", "config_from_dials", "DIALS", "dial_values", "layer_period",
+        "USAGE",
     ),
     "analysis.decode_cost": (
         "arithmetic_intensity", "attainable_flops", "attended_pairs",
@@ -168,7 +173,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "key_tiles", "online_softmax_trace", "tile_scores", "tile_setup",
         "tiled_attention", "tiled_attention_forward",
     ),
-    "plotting": ("animate", "heatmap", "loglog_fit", "PALETTE", "use_style"),
+    "plotting": ("animate", "glue", "heatmap", "loglog_fit", "PALETTE", "use_style"),
     "tasks.products": (
         "exact_product_glu", "mse", "product_surface", "product_task", "RegressionHistory",
         "train_regression",

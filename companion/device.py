@@ -1,7 +1,8 @@
-"""Where tensors live: the one place that picks device and dtype (used by every chapter).
+"""Where tensors live: the one place that picks device and dtype (used by every
+chapter).
 
-Chapters call :func:`default_device` and :func:`default_dtype` once and pass the results on;
-nothing else in ``companion`` assumes CUDA.
+Chapters call :func:`default_device` and :func:`default_dtype` once and pass the results
+on; nothing else in ``companion`` assumes CUDA.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ def default_device(prefer: str | None = None) -> torch.device:
         if choice not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {choice!r}")
         if choice == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was requested but torch.cuda.is_available() is False")
+            raise RuntimeError(
+                "device 'cuda' was requested but torch.cuda.is_available() is False"
+            )
         if choice == "mps" and not torch.backends.mps.is_available():
-            raise RuntimeError("device 'mps' was requested but torch.backends.mps is not available")
+            raise RuntimeError(
+                "device 'mps' was requested but torch.backends.mps is not available"
+            )
         return torch.device(choice)
     if torch.cuda.is_available():
         return torch.device("cuda")
@@ -38,7 +43,8 @@ def default_device(prefer: str | None = None) -> torch.device:
 
 
 def bf16_supported(device: torch.device | str) -> bool:
-    """True where bfloat16 matmuls run natively (Ampere+ CUDA, recent MPS); False on CPU here."""
+    """True where bfloat16 matmuls run natively (Ampere+ CUDA, recent MPS); False on CPU
+    here."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()

@@ -1,7 +1,10 @@
-"""One look for every figure in the book (all chapters), and stepped figures as animations.
+"""One look for every figure in the book (all chapters), and stepped figures as
+animations.
 
 Call :func:`use_style` at the top of a chapter. :func:`animate` turns a drawing function
-into a self-contained ``to_jshtml()`` player that steps in the static HTML book.
+into a self-contained ``to_jshtml()`` player that steps in the static HTML book, and
+:func:`glue` shows an output and names it, so the book can paste it as a numbered
+figure.
 """
 
 from __future__ import annotations
@@ -15,10 +18,19 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["PALETTE", "animate", "heatmap", "loglog_fit", "use_style"]
+__all__ = ["PALETTE", "animate", "glue", "heatmap", "loglog_fit", "use_style"]
 
 # Colour-blind-safe (Okabe-Ito) palette, in the order lines are drawn.
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+PALETTE = [
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+]
 
 
 def use_style() -> None:
@@ -63,7 +75,9 @@ def heatmap(
     ax.set_title(title)
 
 
-def animate(fig: Figure, draw: Callable[[int], object], frames: int, interval_ms: int = 400) -> str:
+def animate(
+    fig: Figure, draw: Callable[[int], object], frames: int, interval_ms: int = 400
+) -> str:
     """Return the HTML of a ``to_jshtml()`` player calling ``draw(i)`` for each frame.
 
     The figure is closed afterwards so the notebook shows only the player. Display the
@@ -73,6 +87,24 @@ def animate(fig: Figure, draw: Callable[[int], object], frames: int, interval_ms
     html = anim.to_jshtml(default_mode="once")
     plt.close(fig)
     return html
+
+
+def glue(name: str, obj: object) -> None:
+    """Display ``obj`` and store its output under ``name`` for the book to paste.
+
+    This writes myst-nb's glue record (the display data with ``scrapbook`` metadata,
+    which ``{glue:figure}`` and ``{glue:any}`` read) without importing myst-nb, which a
+    Colab kernel does not have. Jupyter shows the output as usual; tag the cell
+    ``remove-output`` so the book shows only the pasted copy.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    bundle, metadata = format_display_data(obj)
+    metadata = {**metadata, "scrapbook": {"name": name, "mime_prefix": ""}}
+    display(bundle, metadata=metadata, raw=True)
 
 
 def loglog_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:

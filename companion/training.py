@@ -1,8 +1,9 @@
 """Training utilities shared by every chapter that trains a model (chapters 02-07).
 
 The pieces are small on purpose: an AdamW builder, two learning-rate schedules as plain
-functions of the step (so a chapter can plot them), label smoothing, a training loop with
-gradient clipping, an evaluation loop, seeding, and a progress bar that tests silence.
+functions of the step (so a chapter can plot them), label smoothing, a training loop
+with gradient clipping, an evaluation loop, seeding, and a progress bar that tests
+silence.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def progress(iterable: Iterable[T], **kwargs: object) -> Iterator[T]:
-    """A ``tqdm.auto`` bar, silenced when ``COMPANION_PROGRESS=0`` (tests, stored outputs)."""
+    """A ``tqdm.auto`` bar, silenced when ``COMPANION_PROGRESS=0`` (tests, stored
+    outputs)."""
     disable = os.environ.get("COMPANION_PROGRESS", "1") == "0"
     return iter(tqdm(iterable, disable=disable, **kwargs))  # type: ignore[call-overload]
 
@@ -71,13 +73,17 @@ def make_adamw(
 
 
 def inverse_sqrt_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
-    """The 2017 schedule: factor · d^-½ · min(s^-½, s · warmup^-1.5), with s = step + 1."""
+    """The 2017 schedule: factor · d^-½ · min(s^-½, s · warmup^-1.5), with s = step +
+    1."""
     s = step + 1
     return factor * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
 
 
-def cosine_lr(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
-    """Linear warmup to ``max_lr``, then a half cosine down to ``min_lr`` at ``total``."""
+def cosine_lr(
+    step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0
+) -> float:
+    """Linear warmup to ``max_lr``, then a half cosine down to ``min_lr`` at
+    ``total``."""
     if step < warmup:
         return max_lr * (step + 1) / warmup
     progress_frac = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -89,7 +95,8 @@ def label_smoothed_cross_entropy(
 ) -> Tensor:
     """Cross-entropy against (1 − ε) on the target and ε / (V − 1) on every other class.
 
-    ``logits (N, V)``, ``targets (N,)``; rows whose target is ``ignore_index`` are skipped.
+    ``logits (N, V)``, ``targets (N,)``; rows whose target is ``ignore_index`` are
+    skipped.
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
@@ -113,7 +120,8 @@ def lm_loss(model: nn.Module, x: Tensor, y: Tensor, smoothing: float = 0.0) -> T
 
 @dataclass
 class History:
-    """What :func:`train` records: training loss and lr per step, eval loss at eval steps."""
+    """What :func:`train` records: training loss and lr per step, eval loss at eval
+    steps."""
 
     step: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
@@ -134,7 +142,8 @@ def train(
     eval_every: int = 0,
     desc: str = "train",
 ) -> History:
-    """Run ``steps`` optimizer steps on ``get_batch(step)``; returns the :class:`History`.
+    """Run ``steps`` optimizer steps on ``get_batch(step)``; returns the
+    :class:`History`.
 
     ``lr_at(step)`` sets the learning rate before each step; ``clip`` bounds the global
     gradient norm; ``eval_fn`` runs every ``eval_every`` steps and after the last.
@@ -158,7 +167,9 @@ def train(
         hist.loss.append(loss.item())
         hist.lr.append(optimizer.param_groups[0]["lr"])
         last = step == steps - 1
-        if eval_fn is not None and (last or (eval_every and (step + 1) % eval_every == 0)):
+        if eval_fn is not None and (
+            last or (eval_every and (step + 1) % eval_every == 0)
+        ):
             hist.eval_step.append(step)
             hist.eval_loss.append(eval_fn())
             model.train()

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion.layers.additive_attention import AdditiveAttention, AttentionSeq2Seq, reversal_task
+from companion.layers.additive_attention import (
+    AdditiveAttention,
+    AttentionSeq2Seq,
+    reversal_task,
+)
 
 
 @pytest.fixture
@@ -16,7 +20,11 @@ def attn() -> AdditiveAttention:
 
 def test_weights_sum_to_one_and_context_is_their_average(attn):
     gen = torch.Generator().manual_seed(0)
-    s, h, v = torch.randn(3, 6, generator=gen), torch.randn(3, 7, 10, generator=gen), None
+    s, h, v = (
+        torch.randn(3, 6, generator=gen),
+        torch.randn(3, 7, 10, generator=gen),
+        None,
+    )
     ctx, w = attn(s, h, v)
     assert ctx.shape == (3, 10) and w.shape == (3, 7)
     torch.testing.assert_close(w.sum(-1), torch.ones(3))
@@ -24,14 +32,20 @@ def test_weights_sum_to_one_and_context_is_their_average(attn):
     # the written-out formula, pair by pair
     b, j = 2, 4
     want = attn.v(torch.tanh(attn.w_s(s[b]) + attn.w_h(h[b, j])))
-    scores = torch.stack([attn.v(torch.tanh(attn.w_s(s[b]) + attn.w_h(h[b, i]))) for i in range(7)])
+    scores = torch.stack(
+        [attn.v(torch.tanh(attn.w_s(s[b]) + attn.w_h(h[b, i]))) for i in range(7)]
+    )
     torch.testing.assert_close(w[b, j], torch.softmax(scores.squeeze(-1), 0)[j])
     assert want.shape == (1,)
 
 
 def test_separate_values_and_precomputed_keys(attn):
     gen = torch.Generator().manual_seed(1)
-    s, h, v = torch.randn(2, 6, generator=gen), torch.randn(2, 5, 10, generator=gen), None
+    s, h, v = (
+        torch.randn(2, 6, generator=gen),
+        torch.randn(2, 5, 10, generator=gen),
+        None,
+    )
     v = torch.randn(2, 5, 3, generator=gen)
     ctx, w = attn(s, h, v)
     ctx2, w2 = attn(s, h, v, projected_keys=attn.project_keys(h))

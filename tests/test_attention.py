@@ -10,7 +10,11 @@ import torch
 from companion.ops.attention import naive_attention, sdpa_attention
 from companion.ops.dispatch import IMPLS, attention
 from companion.ops.masks import padding_mask
-from companion.ops.tiled import online_softmax_trace, tiled_attention, tiled_attention_forward
+from companion.ops.tiled import (
+    online_softmax_trace,
+    tiled_attention,
+    tiled_attention_forward,
+)
 
 
 @dataclass(frozen=True)
@@ -23,7 +27,9 @@ class Case:
     d: int = 16
     dv: int = 16
     causal: bool = False
-    mask: str = "none"  # "none", "padding" (batch row 1 fully masked) or "random" (B, H, T, S)
+    mask: str = (
+        "none"  # "none", "padding" (batch row 1 fully masked) or "random" (B, H, T, S)
+    )
     block: int = 16
 
 
@@ -68,7 +74,13 @@ def run(impl: str, case: Case, qkv, mask, grad_out):
         out = sdpa_attention(q, k, v, mask=mask, causal=case.causal)
     else:
         out = tiled_attention(
-            q, k, v, mask=mask, causal=case.causal, block_q=case.block, block_k=case.block
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=case.causal,
+            block_q=case.block,
+            block_k=case.block,
         )
     out.backward(grad_out)
     return out.detach(), q.grad, k.grad, v.grad
@@ -88,7 +100,9 @@ def test_forward_and_backward_match_naive_fp32(case, impl):
     assert_all_close(run(impl, case, qkv, mask, grad_out), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.mask != "none"], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.mask != "none"], ids=lambda c: c.id
+)
 @pytest.mark.parametrize("impl", ["naive", "sdpa", "tiled"])
 def test_fully_masked_rows_output_zeros_with_zero_grads(case, impl):
     qkv, mask, grad_out = make_inputs(case)
@@ -131,9 +145,13 @@ def test_tiled_forward_returns_the_log_sum_exp():
 def test_tiled_respects_scale_and_broadcast_2d_mask():
     case = Case("2d-mask", 12, 12, block=5)
     (q, k, v), _, _ = make_inputs(case)
-    mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(1)) > 0.3  # (T, S)
+    mask = (
+        torch.rand(12, 12, generator=torch.Generator().manual_seed(1)) > 0.3
+    )  # (T, S)
     want = naive_attention(q, k, v, mask=mask, scale=0.3)
-    torch.testing.assert_close(tiled_attention(q, k, v, mask=mask, scale=0.3, block_q=5), want)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, mask=mask, scale=0.3, block_q=5), want
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -141,7 +159,9 @@ def test_attention_dispatches_by_name(impl):
     case = CASES[4]
     (q, k, v), _, _ = make_inputs(case)
     want = naive_attention(q, k, v, causal=False)
-    with torch.no_grad():  # flex has no CPU backward; the others are tested with gradients
+    with (
+        torch.no_grad()
+    ):  # flex has no CPU backward; the others are tested with gradients
         got = attention(q, k, v, impl=impl)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -158,8 +178,14 @@ BAD_INPUTS = {
     "k-D-mismatch": (_bad(k=torch.randn(1, 2, 6, 5)), r"q and k must share D"),
     "v-S-mismatch": (_bad(v=torch.randn(1, 2, 7, 8)), r"k and v must share S"),
     "mask-not-bool": (_bad(mask=torch.ones(4, 6)), r"^mask must be a bool"),
-    "mask-wrong-shape": (_bad(mask=torch.ones(3, 6, dtype=torch.bool)), r"^mask of shape"),
-    "mask-5d": (_bad(mask=torch.ones(1, 1, 2, 4, 6, dtype=torch.bool)), r"^mask of shape"),
+    "mask-wrong-shape": (
+        _bad(mask=torch.ones(3, 6, dtype=torch.bool)),
+        r"^mask of shape",
+    ),
+    "mask-5d": (
+        _bad(mask=torch.ones(1, 1, 2, 4, 6, dtype=torch.bool)),
+        r"^mask of shape",
+    ),
 }
 
 
@@ -210,13 +236,19 @@ def test_online_softmax_trace_ends_at_the_softmax(block):
     trace = online_softmax_trace(x, block)
     assert len(trace) == -(-16 // block)
     m, denom = trace[-1]
-    torch.testing.assert_close(torch.exp(x.double() - m) / denom, torch.softmax(x.double(), 0))
-    assert [t[0] for t in trace] == sorted(t[0] for t in trace)  # the running max never drops
+    torch.testing.assert_close(
+        torch.exp(x.double() - m) / denom, torch.softmax(x.double(), 0)
+    )
+    assert [t[0] for t in trace] == sorted(
+        t[0] for t in trace
+    )  # the running max never drops
     with pytest.raises(ValueError, match="block >= 1"):
         online_softmax_trace(x, 0)
 
 
-@pytest.mark.parametrize("impl", ["reference", "sdpa", "tiled"])  # flex: tests/test_flex.py
+@pytest.mark.parametrize(
+    "impl", ["reference", "sdpa", "tiled"]
+)  # flex: tests/test_flex.py
 @pytest.mark.parametrize("kv_heads", [1, 2, 6], ids=["mqa", "gqa", "mha"])
 def test_grouped_kv_heads_equal_repeated_heads(impl, kv_heads):
     from companion.ops.grouped import expand_kv

@@ -69,4 +69,7 @@ def test_decode_bench_on_a_tiny_llama():
     r = bench_decode(from_hf(hf), hf, ids, new_tokens=6, repeats=1)
     assert r["agreeing_tokens"] == 6 and r["companion_tps"] > 0 and r["bound_tps"] > 0
     table = format_decode(r)
-    assert "ratio companion/transformers" in table and "identical for the first 6 of 6" in table
+    assert (
+        "ratio companion/transformers" in table
+        and "identical for the first 6 of 6" in table
+    )

@@ -211,8 +211,12 @@ def test_kv_sliding_window_olmo3() -> None:
     olmo = preset("olmo3-32b")
     full = olmo.replace(layer_types=None, sliding_window=None)
     assert kv_cache_bytes(full, 65536) == 16 * GIB
-    assert kv_cache_bytes(olmo, 65536) == int(4.75 * GIB)  # 16 global + 48 capped layers
-    assert kv_cache_bytes(olmo, 4096) == kv_cache_bytes(full, 4096)  # windows not yet full
+    assert kv_cache_bytes(olmo, 65536) == int(
+        4.75 * GIB
+    )  # 16 global + 48 capped layers
+    assert kv_cache_bytes(olmo, 4096) == kv_cache_bytes(
+        full, 4096
+    )  # windows not yet full
 
 
 def test_kv_mistral_stops_growing_at_its_window() -> None:
@@ -224,7 +228,9 @@ def test_kv_mistral_stops_growing_at_its_window() -> None:
 
 def test_kv_linear_layers_hold_a_fixed_state() -> None:
     nxt = preset("qwen3-next-80b-a3b")
-    state = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2  # fp32 memory + conv tail
+    state = (
+        32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+    )  # fp32 memory + conv tail
     attention = 12 * 2 * 2 * 256 * 2  # 12 full layers, 2 KV heads of width 256, bf16
     assert kv_cache_bytes_per_token(nxt) == attention
     for tokens in (0, 1, 1000):
@@ -266,7 +272,9 @@ def test_flops_llama3() -> None:
 def test_flops_moe_use_active_weights_and_windows_cap() -> None:
     qwen = preset("qwen3-235b-a22b")
     pc = count_params(qwen)
-    no_matmul = pc.breakdown["embedding"] + pc.breakdown["norms"] + 94 * 2 * 128  # + QK-norms
+    no_matmul = (
+        pc.breakdown["embedding"] + pc.breakdown["norms"] + 94 * 2 * 128
+    )  # + QK-norms
     assert flops_per_token(qwen, 0) == 2 * (pc.active - no_matmul)
     mistral = preset("mistral-7b")
     assert flops_per_token(mistral, 100_000) == flops_per_token(mistral, 4096)
@@ -277,8 +285,12 @@ def test_flops_moe_use_active_weights_and_windows_cap() -> None:
 
 def test_flops_match_torch_flop_counter() -> None:
     cfg = tiny(
-        vocab_size=50, d_ff=48, tie_embeddings=False, attn_impl="reference",
-        max_seq_len=256, activation="gelu",
+        vocab_size=50,
+        d_ff=48,
+        tie_embeddings=False,
+        attn_impl="reference",
+        max_seq_len=256,
+        activation="gelu",
     )
     model = DecoderLM(cfg).eval()
     t = 8
@@ -316,9 +328,13 @@ def test_spec_rows() -> None:
     assert spec_row(preset("olmo3-32b"))["attention"] == "GQA 40:8, SWA 4096 at 3:1"
     assert spec_row(preset("gemma3-27b"))["attention"] == "GQA 32:16, SWA 1024 at 5:1"
     assert spec_row(preset("deepseek-v3"))["ffn"] == "MoE 256+1, top-8, SwiGLU 2048"
-    assert spec_row(preset("qwen3-next-80b-a3b"))["attention"].startswith("Gated DeltaNet")
+    assert spec_row(preset("qwen3-next-80b-a3b"))["attention"].startswith(
+        "Gated DeltaNet"
+    )
     assert spec_row(preset("gpt2"))["position"] == "learned absolute"
-    assert spec_row(preset("gpt-oss-120b"))["ffn"] == "MoE 128, top-4, clamped SwiGLU 2880"
+    assert (
+        spec_row(preset("gpt-oss-120b"))["ffn"] == "MoE 128, top-4, clamped SwiGLU 2880"
+    )
 
 
 @pytest.mark.parametrize(
@@ -332,7 +348,15 @@ def test_spec_rows() -> None:
         (lambda c: kv_cache_bytes_per_token(c, dtype_bytes=True), "dtype_bytes"),
         (lambda c: flops_per_token(c, -5), "context"),
     ],
-    ids=["neg-tokens", "float-tokens", "batch", "state-bytes", "dtype-bytes", "bool", "context"],
+    ids=[
+        "neg-tokens",
+        "float-tokens",
+        "batch",
+        "state-bytes",
+        "dtype-bytes",
+        "bool",
+        "context",
+    ],
 )
 def test_bad_input_is_named(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):

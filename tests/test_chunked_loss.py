@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from companion.analysis.peak_memory import PeakMemory
-from companion.ops.cross_entropy import chunked_cross_entropy, logits_bytes, naive_cross_entropy
+from companion.ops.cross_entropy import (
+    chunked_cross_entropy,
+    logits_bytes,
+    naive_cross_entropy,
+)
 
 
 def _data(n=37, d=16, v=101, seed=0, ignore=False):
@@ -40,12 +44,19 @@ def test_chunked_peak_memory_is_bounded_by_the_chunk():
         t.float() if t.is_floating_point() else t for t in _data(n=512, v=2000)
     )
     peaks = {}
-    for name, fn in (("naive", naive_cross_entropy), ("chunked", chunked_cross_entropy)):
+    for name, fn in (
+        ("naive", naive_cross_entropy),
+        ("chunked", chunked_cross_entropy),
+    ):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with PeakMemory("cpu") as pm:
-            fn(h, w, targets, **({"chunk_size": 32} if name == "chunked" else {})).backward()
+            fn(
+                h, w, targets, **({"chunk_size": 32} if name == "chunked" else {})
+            ).backward()
         peaks[name] = pm.peak_bytes
-    assert peaks["naive"] >= logits_bytes(1, 512, 2000)  # the full fp32 logits, at least once
+    assert peaks["naive"] >= logits_bytes(
+        1, 512, 2000
+    )  # the full fp32 logits, at least once
     assert peaks["chunked"] < logits_bytes(1, 512, 2000) / 4
 
 

@@ -8,20 +8,34 @@ from companion.models.validation import ConfigError
 from companion.ops.rope import RopeScaling
 
 BAD = [
-    pytest.param({"vocab_size": 0}, "vocab_size must be a positive integer", id="vocab-zero"),
-    pytest.param({"vocab_size": 3.5}, "vocab_size must be a positive integer", id="vocab-float"),
-    pytest.param({"d_model": -8}, "d_model must be a positive integer", id="d-negative"),
-    pytest.param({"n_layers": True}, "n_layers must be a positive integer", id="layers-bool"),
+    pytest.param(
+        {"vocab_size": 0}, "vocab_size must be a positive integer", id="vocab-zero"
+    ),
+    pytest.param(
+        {"vocab_size": 3.5}, "vocab_size must be a positive integer", id="vocab-float"
+    ),
+    pytest.param(
+        {"d_model": -8}, "d_model must be a positive integer", id="d-negative"
+    ),
+    pytest.param(
+        {"n_layers": True}, "n_layers must be a positive integer", id="layers-bool"
+    ),
     pytest.param(
         {"d_model": 100, "n_heads": 3},
         r"d_model \(100\) must be divisible by n_heads \(3\)",
         id="heads-divide",
     ),
     pytest.param({"d_ff": 0}, "d_ff must be a positive integer", id="dff-zero"),
-    pytest.param({"max_seq_len": 0}, "max_seq_len must be a positive integer", id="context-zero"),
-    pytest.param({"dropout": 1.0}, r"dropout must be a probability in \[0, 1\)", id="dropout-one"),
     pytest.param(
-        {"attn_dropout": -0.1}, "attn_dropout must be a probability", id="attn-dropout-neg"
+        {"max_seq_len": 0}, "max_seq_len must be a positive integer", id="context-zero"
+    ),
+    pytest.param(
+        {"dropout": 1.0}, r"dropout must be a probability in \[0, 1\)", id="dropout-one"
+    ),
+    pytest.param(
+        {"attn_dropout": -0.1},
+        "attn_dropout must be a probability",
+        id="attn-dropout-neg",
     ),
     pytest.param(
         {"norm": "rmsnorm2"},
@@ -50,10 +64,14 @@ BAD = [
     ),
     pytest.param({"fused_qkv": 1}, "fused_qkv must be True or False", id="fused-int"),
     pytest.param({"norm_eps": 0}, "norm_eps must be a positive number", id="eps-zero"),
-    pytest.param({"init_std": -1.0}, "init_std must be a positive number", id="init-std"),
+    pytest.param(
+        {"init_std": -1.0}, "init_std must be a positive number", id="init-std"
+    ),
     pytest.param({"ffn": "moe"}, r"ffn must be one of \('mlp', 'glu'\)", id="ffn"),
     pytest.param(
-        {"qk_norm": "layer"}, r"qk_norm must be one of \('none', 'head', 'full'\)", id="qk-norm"
+        {"qk_norm": "layer"},
+        r"qk_norm must be one of \('none', 'head', 'full'\)",
+        id="qk-norm",
     ),
     pytest.param(
         {"n_heads": 4, "n_kv_heads": 3},
@@ -61,7 +79,12 @@ BAD = [
         id="gqa-groups",
     ),
     pytest.param(
-        {"n_experts": 8, "experts_per_token": 3, "router_groups": 4, "router_topk_groups": 1},
+        {
+            "n_experts": 8,
+            "experts_per_token": 3,
+            "router_groups": 4,
+            "router_topk_groups": 1,
+        },
         r"experts_per_token <= router_topk_groups \* n_experts / router_groups",
         id="moe-groups",
     ),
@@ -70,7 +93,9 @@ BAD = [
         "router_groups must divide n_experts=8, got 3",
         id="moe-group-divide",
     ),
-    pytest.param({"n_kv_heads": 0}, "n_kv_heads must be a positive integer", id="kv-heads-zero"),
+    pytest.param(
+        {"n_kv_heads": 0}, "n_kv_heads must be a positive integer", id="kv-heads-zero"
+    ),
     pytest.param(
         {"n_layers": 2, "layer_types": ("full",)},
         "layer_types has 1 entries but n_layers is 2",
@@ -87,7 +112,9 @@ BAD = [
         id="sliding-no-window",
     ),
     pytest.param(
-        {"sliding_window": 0}, "sliding_window must be a positive integer", id="window-zero"
+        {"sliding_window": 0},
+        "sliding_window must be a positive integer",
+        id="window-zero",
     ),
     pytest.param(
         {"n_layers": 2, "nope_layers": (2,)},
@@ -100,7 +127,9 @@ BAD = [
         id="rope-dict",
     ),
     pytest.param(
-        {"n_layers": 2, "layer_types": ["full"] * 2}, "layer_types must be a tuple", id="list"
+        {"n_layers": 2, "layer_types": ["full"] * 2},
+        "layer_types must be a tuple",
+        id="list",
     ),
     pytest.param(
         {
@@ -119,7 +148,9 @@ BAD = [
         "rope settings: .* must be even",
         id="rope-odd",
     ),
-    pytest.param({"qkv_bias": 1}, "qkv_bias must be None, True or False", id="qkv-bias"),
+    pytest.param(
+        {"qkv_bias": 1}, "qkv_bias must be None, True or False", id="qkv-bias"
+    ),
     pytest.param({"head_dim": 0}, "head_dim must be a positive integer", id="head-dim"),
 ]
 
@@ -132,36 +163,60 @@ def test_bad_values_are_rejected_with_the_field_named(changes, message):
 
 def test_modern_derived_values():
     cfg = ModelConfig(
-        vocab_size=10, d_model=64, n_heads=8, n_kv_heads=2, head_dim=32, bias=False, qkv_bias=True
+        vocab_size=10,
+        d_model=64,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=32,
+        bias=False,
+        qkv_bias=True,
     )
     assert (cfg.head_dim, cfg.n_kv_heads, cfg.qkv_bias) == (32, 2, True)
-    assert ModelConfig(vocab_size=10, n_layers=3, sliding_window=8).layer_types == ("sliding",) * 3
+    assert (
+        ModelConfig(vocab_size=10, n_layers=3, sliding_window=8).layer_types
+        == ("sliding",) * 3
+    )
     assert ModelConfig(vocab_size=10, n_layers=2).layer_types == ("full", "full")
 
 
 def test_defaults_and_derived_values():
-    cfg = ModelConfig(vocab_size=10, d_model=64, n_heads=4, n_experts=4, experts_per_token=1)
-    assert (cfg.head_dim, cfg.d_ff, cfg.expert_d_ff, cfg.n_kv_heads) == (16, 256, 256, 4)
+    cfg = ModelConfig(
+        vocab_size=10, d_model=64, n_heads=4, n_experts=4, experts_per_token=1
+    )
+    assert (cfg.head_dim, cfg.d_ff, cfg.expert_d_ff, cfg.n_kv_heads) == (
+        16,
+        256,
+        256,
+        4,
+    )
     assert cfg.replace(d_ff=100).d_ff == 100
-    assert cfg.replace(d_ff=100).expert_d_ff == 100  # a field left None follows its source
+    assert (
+        cfg.replace(d_ff=100).expert_d_ff == 100
+    )  # a field left None follows its source
     wider = cfg.replace(d_model=128, n_heads=8)
     assert (wider.head_dim, wider.d_ff, wider.n_kv_heads) == (16, 512, 8)
     assert wider.replace(n_layers=3, sliding_window=4).layer_types == ("sliding",) * 3
     assert cfg.settings()["d_ff"] is None and ModelConfig(**cfg.settings()) == cfg
     pinned = ModelConfig(vocab_size=10, d_model=64, n_heads=4, d_ff=256, n_kv_heads=4)
-    assert pinned == cfg.replace(n_experts=0, experts_per_token=0)  # equal values, equal configs
-    assert pinned.replace(d_model=128, n_heads=8).d_ff == 256  # a value the user set stays
+    assert pinned == cfg.replace(
+        n_experts=0, experts_per_token=0
+    )  # equal values, equal configs
+    assert (
+        pinned.replace(d_model=128, n_heads=8).d_ff == 256
+    )  # a value the user set stays
     assert pinned.replace(d_model=128, n_heads=8).n_kv_heads == 4
 
 
 def test_configs_hash_and_mla_derives_its_head_width():
-    assert len({preset(name) for name in PRESETS} | {preset(name) for name in PRESETS}) == len(
-        PRESETS
-    )
+    assert len(
+        {preset(name) for name in PRESETS} | {preset(name) for name in PRESETS}
+    ) == len(PRESETS)
     deepseek = preset("deepseek-v3")
     assert deepseek.rope_dim == deepseek.qk_rope_head_dim
     assert deepseek.head_dim == deepseek.qk_nope_head_dim + deepseek.qk_rope_head_dim
-    assert hash(deepseek.replace(rope_scaling=RopeScaling("linear", 2.0))) != hash(deepseek)
+    assert hash(deepseek.replace(rope_scaling=RopeScaling("linear", 2.0))) != hash(
+        deepseek
+    )
 
 
 def test_replace_validates_and_rejects_unknown_fields():

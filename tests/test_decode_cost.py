@@ -26,7 +26,10 @@ def _count_work(model: DecoderLM, prompt: torch.Tensor, new: int, use_cache: boo
     seen = {"rows": 0, "pairs": 0}
 
     def hook(_module, args, kwargs):
-        t, pos = args[0].shape[1], args[1]  # the block passes the positions, cache or not
+        t, pos = (
+            args[0].shape[1],
+            args[1],
+        )  # the block passes the positions, cache or not
         seen["rows"] += t
         seen["pairs"] += int((pos + 1).sum())
 
@@ -59,7 +62,9 @@ def test_counts_closed_forms() -> None:
     p, n = 10, 100
     assert projected_tokens(p, n, cached=True) == p + n - 1
     assert projected_tokens(p, n, cached=False) == n * p + n * (n - 1) // 2
-    assert projected_tokens(p, 0, cached=True) == projected_tokens(p, 0, cached=False) == 0
+    assert (
+        projected_tokens(p, 0, cached=True) == projected_tokens(p, 0, cached=False) == 0
+    )
     assert attended_pairs(p, 1, cached=True) == attended_pairs(p, 1, cached=False) == 55
 
 
@@ -67,7 +72,9 @@ def test_bytes_match_a_cache_tensor() -> None:
     b, h_kv, s, d = 2, 3, 17, 8
     cache = KVCache(b, h_kv, s, d, dtype=torch.bfloat16)
     nbytes = cache.k.nbytes + cache.v.nbytes
-    assert decode_attention_bytes(2 * h_kv * d, s, batch=b, bytes_per_element=2) == nbytes
+    assert (
+        decode_attention_bytes(2 * h_kv * d, s, batch=b, bytes_per_element=2) == nbytes
+    )
 
 
 @pytest.mark.parametrize("n_heads,n_kv", [(32, 32), (32, 8), (32, 1), (9, 3)])
@@ -103,7 +110,10 @@ def test_max_context_tokens() -> None:
         (lambda: decode_attention_flops(0, 64, 64, 10), "n_heads"),
         (lambda: decode_attention_flops(4, 64, 64, 10, batch=0), "batch"),
         (lambda: decode_attention_bytes(256, -1), "context"),
-        (lambda: decode_attention_bytes(256, 8, bytes_per_element=0), "bytes_per_element"),
+        (
+            lambda: decode_attention_bytes(256, 8, bytes_per_element=0),
+            "bytes_per_element",
+        ),
         (lambda: arithmetic_intensity(1.0, 0), "nbytes"),
         (lambda: ridge_point(1e12, 0.0), "bandwidth"),
         (lambda: attainable_flops(-1.0, 1e12, 1e9), "intensity"),

@@ -70,12 +70,16 @@ def test_scores_are_the_teacher_forced_log_probabilities():
     model = random_model(0)
     src, mask = source(0)
     g = greedy_decode(model, src, mask, max_len=10, **IDS)
-    torch.testing.assert_close(g.scores, teacher_forced_logprob(model, src, mask, g.tokens))
+    torch.testing.assert_close(
+        g.scores, teacher_forced_logprob(model, src, mask, g.tokens)
+    )
     b = beam_search(model, src, mask, max_len=10, beam_size=3, alpha=0.0, **IDS)
     for k in range(3):
         got = teacher_forced_logprob(model, src, mask, b.beams[:, k])
         torch.testing.assert_close(b.beam_scores[:, k], got, atol=1e-4, rtol=1e-5)
-    assert (b.beam_scores[:, :-1] >= b.beam_scores[:, 1:]).all()  # α = 0: best raw score first
+    assert (
+        b.beam_scores[:, :-1] >= b.beam_scores[:, 1:]
+    ).all()  # α = 0: best raw score first
 
 
 def test_after_eos_only_padding():
@@ -93,10 +97,14 @@ def test_batched_beam_equals_one_source_at_a_time():
     src, mask = source(2)
     batched = beam_search(model, src, mask, max_len=8, beam_size=3, **IDS)
     for i in range(src.shape[0]):
-        one = beam_search(model, src[i : i + 1], mask[i : i + 1], max_len=8, beam_size=3, **IDS)
+        one = beam_search(
+            model, src[i : i + 1], mask[i : i + 1], max_len=8, beam_size=3, **IDS
+        )
         n = one.tokens.shape[1]
         assert batched.tokens[i, :n].tolist() == one.tokens[0].tolist()
-        torch.testing.assert_close(batched.scores[i], one.scores[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            batched.scores[i], one.scores[0], atol=1e-5, rtol=1e-5
+        )
 
 
 class MarkovModel:
@@ -112,7 +120,9 @@ class MarkovModel:
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         return torch.zeros(src.shape[0], src.shape[1], 1)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None) -> Tensor:
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None
+    ) -> Tensor:
         return self.table[tgt_in]  # (B, T, V)
 
 
@@ -121,7 +131,11 @@ def test_beam_search_finds_a_more_probable_sequence_than_greedy():
     model = MarkovModel(
         {
             BOS: {a: 0.5, b: 0.4, c: 0.1},
-            a: {c: 0.34, d: 0.33, EOS: 0.33},  # greedy's first choice leads nowhere certain
+            a: {
+                c: 0.34,
+                d: 0.33,
+                EOS: 0.33,
+            },  # greedy's first choice leads nowhere certain
             b: {EOS: 0.95, c: 0.05},  # the second choice ends with near certainty
             c: {EOS: 1.0},
             d: {EOS: 1.0},
@@ -150,7 +164,9 @@ def test_length_penalty_can_prefer_a_longer_hypothesis():
     long = beam_search(model, src, max_len=6, beam_size=3, alpha=3.0, **IDS)
     assert raw.lengths[0] < long.lengths[0]
     assert raw.scores[0] > long.scores[0]
-    torch.testing.assert_close(length_penalty(torch.tensor([1, 7]), 0.6)[0], torch.tensor(1.0))
+    torch.testing.assert_close(
+        length_penalty(torch.tensor([1, 7]), 0.6)[0], torch.tensor(1.0)
+    )
     assert length_penalty(torch.tensor([3]), 0.0).item() == 1.0
 
 

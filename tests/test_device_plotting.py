@@ -21,7 +21,9 @@ def test_cpu_is_always_available_and_fp32():
 
 
 def test_device_errors(monkeypatch):
-    with pytest.raises(ValueError, match=r"device must be one of \('cuda', 'mps', 'cpu'\)"):
+    with pytest.raises(
+        ValueError, match=r"device must be one of \('cuda', 'mps', 'cpu'\)"
+    ):
         default_device("tpu")
     monkeypatch.setenv("COMPANION_DEVICE", "cpu")
     assert default_device().type == "cpu"
@@ -46,3 +48,21 @@ def test_heatmap_and_loglog_fit():
     x = np.array([1.0, 10.0, 100.0])
     slope, intercept = loglog_fit(x, 3.0 * x**2)
     assert slope == pytest.approx(2.0) and intercept == pytest.approx(np.log(3.0))
+
+
+def test_glue_writes_the_record_myst_nb_reads():
+    """The output is displayed as usual and carries myst-nb's glue metadata under the name."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.display import HTML
+    from IPython.utils.capture import capture_output
+
+    from companion.plotting import glue
+
+    InteractiveShell.instance()
+    with capture_output() as cap:
+        glue("fig-demo", HTML("<b>frame</b>"))
+    (out,) = cap.outputs
+    assert out.data["text/html"] == "<b>frame</b>"
+    assert out.metadata["scrapbook"] == {"name": "fig-demo", "mime_prefix": ""}
+    with pytest.raises(ValueError, match="name must be a non-empty string"):
+        glue("", HTML("x"))

@@ -114,7 +114,9 @@ def test_identity_path_jacobian_matches_the_exact_jacobian(placement):
     path = identity_path_jacobian(
         model, ids, n_probes=64, generator=torch.Generator().manual_seed(0)
     )
-    assert path.norm[0].item() == pytest.approx((jac.norm() / math.sqrt(n)).item(), rel=0.15)
+    assert path.norm[0].item() == pytest.approx(
+        (jac.norm() / math.sqrt(n)).item(), rel=0.15
+    )
     assert path.trace[0].item() == pytest.approx((jac.trace() / n).item(), abs=0.15)
     assert path.norm[-1].item() == path.trace[-1].item() == 1.0
 
@@ -165,7 +167,10 @@ def test_counts_reductions_of_the_two_norms():
     assert count_reductions(layer_norm_reference, x, w, b) == 2  # mean, then variance
     assert count_reductions(rms_norm_reference, x, w) == 1  # mean of squares only
     ops = count_aten_ops(F.linear, x, torch.randn(3, 16))
-    assert sum(ops.values()) >= 1 and count_reductions(F.linear, x, torch.randn(3, 16)) == 0
+    assert (
+        sum(ops.values()) >= 1
+        and count_reductions(F.linear, x, torch.randn(3, 16)) == 0
+    )
 
 
 def test_token_cosine_matches_the_pairwise_mean():
@@ -174,7 +179,9 @@ def test_token_cosine_matches_the_pairwise_mean():
     cos = f @ f.T
     expected = (cos.sum() - cos.trace()) / (10 * 9)
     assert token_cosine(x) == pytest.approx(expected.item(), abs=1e-6)
-    assert token_cosine(torch.ones(1, 4, 8) * torch.randn(8)) == pytest.approx(1.0, abs=1e-6)
+    assert token_cosine(torch.ones(1, 4, 8) * torch.randn(8)) == pytest.approx(
+        1.0, abs=1e-6
+    )
 
 
 def test_stream_tracker_and_residual_writes():

@@ -7,7 +7,12 @@ from matplotlib.colors import to_hex
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
-from companion.analysis.diagrams import COLORS, block_diagram, block_parts, model_diagram
+from companion.analysis.diagrams import (
+    COLORS,
+    block_diagram,
+    block_parts,
+    model_diagram,
+)
 from companion.models.presets import PRESETS, preset, tiny
 
 matplotlib.use("Agg")
@@ -40,7 +45,9 @@ def test_norm_kind_and_placement_follow_the_config():
     assert kinds["post_branch"][:3] == ["full", "norm", "add"]
 
 
-@pytest.mark.parametrize("n_kv_heads, name", [(None, "MHA 4:4"), (2, "GQA 4:2"), (1, "MQA 4:1")])
+@pytest.mark.parametrize(
+    "n_kv_heads, name", [(None, "MHA 4:4"), (2, "GQA 4:2"), (1, "MQA 4:1")]
+)
 def test_heads_are_drawn_as_query_to_key_value_heads(n_kv_heads, name):
     assert name in _text(block_diagram(tiny(n_kv_heads=n_kv_heads)))
 
@@ -48,24 +55,40 @@ def test_heads_are_drawn_as_query_to_key_value_heads(n_kv_heads, name):
 def test_window_and_layer_pattern():
     cfg = tiny(n_layers=4, sliding_window=16, layer_types=("sliding",) * 3 + ("full",))
     block = _text(block_diagram(cfg))
-    assert "window 16" in block and "3 of 4 layers: 0–2" in block and "1 of 4 layers: 3" in block
+    assert (
+        "window 16" in block
+        and "3 of 4 layers: 0–2" in block
+        and "1 of 4 layers: 3" in block
+    )
     fig = model_diagram(cfg)
-    cells = [to_hex(r.get_facecolor()) for r in fig.findobj(Rectangle) if r.get_width() < 2]
-    assert cells.count(COLORS["sliding"].lower()) == 3 and cells.count(COLORS["full"].lower()) == 1
+    cells = [
+        to_hex(r.get_facecolor()) for r in fig.findobj(Rectangle) if r.get_width() < 2
+    ]
+    assert (
+        cells.count(COLORS["sliding"].lower()) == 3
+        and cells.count(COLORS["full"].lower()) == 1
+    )
     assert "3 sliding window + 1 full attention" in _text(fig)
     assert "window" not in _text(block_diagram(tiny()))
 
 
 def test_experts_latent_attention_and_linear_layers():
-    moe = tiny(n_experts=8, experts_per_token=2, shared_d_ff=32, expert_d_ff=24, dense_layers=1)
+    moe = tiny(
+        n_experts=8, experts_per_token=2, shared_d_ff=32, expert_d_ff=24, dense_layers=1
+    )
     text = _text(block_diagram(moe))
     assert "MoE 8 routed + 1 shared, top-2" in text and "expert width 24" in text
     assert "1 MoE + 1 dense FFN" in _text(model_diagram(moe))
     mla = tiny(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
-    assert "latent 16" in _text(block_diagram(mla)) and "RoPE key 4" in _text(block_diagram(mla))
+    assert "latent 16" in _text(block_diagram(mla)) and "RoPE key 4" in _text(
+        block_diagram(mla)
+    )
     qwen = preset("qwen3-next-80b-a3b")
     text = _text(block_diagram(qwen))
-    assert "Gated DeltaNet" in text and f"{qwen.linear_key_dim}×{qwen.linear_value_dim}" in text
+    assert (
+        "Gated DeltaNet" in text
+        and f"{qwen.linear_key_dim}×{qwen.linear_value_dim}" in text
+    )
     assert "36 Gated DeltaNet + 12 full attention" in _text(model_diagram(qwen))
 
 

@@ -5,11 +5,23 @@ import torch
 import torch.nn.functional as F
 
 from companion.models.config import ModelConfig
-from companion.models.encoder import IGNORE_INDEX, Encoder, mask_tokens, mean_pool, mlm_loss
+from companion.models.encoder import (
+    IGNORE_INDEX,
+    Encoder,
+    mask_tokens,
+    mean_pool,
+    mlm_loss,
+)
 
 
 def small(**kw) -> ModelConfig:
-    base = {"vocab_size": 41, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 24}
+    base = {
+        "vocab_size": 41,
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 4,
+        "max_seq_len": 24,
+    }
     return ModelConfig(**{**base, **kw})
 
 
@@ -77,7 +89,9 @@ def test_mask_tokens_follows_the_bert_proportions():
     masked = (inputs == 1000)[sel].float().mean().item()
     random = ((inputs != ids) & (inputs != 1000))[sel].float().mean().item()
     kept = (inputs == ids)[sel].float().mean().item()
-    assert abs(masked - 0.8) < 0.01 and abs(random - 0.1) < 0.01 and abs(kept - 0.1) < 0.01
+    assert (
+        abs(masked - 0.8) < 0.01 and abs(random - 0.1) < 0.01 and abs(kept - 0.1) < 0.01
+    )
     assert torch.equal(labels[sel], ids[sel])  # labels hold the originals
     assert torch.equal(inputs[~sel], ids[~sel])  # unselected tokens are untouched
 
@@ -87,7 +101,11 @@ def test_mask_tokens_is_deterministic_per_seed_and_skips_special_positions():
 
     def run(seed, **kw):
         return mask_tokens(
-            ids, mask_id=50, vocab_size=50, generator=torch.Generator().manual_seed(seed), **kw
+            ids,
+            mask_id=50,
+            vocab_size=50,
+            generator=torch.Generator().manual_seed(seed),
+            **kw,
         )
 
     a, b, c = run(0), run(0), run(1)
@@ -96,7 +114,9 @@ def test_mask_tokens_is_deterministic_per_seed_and_skips_special_positions():
     special = torch.zeros_like(ids, dtype=torch.bool)
     special[:, 0] = special[:, -1] = True  # e.g. [CLS] and [SEP]
     inputs, labels = run(0, special=special, select_prob=1.0)
-    assert (labels[:, 0] == IGNORE_INDEX).all() and (labels[:, -1] == IGNORE_INDEX).all()
+    assert (labels[:, 0] == IGNORE_INDEX).all() and (
+        labels[:, -1] == IGNORE_INDEX
+    ).all()
     assert (labels[:, 1:-1] != IGNORE_INDEX).all()
 
 
@@ -119,18 +139,28 @@ def test_mlm_head_is_tied_and_its_loss_skips_unselected_positions():
     torch.manual_seed(0)
     enc = Encoder(small(), mlm_head=True)
     assert enc.mlm_head.decoder.weight is enc.tok_emb.weight
-    untied = sum(p.numel() for p in enc.mlm_head.parameters() if p is not enc.tok_emb.weight)
-    assert enc.num_params() == Encoder(small()).num_params() + untied  # the table counts once
+    untied = sum(
+        p.numel() for p in enc.mlm_head.parameters() if p is not enc.tok_emb.weight
+    )
+    assert (
+        enc.num_params() == Encoder(small()).num_params() + untied
+    )  # the table counts once
     x = torch.randint(0, 40, (2, 12))
     inputs, labels = mask_tokens(
-        x, mask_id=40, vocab_size=40, generator=torch.Generator().manual_seed(0), select_prob=0.5
+        x,
+        mask_id=40,
+        vocab_size=40,
+        generator=torch.Generator().manual_seed(0),
+        select_prob=0.5,
     )
     loss = mlm_loss(enc, inputs, labels)
     logits = enc.mlm_logits(inputs)
     sel = labels != IGNORE_INDEX
     torch.testing.assert_close(loss, F.cross_entropy(logits[sel], labels[sel]))
     loss.backward()
-    assert enc.tok_emb.weight.grad.abs().sum() > 0  # reached through the tied decoder too
+    assert (
+        enc.tok_emb.weight.grad.abs().sum() > 0
+    )  # reached through the tied decoder too
 
 
 def test_encoder_errors_name_the_problem():

@@ -22,12 +22,16 @@ from companion.models.decoder import DecoderLM
 from companion.ops.rope import RopeScaling, rope_frequencies
 
 V = 11
-IDS = torch.arange(3000) % V  # a periodic "text": easy to learn, long enough to sample from
+IDS = (
+    torch.arange(3000) % V
+)  # a periodic "text": easy to learn, long enough to sample from
 
 
 def tiny(position: str = "rope", **fields) -> DecoderLM:
     torch.manual_seed(0)
-    return DecoderLM(position_config(position, V, 8, 32, d_model=16, n_heads=2, **fields))
+    return DecoderLM(
+        position_config(position, V, 8, 32, d_model=16, n_heads=2, **fields)
+    )
 
 
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none"])
@@ -53,7 +57,9 @@ def test_per_position_loss_averages_to_the_plain_cross_entropy():
     )
     with torch.no_grad():
         logits = model(torch.stack(xs))  # (10, 12, V)
-    reference = F.cross_entropy(logits.transpose(1, 2), torch.stack(ys), reduction="none").mean(0)
+    reference = F.cross_entropy(
+        logits.transpose(1, 2), torch.stack(ys), reduction="none"
+    ).mean(0)
     torch.testing.assert_close(curve, reference, atol=1e-5, rtol=1e-5)
 
 
@@ -61,7 +67,9 @@ def test_window_len_reads_the_same_text_at_every_length():
     model = tiny()
     long = per_position_loss(model, IDS, 24, 6, seed=1, window_len=24)
     short = per_position_loss(model, IDS, 10, 6, seed=1, window_len=24)
-    torch.testing.assert_close(short, long[:10])  # causal: the prefix is scored the same
+    torch.testing.assert_close(
+        short, long[:10]
+    )  # causal: the prefix is scored the same
     with pytest.raises(ValueError, match="window_len"):
         per_position_loss(model, IDS, 24, 6, window_len=10)
 
@@ -86,7 +94,9 @@ def test_ntk_theta_is_dynamic_scaling(seq_len):
     torch.testing.assert_close(ntk, dynamic)
     assert ntk[0] == pytest.approx(1.0)  # the fastest pair keeps its speed
     base, _ = rope_frequencies(16, 500.0)
-    assert (ntk[-1] / base[-1]).item() == pytest.approx(8 / max(seq_len, 8))  # slowest: ÷ s
+    assert (ntk[-1] / base[-1]).item() == pytest.approx(
+        8 / max(seq_len, 8)
+    )  # slowest: ÷ s
 
 
 def test_with_rope_keeps_the_weights_and_changes_only_the_tables():
@@ -133,7 +143,9 @@ def test_scaled_curve_follows_the_length_band_by_band():
         per_position_loss_scaled(model, "none", IDS, 8, [8, 16, 32], 4, seed=2), plain
     )
     linear = per_position_loss_scaled(model, "linear", IDS, 8, [8, 16, 32], 4, seed=2)
-    torch.testing.assert_close(linear[:8], plain[:8])  # inside the trained length: untouched
+    torch.testing.assert_close(
+        linear[:8], plain[:8]
+    )  # inside the trained length: untouched
     s2 = with_rope(model, **rope_scaling_for("linear", model.cfg, 8, 16))
     torch.testing.assert_close(
         linear[8:16], per_position_loss(s2, IDS, 16, 4, seed=2, window_len=32)[8:]
@@ -156,7 +168,12 @@ def test_rope_used_per_layer_records_local_global_and_nope():
         nope_layers=(3,),
     )
     ids = IDS[:12][None]
-    assert rope_used_per_layer(DecoderLM(cfg), ids) == ["local", "local", "global", "none"]
+    assert rope_used_per_layer(DecoderLM(cfg), ids) == [
+        "local",
+        "local",
+        "global",
+        "none",
+    ]
     assert rope_used_per_layer(tiny("learned"), IDS[:8][None]) == ["none", "none"]
 
 

@@ -10,10 +10,14 @@ from companion.ops import flex
 from companion.ops.attention import naive_attention
 from companion.ops.masks import padding_mask
 
-pytestmark = pytest.mark.skipif(not flex.available(), reason="torch without FlexAttention")
+pytestmark = pytest.mark.skipif(
+    not flex.available(), reason="torch without FlexAttention"
+)
 
 
-@pytest.mark.parametrize("window", [None, 5, 200], ids=["causal", "window5", "window200"])
+@pytest.mark.parametrize(
+    "window", [None, 5, 200], ids=["causal", "window5", "window200"]
+)
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 def test_block_mask_matches_reference(window, kv_heads):
     torch.manual_seed(0)
@@ -34,7 +38,11 @@ def test_block_mask_matches_reference(window, kv_heads):
 
 def test_bool_mask_and_padding():
     torch.manual_seed(0)
-    q, k, v = torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
+    q, k, v = (
+        torch.randn(2, 2, 20, 8),
+        torch.randn(2, 2, 20, 8),
+        torch.randn(2, 2, 20, 8),
+    )
     pad = padding_mask(torch.tensor([[1] * 20, [0] * 5 + [1] * 15]))
     got = flex.flex_attention_forward(q, k, v, mask=pad, causal=True)
     want = naive_attention(q, k, v, mask=pad, causal=True)

@@ -8,7 +8,13 @@ import torch
 
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.models.generation import decode_n_tokens, decode_one_token, generate, prefill, sample
+from companion.models.generation import (
+    decode_n_tokens,
+    decode_one_token,
+    generate,
+    prefill,
+    sample,
+)
 
 LLAMA_LIKE = dict(
     vocab_size=61,
@@ -73,11 +79,15 @@ def test_cached_generation_equals_the_uncached_forward(changes):
     assert torch.equal(generate(model, ids, 20), want)
 
 
-@pytest.mark.parametrize("changes", [SLIDING, HYBRID], ids=["sliding-sinks", "deltanet-hybrid"])
+@pytest.mark.parametrize(
+    "changes", [SLIDING, HYBRID], ids=["sliding-sinks", "deltanet-hybrid"]
+)
 def test_windowed_and_hybrid_models_generate_the_uncached_tokens(changes):
     model = _model(**changes)
     ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(model.generate(ids, 20), model.generate(ids, 20, use_cache=False))
+    assert torch.equal(
+        model.generate(ids, 20), model.generate(ids, 20, use_cache=False)
+    )
 
 
 @pytest.mark.parametrize(
@@ -127,7 +137,9 @@ def test_sample_is_argmax_at_zero_temperature_and_top_k_restricts():
         got = sample(logits, 2.0, top_k=3, generator=gen)
         assert got.shape == (4, 1) and (got == top3).any(dim=-1).all()
     a = sample(logits, 1.0, generator=torch.Generator().manual_seed(6))
-    assert torch.equal(a, sample(logits, 1.0, generator=torch.Generator().manual_seed(6)))
+    assert torch.equal(
+        a, sample(logits, 1.0, generator=torch.Generator().manual_seed(6))
+    )
 
 
 def test_generation_past_the_context_is_refused():

@@ -54,7 +54,9 @@ def test_training_fits_glu_much_better_than_mlp():
     d, steps = 8, 300
     torch.manual_seed(0)
     mlp = FeedForward(d, 4 * d, "gelu", bias=False)
-    glu = GatedFeedForward(d, 8 * d // 3, "silu", bias=False)  # 3·8·21 = 504 < 512 weights
+    glu = GatedFeedForward(
+        d, 8 * d // 3, "silu", bias=False
+    )  # 3·8·21 = 504 < 512 weights
     x, y = product_task(2048, d, generator=torch.Generator().manual_seed(9))
     seen = []
     threads = torch.get_num_threads()

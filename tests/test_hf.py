@@ -6,11 +6,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from companion.checkpoints.transformers import convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
+from companion.checkpoints.transformers import (  # noqa: E402
+    convert_state_dict,
+    from_hf,
+    load_state_dict_strict,
+)
 from companion.checkpoints.transformers_config import config_from_hf  # noqa: E402
 from companion.models.decoder import DecoderLM  # noqa: E402
 
-BASE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=64)
+BASE = dict(
+    vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=64
+)
 FAMILIES = {
     "llama-gqa": (
         transformers.LlamaConfig,
@@ -50,17 +56,30 @@ FAMILIES = {
     ),
     "mistral-window": (
         transformers.MistralConfig,
-        dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, sliding_window=5),
+        dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=5,
+        ),
     ),
     "mistral-no-window": (
         transformers.MistralConfig,
         dict(
-            num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3, sliding_window=None
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            sliding_window=None,
         ),
     ),
     "qwen3": (
         transformers.Qwen3Config,
-        dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=20),
+        dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=20,
+        ),
     ),
     "qwen3-tied-mqa": (
         transformers.Qwen3Config,
@@ -95,7 +114,11 @@ FAMILIES = {
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+                "full_attention": {
+                    "rope_type": "linear",
+                    "rope_theta": 1000000.0,
+                    "factor": 8.0,
+                },
             },
         ),
     ),
@@ -161,7 +184,9 @@ def make(name: str):
     with torch.no_grad():  # random norm gains, so that wrong norm wiring shows up
         for n, p in hf.named_parameters():
             if "norm" in n:
-                p.normal_(1.0 if cfg_cls is not transformers.Gemma3TextConfig else 0.0, 0.2)
+                p.normal_(
+                    1.0 if cfg_cls is not transformers.Gemma3TextConfig else 0.0, 0.2
+                )
     return hf
 
 
@@ -207,7 +232,8 @@ def test_converter_names_missing_unexpected_and_misshaped_tensors():
     hf_sd = dict(hf.state_dict())
     del hf_sd["model.layers.0.self_attn.k_proj.weight"]
     with pytest.raises(
-        ValueError, match=r"missing tensors: \['model.layers.0.self_attn.k_proj.weight'\]"
+        ValueError,
+        match=r"missing tensors: \['model.layers.0.self_attn.k_proj.weight'\]",
     ):
         convert_state_dict(hf_sd, cfg)
     hf_sd = dict(hf.state_dict())
@@ -218,9 +244,15 @@ def test_converter_names_missing_unexpected_and_misshaped_tensors():
 
 def test_unsupported_options_are_named():
     cfg = transformers.LlamaConfig(
-        **BASE, num_hidden_layers=1, num_attention_heads=4, attention_bias=True, mlp_bias=True
+        **BASE,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        attention_bias=True,
+        mlp_bias=True,
     )
-    with pytest.raises(ValueError, match=r"does not support attention_bias=True, mlp_bias=True"):
+    with pytest.raises(
+        ValueError, match=r"does not support attention_bias=True, mlp_bias=True"
+    ):
         config_from_hf(cfg)
     cfg = transformers.Gemma3TextConfig(
         **BASE, num_hidden_layers=1, num_attention_heads=4, final_logit_softcapping=30.0

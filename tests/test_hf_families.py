@@ -8,11 +8,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from companion.checkpoints.transformers import convert_state_dict, from_hf, load_state_dict_strict  # noqa: E402
+from companion.checkpoints.transformers import (  # noqa: E402
+    convert_state_dict,
+    from_hf,
+    load_state_dict_strict,
+)
 from companion.checkpoints.transformers_config import config_from_hf  # noqa: E402
 from companion.models.decoder import DecoderLM  # noqa: E402
 
-BASE = dict(vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=96)
+BASE = dict(
+    vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=96
+)
 YARN = {
     "rope_type": "yarn",
     "rope_theta": 10000.0,
@@ -166,7 +172,9 @@ def make(name: str):
     )
     torch.manual_seed(0)
     hf = getattr(transformers, f"{prefix}ForCausalLM")(cfg).eval()
-    with torch.no_grad():  # random gains, biases, sinks and balancing biases: wiring shows up
+    with (
+        torch.no_grad()
+    ):  # random gains, biases, sinks and balancing biases: wiring shows up
         for n, p in hf.named_parameters():
             if "norm" in n:
                 p.normal_(0.0 if prefix == "Qwen3Next" else 1.0, 0.2)
@@ -208,7 +216,9 @@ def test_logits_match_past_the_window(pair):
 def test_cached_greedy_generation_matches(pair):
     hf, ours = pair
     x = torch.randint(3, 97, (1, 7), generator=torch.Generator().manual_seed(2))
-    hf.generation_config.eos_token_id = None  # no early stop and no EOS ban: plain argmax
+    hf.generation_config.eos_token_id = (
+        None  # no early stop and no EOS ban: plain argmax
+    )
     with torch.no_grad():
         want = hf.generate(x, max_new_tokens=12, do_sample=False)
     for form in _forms(ours):
@@ -253,5 +263,7 @@ def test_padded_batches_are_refused_by_delta_net_layers():
     _, ours = pair.__wrapped__(type("R", (), {"param": "qwen3-next"})())
     mask = torch.ones(1, 5, dtype=torch.long)
     mask[0, 0] = 0
-    with pytest.raises(ValueError, match="Gated DeltaNet layers take no attention mask"):
+    with pytest.raises(
+        ValueError, match="Gated DeltaNet layers take no attention mask"
+    ):
         ours(torch.randint(3, 97, (1, 5)), attention_mask=mask)

@@ -15,16 +15,26 @@ def _full(q, k, v, window):
 
 
 @pytest.mark.parametrize("window", [None, 1, 3, 8, 40])
-@pytest.mark.parametrize("chunks", [[20], [1] * 20, [7, 1, 1, 5, 6], [3, 10, 1, 6]], ids=str)
+@pytest.mark.parametrize(
+    "chunks", [[20], [1] * 20, [7, 1, 1, 5, 6], [3, 10, 1, 6]], ids=str
+)
 def test_chunked_decoding_equals_full_attention(window, chunks):
     torch.manual_seed(0)
-    q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
+    q, k, v = (
+        torch.randn(2, 4, 20, 8),
+        torch.randn(2, 2, 20, 8),
+        torch.randn(2, 2, 20, 8),
+    )
     want = _full(q, k, v, window)
-    cache = KVCache(2, 2, 20, 8) if window is None else SlidingWindowCache(2, 2, window, 8)
+    cache = (
+        KVCache(2, 2, 20, 8) if window is None else SlidingWindowCache(2, 2, window, 8)
+    )
     outs, start = [], 0
     for t in chunks:
         qpos = torch.arange(start, start + t)
-        kk, vv, kpos = cache.update(qpos, k[:, :, start : start + t], v[:, :, start : start + t])
+        kk, vv, kpos = cache.update(
+            qpos, k[:, :, start : start + t], v[:, :, start : start + t]
+        )
         mask = position_mask(qpos, kpos, window)
         outs.append(attention(q[:, :, start : start + t], kk, vv, mask=mask))
         start += t

@@ -20,7 +20,9 @@ from companion.layers.positions import (
 def test_sinusoidal_table_matches_the_formula():
     pe = sinusoidal_table(50, 16)
     pos, i = 7, 3
-    assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert pe[pos, 2 * i].item() == pytest.approx(
+        math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6
+    )
     assert pe[pos, 2 * i + 1].item() == pytest.approx(
         math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6
     )
@@ -96,14 +98,18 @@ def test_fused_and_separate_projections_agree(impl, cross):
     _copy_projections(fused, split)
     x = torch.randn(2, 7, 16)
     ctx = torch.randn(2, 9, 16) if cross else None
-    torch.testing.assert_close(fused(x, context=ctx), split(x, context=ctx), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        fused(x, context=ctx), split(x, context=ctx), atol=1e-5, rtol=1e-5
+    )
     w = fused.attention_weights(x, context=ctx)
     assert w.shape == (2, 4, 7, 9 if cross else 7)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 7))
 
 
 def test_mha_errors_name_the_problem():
-    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by n_heads \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"d_model \(10\) must be divisible by n_heads \(4\)"
+    ):
         MultiHeadAttention(10, 4)
     with pytest.raises(ValueError, match="impl must be one of"):
         MultiHeadAttention(8, 2, impl="cuda")
@@ -122,7 +128,9 @@ def test_block_encoder_is_bidirectional_and_cross_attention_reads_context(placem
     x = torch.randn(1, 6, 16)
     x2 = x.clone()
     x2[:, -1] = torch.randn(16)
-    assert not torch.allclose(enc(x)[:, 0], enc(x2)[:, 0])  # the first token sees the last
+    assert not torch.allclose(
+        enc(x)[:, 0], enc(x2)[:, 0]
+    )  # the first token sees the last
     dec = build_block(cfg, causal=True, cross_attention=True).eval()
     ctx = torch.randn(1, 4, 16)
     out = dec(x, context=ctx)
@@ -155,7 +163,9 @@ def test_glu_hidden_sizes_of_released_models():
     from companion.layers.ffn import GatedFeedForward, glu_hidden_size
 
     assert glu_hidden_size(4096) == 11008  # Llama 2 7B
-    assert glu_hidden_size(4096, multiple_of=1024, multiplier=1.3) == 14336  # Llama 3 8B
+    assert (
+        glu_hidden_size(4096, multiple_of=1024, multiplier=1.3) == 14336
+    )  # Llama 3 8B
     glu = GatedFeedForward(8, 24, "silu")
     x = torch.randn(2, 8)
     ref = glu.down(torch.nn.functional.silu(glu.gate(x)) * glu.up(x))

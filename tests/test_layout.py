@@ -15,14 +15,25 @@ import companion
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "companion"
 # lowest first: a module may import its own layer and the ones before it
-LAYERS = ["base", "ops", "layers", "models", "checkpoints", "tasks", "analysis", "bench"]
+LAYERS = [
+    "base",
+    "ops",
+    "layers",
+    "models",
+    "checkpoints",
+    "tasks",
+    "analysis",
+    "bench",
+]
 DATA_TABLES = {"companion.models.presets"}  # data, exempt from the length limit
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        name = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(
+            ".__init__"
+        )
         out[name] = p
     return out
 
@@ -67,19 +78,27 @@ def test_imports_only_go_down_the_layers():
             if target != "companion" and LAYERS.index(_layer(target)) > LAYERS.index(
                 _layer(module)
             ):
-                bad.append(f"{module} ({_layer(module)}) imports {target} ({_layer(target)})")
+                bad.append(
+                    f"{module} ({_layer(module)}) imports {target} ({_layer(target)})"
+                )
     assert not bad, "\n".join(sorted(bad))
 
 
 def test_no_import_cycle():
-    graph = {m: _imports(m, p) - {"companion"} for m, p in _modules().items() if m != "companion"}
+    graph = {
+        m: _imports(m, p) - {"companion"}
+        for m, p in _modules().items()
+        if m != "companion"
+    }
     state: dict[str, int] = {}
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = 1
         for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(n) :] + [n]))
+                pytest.fail(
+                    "import cycle: " + " -> ".join(stack[stack.index(n) :] + [n])
+                )
             if n in graph and not state.get(n):
                 visit(n, stack + [n])
         state[m] = 2
@@ -89,11 +108,14 @@ def test_no_import_cycle():
             visit(m, [m])
 
 
-def test_no_module_over_300_lines_except_data():
+def test_no_module_over_330_lines_except_data():
+    # 300 when the package was formatted at 100 columns; at 88 (the book's code column)
+    # the same code and docstrings take about 5-8% more lines.
     long = {
         m: n
         for m, p in _modules().items()
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300 and m not in DATA_TABLES
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 330
+        and m not in DATA_TABLES
     }
     assert not long, long
 
@@ -109,8 +131,12 @@ def test_the_top_level_re_exports_the_public_api():
             continue
         for name in getattr(importlib.import_module(module), "__all__", ()):
             owners.setdefault(name, []).append(module)
-    missing = [n for n, o in owners.items() if len(o) == 1 and n not in companion.__all__]
-    assert not missing, f"public names the top level does not re-export: {sorted(missing)}"
+    missing = [
+        n for n, o in owners.items() if len(o) == 1 and n not in companion.__all__
+    ]
+    assert not missing, (
+        f"public names the top level does not re-export: {sorted(missing)}"
+    )
     for name in companion.__all__:
         assert getattr(companion, name) is not None, name
 
@@ -149,4 +175,6 @@ def test_early_chapters_display_no_later_mechanism(chapter):
 
     for expr, obj in _shown(chapter):
         found = LATER.findall(inspect.getsource(obj))
-        assert not found, f"{chapter.stem} shows {expr}, which mentions {sorted(set(found))}"
+        assert not found, (
+            f"{chapter.stem} shows {expr}, which mentions {sorted(set(found))}"
+        )

@@ -28,7 +28,12 @@ B, HK, H, DK, DV = 2, 1, 2, 8, 4  # two value heads share one query/key head
 # name -> (chunk form, recurrent form, per-head gate arguments, extra keyword arguments)
 OPS = {
     "linear": (chunk_linear_attention, recurrent_linear_attention, (), {}),
-    "delta": (chunk_delta_rule, recurrent_delta_rule, ("beta",), {"use_qk_l2norm_in_kernel": True}),
+    "delta": (
+        chunk_delta_rule,
+        recurrent_delta_rule,
+        ("beta",),
+        {"use_qk_l2norm_in_kernel": True},
+    ),
     "gated": (
         chunk_gated_delta_rule,
         recurrent_gated_delta_rule,
@@ -38,7 +43,9 @@ OPS = {
 }
 
 
-def _inputs(t: int, dtype=torch.float64, seed: int = 0, hk: int = HK, h: int = H) -> dict:
+def _inputs(
+    t: int, dtype=torch.float64, seed: int = 0, hk: int = HK, h: int = H
+) -> dict:
     """Leaf tensors that require grad: q, k (B, T, H_k, D_k), v (B, T, H, D_v), g, beta, s0."""
     gen = torch.Generator().manual_seed(seed)
     x = {
@@ -59,7 +66,10 @@ def _call(fn, x: dict, gates, state=None, keep=True, **kw):
 def _loss_grads(out, state, x: dict, names) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
-    loss = loss + (state * torch.randn(state.shape, generator=gen, dtype=state.dtype)).sum()
+    loss = (
+        loss
+        + (state * torch.randn(state.shape, generator=gen, dtype=state.dtype)).sum()
+    )
     return torch.autograd.grad(loss, [x[n] for n in names])
 
 
@@ -76,7 +86,10 @@ def test_chunk_equals_recurrent_forward_and_backward(op, t, chunk_size):
     torch.testing.assert_close(o_c, o_r)
     torch.testing.assert_close(s_c, s_r)
     for name, gc, gr in zip(
-        names, _loss_grads(o_c, s_c, x, names), _loss_grads(o_r, s_r, x, names), strict=True
+        names,
+        _loss_grads(o_c, s_c, x, names),
+        _loss_grads(o_r, s_r, x, names),
+        strict=True,
     ):
         torch.testing.assert_close(gc, gr, msg=lambda m, n=name: f"grad of {n}: {m}")
 
@@ -115,7 +128,9 @@ def test_linear_attention_is_a_masked_product():
     x = {n: v.detach() for n, v in _inputs(37).items()}
     q, k = (x[n].transpose(1, 2).repeat_interleave(H // HK, dim=1) for n in "qk")
     v = x["v"].transpose(1, 2)  # (B, H, T, D_v)
-    scores = (q @ k.transpose(-1, -2) * DK**-0.5).tril()  # no softmax: causal mask, then (q kᵀ) v
+    scores = (
+        q @ k.transpose(-1, -2) * DK**-0.5
+    ).tril()  # no softmax: causal mask, then (q kᵀ) v
     want = (scores @ v).transpose(1, 2)
     for fn, kw in (
         (chunk_linear_attention, {"chunk_size": 16}),
@@ -124,7 +139,9 @@ def test_linear_attention_is_a_masked_product():
     ):
         torch.testing.assert_close(fn(x["q"], x["k"], x["v"], **kw)[0], want)
     o_p, s_p = parallel_linear_attention(x["q"], x["k"], x["v"], x["s0"], True)
-    o_c, s_c = chunk_linear_attention(x["q"], x["k"], x["v"], x["s0"], True, chunk_size=16)
+    o_c, s_c = chunk_linear_attention(
+        x["q"], x["k"], x["v"], x["s0"], True, chunk_size=16
+    )
     torch.testing.assert_close(o_c, o_p)
     torch.testing.assert_close(s_c, s_p)
 
@@ -136,10 +153,17 @@ def test_gated_delta_rule_equals_transformers(l2, hk):
     x = {n: v.detach() for n, v in _inputs(100, torch.float32, seed=3, hk=hk).items()}
     q, k = (x["q"], x["k"]) if l2 else (l2norm(x["q"]), l2norm(x["k"]))
     args = (q, x["k"] if l2 else k, x["v"], x["g"], x["beta"])
-    opts = {"initial_state": x["s0"], "output_final_state": True, "use_qk_l2norm_in_kernel": l2}
+    opts = {
+        "initial_state": x["s0"],
+        "output_final_state": True,
+        "use_qk_l2norm_in_kernel": l2,
+    }
     o_hc, s_hc = hf.torch_chunk_gated_delta_rule(*args, chunk_size=64, **opts)
     o_hr, s_hr = hf.torch_recurrent_gated_delta_rule(*args, **opts)
-    for fn, kw in ((chunk_gated_delta_rule, {"chunk_size": 64}), (recurrent_gated_delta_rule, {})):
+    for fn, kw in (
+        (chunk_gated_delta_rule, {"chunk_size": 64}),
+        (recurrent_gated_delta_rule, {}),
+    ):
         o, s = fn(*args, x["s0"], True, use_qk_l2norm_in_kernel=l2, **kw)
         for want_o, want_s in ((o_hc, s_hc), (o_hr, s_hr)):
             torch.testing.assert_close(o, want_o, atol=1e-5, rtol=1e-5)
@@ -147,7 +171,9 @@ def test_gated_delta_rule_equals_transformers(l2, hk):
 
 
 def test_low_precision_inputs_give_their_dtype_and_an_fp32_state():
-    x = {n: v.detach().to(torch.bfloat16) for n, v in _inputs(20, torch.float32).items()}
+    x = {
+        n: v.detach().to(torch.bfloat16) for n, v in _inputs(20, torch.float32).items()
+    }
     o, s = chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], None, True)
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
 
@@ -194,9 +220,13 @@ def hf_gated_deltanet_to_companion(state_dict: dict) -> dict:
     return {n: state_dict[n] for n in names}
 
 
-def _hf_pair(hk: int, hv: int, impl: str = "chunk", dk: int = 8, dv: int = 6, d: int = 32):
+def _hf_pair(
+    hk: int, hv: int, impl: str = "chunk", dk: int = 8, dv: int = 6, d: int = 32
+):
     transformers = pytest.importorskip("transformers")
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        Qwen3NextGatedDeltaNet,
+    )
 
     cfg = transformers.Qwen3NextConfig(
         hidden_size=d,
@@ -220,7 +250,9 @@ def _hf_pair(hk: int, hv: int, impl: str = "chunk", dk: int = 8, dv: int = 6, d:
 
 
 @pytest.mark.parametrize("impl", ["chunk", "recurrent"])
-@pytest.mark.parametrize("hk,hv", [(2, 2), (1, 2), (2, 4)], ids=["Hv=Hk", "Hv=2Hk", "Hv=2Hk_2"])
+@pytest.mark.parametrize(
+    "hk,hv", [(2, 2), (1, 2), (2, 4)], ids=["Hv=Hk", "Hv=2Hk", "Hv=2Hk_2"]
+)
 def test_layer_equals_transformers(hk, hv, impl):
     _, ref, ours = _hf_pair(hk, hv, impl)
     x = torch.randn(
@@ -239,7 +271,9 @@ def test_layer_cached_decoding_equals_transformers_cache():
     with torch.no_grad():
         for lo, hi in ((0, 9), (9, 10), (10, 11), (11, 12)):
             want = ref(x[:, lo:hi], cache=hf_cache)
-            torch.testing.assert_close(ours(x[:, lo:hi], cache=cache), want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                ours(x[:, lo:hi], cache=cache), want, atol=1e-5, rtol=1e-5
+            )
     # the cache keeps no count of its own (DecodeCache does): after all 12 tokens its state
     # is transformers' state
     torch.testing.assert_close(
@@ -261,7 +295,9 @@ def test_layer_prefill_then_steps_equals_full_forward(impl, prefill):
     torch.testing.assert_close(torch.cat(outs, dim=1), want, atol=1e-5, rtol=1e-5)
     cache.reset()
     with torch.no_grad():
-        torch.testing.assert_close(layer(x[:, :prefill], cache=cache), want[:, :prefill])
+        torch.testing.assert_close(
+            layer(x[:, :prefill], cache=cache), want[:, :prefill]
+        )
 
 
 def test_layer_chunk_equals_recurrent_forward_and_backward():
@@ -275,7 +311,9 @@ def test_layer_chunk_equals_recurrent_forward_and_backward():
     torch.testing.assert_close(y_c, y_r, atol=1e-5, rtol=1e-5)
     y_c.square().sum().backward()
     y_r.square().sum().backward()
-    for (name, p_c), p_r in zip(chunk.named_parameters(), recurrent.parameters(), strict=True):
+    for (name, p_c), p_r in zip(
+        chunk.named_parameters(), recurrent.parameters(), strict=True
+    ):
         torch.testing.assert_close(p_c.grad, p_r.grad, atol=1e-5, rtol=1e-5, msg=name)
 
 
@@ -293,7 +331,14 @@ def test_layer_parameter_count_and_shapes():
         "norm.weight": (dv,),
         "out_proj.weight": (d, hv * dv),
     }
-    want = d * (2 * hk * dk + 2 * hv * dv) + d * 2 * hv + conv * k + 2 * hv + dv + hv * dv * d
+    want = (
+        d * (2 * hk * dk + 2 * hv * dv)
+        + d * 2 * hv
+        + conv * k
+        + 2 * hv
+        + dv
+        + hv * dv * d
+    )
     assert sum(p.numel() for p in layer.parameters()) == want
 
 
@@ -305,7 +350,9 @@ def test_layer_bad_arguments_raise():
 
 
 def test_bench_deltanet_smoke():
-    rows = bench_deltanet_module.bench_deltanet([8], 2, 4, torch.device("cpu"), 1, chunk_size=4)
+    rows = bench_deltanet_module.bench_deltanet(
+        [8], 2, 4, torch.device("cpu"), 1, chunk_size=4
+    )
     assert set(rows[0]) == {"T", "chunk_ms", "hf_chunk_ms", "recurrent_ms"}
     assert "recurrent/chunk" in bench_deltanet_module.format_deltanet(rows)
     parser = argparse.ArgumentParser()

@@ -55,7 +55,10 @@ def test_same_code_same_number():
 
 def qkv(t: int, requires_grad: bool = False):
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(1, 1, t, 64, generator=gen, requires_grad=requires_grad) for _ in range(3)]
+    return [
+        torch.randn(1, 1, t, 64, generator=gen, requires_grad=requires_grad)
+        for _ in range(3)
+    ]
 
 
 def test_naive_attention_peaks_well_above_tiled():

@@ -51,7 +51,9 @@ def test_embeddings_match_sentence_transformers(minilm):
     st = pytest.importorskip("sentence_transformers")
     encoder, tokenizer = minilm
     ids, mask = tokenizer.encode(SENTENCES)
-    assert len(set(mask.sum(1).tolist())) == len(SENTENCES)  # all lengths differ: real padding
+    assert len(set(mask.sum(1).tolist())) == len(
+        SENTENCES
+    )  # all lengths differ: real padding
     ours = embed(encoder, tokenizer, SENTENCES)
     ref = st.SentenceTransformer(str(model_dir()), device="cpu")
     theirs = ref.encode(SENTENCES, convert_to_tensor=True)
@@ -79,7 +81,9 @@ def test_hidden_states_match_transformers_bert(minilm):
 def test_tokenizer_pads_itself_and_truncates_at_256(minilm):
     _, tokenizer = minilm
     ids, mask = tokenizer.encode("hello world")
-    assert ids.shape == (1, 4) and mask.tolist() == [[1, 1, 1, 1]]  # [CLS] hello world [SEP]
+    assert ids.shape == (1, 4) and mask.tolist() == [
+        [1, 1, 1, 1]
+    ]  # [CLS] hello world [SEP]
     assert tokenizer.tokens("hello world") == ["[CLS]", "hello", "world", "[SEP]"]
     long_ids, _ = tokenizer.encode(["word " * 600, "short"])
     assert long_ids.shape == (2, 256)
@@ -90,8 +94,12 @@ def test_tokenizer_pads_itself_and_truncates_at_256(minilm):
 
 def test_converter_maps_every_tensor(hf_state, cfg):
     converted = convert_bert_state_dict(hf_state, cfg)
-    assert len(converted) == len(hf_state) - 3  # position_ids and the NSP pooler are dropped
-    prefixed = convert_bert_state_dict({f"bert.{k}": v for k, v in hf_state.items()}, cfg)
+    assert (
+        len(converted) == len(hf_state) - 3
+    )  # position_ids and the NSP pooler are dropped
+    prefixed = convert_bert_state_dict(
+        {f"bert.{k}": v for k, v in hf_state.items()}, cfg
+    )
     assert prefixed.keys() == converted.keys()
 
 
@@ -105,7 +113,10 @@ def test_converter_names_missing_unexpected_and_misshaped_tensors(hf_state, cfg)
     msg = str(info.value)
     assert "missing (1)" in msg and "encoder.layer.2.output.dense.bias" in msg
     assert "blocks.2.ffn.down.bias: expected (384,)" in msg
-    assert "unexpected (1)" in msg and "encoder.layer.1.attention.self.gate.weight (3, 3)" in msg
+    assert (
+        "unexpected (1)" in msg
+        and "encoder.layer.1.attention.self.gate.weight (3, 3)" in msg
+    )
     assert "mis-shaped (1)" in msg
     assert "type_emb.weight: expected (2, 384), got (3, 384)" in msg
     assert isinstance(info.value, ValueError)

@@ -9,14 +9,23 @@ import torch
 
 from companion.bench.mla import bench_mla, format_mla
 from companion.layers.kv_cache import LatentCache, position_mask
-from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token, softmax_scale
+from companion.layers.mla import (
+    MultiHeadLatentAttention,
+    bytes_per_token,
+    softmax_scale,
+)
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.ops.rope import RopeScaling, apply_rope, rope_cos_sin, rope_frequencies
 
 D, H, C, DN, R, DV = 32, 4, 16, 8, 4, 6
-DIMS = {"kv_lora_rank": C, "qk_nope_head_dim": DN, "qk_rope_head_dim": R, "v_head_dim": DV}
+DIMS = {
+    "kv_lora_rank": C,
+    "qk_nope_head_dim": DN,
+    "qk_rope_head_dim": R,
+    "v_head_dim": DV,
+}
 
 # transformers' DeepseekV3Attention -> MultiHeadLatentAttention: the same tensors under these
 # names, no reshape or transpose. rope_interleave=True -> rope_layout="interleaved", False ->
@@ -54,9 +63,17 @@ YARN_V3 = {  # DeepSeek-V3's own choice: mscale = mscale_all_dim, so cos/sin sta
     "beta_slow": 1,
 }
 HF_CASES = {
-    "direct-interleaved": {"q_lora_rank": None, "rope_interleave": True, "scaling": None},
+    "direct-interleaved": {
+        "q_lora_rank": None,
+        "rope_interleave": True,
+        "scaling": None,
+    },
     "qlora-half": {"q_lora_rank": 12, "rope_interleave": False, "scaling": None},
-    "qlora-interleaved-yarn": {"q_lora_rank": 12, "rope_interleave": True, "scaling": YARN_V3},
+    "qlora-interleaved-yarn": {
+        "q_lora_rank": 12,
+        "rope_interleave": True,
+        "scaling": YARN_V3,
+    },
     "direct-half-yarn-uneven": {
         "q_lora_rank": None,
         "rope_interleave": False,
@@ -74,7 +91,9 @@ def _mla(form: str = "naive", q_lora_rank: int = 0, **kw) -> MultiHeadLatentAtte
     return m
 
 
-def _twins(q_lora_rank: int = 0, **kw) -> tuple[MultiHeadLatentAttention, MultiHeadLatentAttention]:
+def _twins(
+    q_lora_rank: int = 0, **kw
+) -> tuple[MultiHeadLatentAttention, MultiHeadLatentAttention]:
     naive = _mla("naive", q_lora_rank, **kw)
     absorbed = MultiHeadLatentAttention(
         D, H, **DIMS, q_lora_rank=q_lora_rank, form="absorbed", **kw
@@ -161,9 +180,14 @@ def test_interleaved_layout_is_transformers_rope_interleave_up_to_a_permutation(
     cos, sin = _rope(torch.arange(5))
     hf_cos, hf_sin = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
     hq, hk = ds.apply_rotary_pos_emb_interleave(q, k, hf_cos, hf_sin)
-    oq, ok = apply_rope(q, cos, sin, "interleaved"), apply_rope(k, cos, sin, "interleaved")
+    oq, ok = (
+        apply_rope(q, cos, sin, "interleaved"),
+        apply_rope(k, cos, sin, "interleaved"),
+    )
     evens_then_odds = torch.cat([torch.arange(0, R, 2), torch.arange(1, R, 2)])
-    torch.testing.assert_close(oq[..., evens_then_odds], hq)  # HF de-interleaves its output
+    torch.testing.assert_close(
+        oq[..., evens_then_odds], hq
+    )  # HF de-interleaves its output
     torch.testing.assert_close(ok[..., evens_then_odds], hk)
     torch.testing.assert_close(oq @ ok.mT, hq @ hk.mT)  # ...which no q·k can see
     hq, hk = ds.apply_rotary_pos_emb(q, k, hf_cos, hf_sin)  # rope_interleave=False
@@ -187,7 +211,9 @@ def test_absorbed_equals_naive_forward_and_backward(impl, q_lora_rank):
     grads_b = torch.autograd.grad((b * g).sum(), inputs_b)
     names = ["x", *(n for n, _ in naive.named_parameters())]
     for name, ga, gb in zip(names, grads_a, grads_b, strict=True):
-        torch.testing.assert_close(gb, ga, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            gb, ga, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+        )
     torch.testing.assert_close(
         absorbed.attention_weights(x, mask=mask),
         naive.attention_weights(x, mask=mask),
@@ -198,7 +224,9 @@ def test_absorbed_equals_naive_forward_and_backward(impl, q_lora_rank):
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("chunks", [[10], [1] * 10, [4, 1, 1, 4]], ids=str)
 def test_cached_decoding_equals_full_forward(form, window, chunks):
-    full = _mla(form, q_lora_rank=8, rope=ROPE)  # no window, not causal: the mask says all
+    full = _mla(
+        form, q_lora_rank=8, rope=ROPE
+    )  # no window, not causal: the mask says all
     m = _mla(form, q_lora_rank=8, causal=True, window=window, rope=ROPE)
     m.load_state_dict(full.state_dict())
     torch.manual_seed(1)
@@ -223,12 +251,18 @@ def test_one_cache_serves_both_forms():
     cache = naive.new_cache(1, 8)
     head = naive(x[:, :5], pos[:5], cache)  # prefill
     tail = [absorbed(x[:, i : i + 1], pos[i : i + 1], cache) for i in range(5, 8)]
-    torch.testing.assert_close(torch.cat([head, *tail], dim=1), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.cat([head, *tail], dim=1), want, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_cache_bytes_per_token():
-    assert bytes_per_token(512, 64, n_layers=61, bytes_per_element=2) == 70_272  # DeepSeek-V3
-    per_head = 128 * (128 + 64 + 128) * 61 * 2  # its 128 heads' K and V, were they cached
+    assert (
+        bytes_per_token(512, 64, n_layers=61, bytes_per_element=2) == 70_272
+    )  # DeepSeek-V3
+    per_head = (
+        128 * (128 + 64 + 128) * 61 * 2
+    )  # its 128 heads' K and V, were they cached
     assert per_head / 70_272 == pytest.approx(71.1, abs=0.05)
     cache = LatentCache(3, 20, 512, 64, dtype=torch.bfloat16)
     assert cache.kv.nbytes == 3 * 20 * bytes_per_token(512, 64)
@@ -254,7 +288,9 @@ def test_parameter_shapes():
 def test_softmax_scale():
     assert softmax_scale(192) == 1 / math.sqrt(192)
     yarn = RopeScaling("yarn", factor=40.0, mscale=1.0, mscale_all_dim=1.0)
-    assert softmax_scale(192, yarn) == pytest.approx((0.1 * math.log(40) + 1) ** 2 / math.sqrt(192))
+    assert softmax_scale(192, yarn) == pytest.approx(
+        (0.1 * math.log(40) + 1) ** 2 / math.sqrt(192)
+    )
     assert softmax_scale(192, RopeScaling("yarn", factor=40.0)) == 1 / math.sqrt(192)
 
 
@@ -275,7 +311,13 @@ def test_errors_name_the_problem():
         m(torch.zeros(1, 1, D), cache=cache)
     # a layer cache keeps no count: the model's DecodeCache names an overflow
     cfg = ModelConfig(
-        vocab_size=10, d_model=D, n_heads=H, n_layers=1, position="rope", max_seq_len=8, **DIMS
+        vocab_size=10,
+        d_model=D,
+        n_heads=H,
+        n_layers=1,
+        position="rope",
+        max_seq_len=8,
+        **DIMS,
     )
     model = DecoderLM(cfg).eval()
     assert isinstance(model.blocks[0].attn, MultiHeadLatentAttention)
@@ -289,5 +331,7 @@ def test_bench_smoke():
     assert [r["S"] for r in rows] == [4, 16]
     for r in rows:
         assert r["max_diff"] < 1e-5
-        assert r["full_mib"] / r["latent_mib"] == pytest.approx(H * (DN + R + DV) / (C + R))
+        assert r["full_mib"] / r["latent_mib"] == pytest.approx(
+            H * (DN + R + DV) / (C + R)
+        )
     assert "naive/absorbed" in format_mla(rows)

@@ -10,7 +10,14 @@ from companion.ops.rope import RopeScaling
 
 def small(**kw) -> ModelConfig:
     return ModelConfig(
-        **{"vocab_size": 37, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 24, **kw}
+        **{
+            "vocab_size": 37,
+            "d_model": 32,
+            "n_layers": 2,
+            "n_heads": 4,
+            "max_seq_len": 24,
+            **kw,
+        }
     )
 
 
@@ -39,8 +46,12 @@ def test_backends_give_the_same_logits_and_gradients():
         logits.square().mean().backward()
         out[impl] = (logits.detach(), m.tok_emb.weight.grad.clone())
     for impl in ("sdpa", "tiled"):
-        torch.testing.assert_close(out[impl][0], out["reference"][0], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(out[impl][1], out["reference"][1], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(
+            out[impl][0], out["reference"][0], atol=1e-5, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            out[impl][1], out["reference"][1], atol=1e-6, rtol=1e-4
+        )
 
 
 def test_padding_mask_hides_left_padding():
@@ -59,7 +70,10 @@ def test_tied_embeddings_are_counted_once():
     untied = DecoderLM(small(tie_embeddings=False))
     assert tied.lm_head.weight is tied.tok_emb.weight
     assert untied.num_params() - tied.num_params() == 37 * 32
-    assert tied.num_params(include_embeddings=False) == tied.num_params() - 37 * 32 - 24 * 32
+    assert (
+        tied.num_params(include_embeddings=False)
+        == tied.num_params() - 37 * 32 - 24 * 32
+    )
 
 
 def test_greedy_generate_is_argmax_of_the_forward():
@@ -97,7 +111,9 @@ def test_generation_runs_past_the_context_by_sliding():
     ("ids", "message"),
     [
         pytest.param(
-            torch.zeros(5, dtype=torch.long), r"input_ids must have shape \(B, T\)", id="1d"
+            torch.zeros(5, dtype=torch.long),
+            r"input_ids must have shape \(B, T\)",
+            id="1d",
         ),
         pytest.param(torch.zeros(1, 5), "input_ids must be int64 or int32", id="float"),
         pytest.param(
@@ -132,25 +148,38 @@ def test_attention_maps_are_causal_distributions():
     assert len(maps) == 2 and maps[0].shape == (1, 4, 9, 9)
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(1, 4, 9))
     assert maps[0].triu(1).abs().max() == 0
-    assert not any(b.attn._forward_pre_hooks for b in model.blocks)  # the hooks are gone
+    assert not any(
+        b.attn._forward_pre_hooks for b in model.blocks
+    )  # the hooks are gone
     with torch.no_grad():  # the maps are the weights the forward pass used
         ref = model.blocks[0].attn.attention_weights(
             model.blocks[0].attn_norm(model.embed(torch.zeros(1, 9, dtype=torch.long))),
             torch.arange(9),
         )
-    torch.testing.assert_close(model.attention_maps(torch.zeros(1, 9, dtype=torch.long))[0], ref)
+    torch.testing.assert_close(
+        model.attention_maps(torch.zeros(1, 9, dtype=torch.long))[0], ref
+    )
 
 
 MODERN = {
-    "llama-gqa": dict(n_kv_heads=2, position="rope", norm="rmsnorm", ffn="glu", activation="silu"),
+    "llama-gqa": dict(
+        n_kv_heads=2, position="rope", norm="rmsnorm", ffn="glu", activation="silu"
+    ),
     "mqa-yarn-interleaved": dict(
         n_kv_heads=1,
         position="rope",
         rope_layout="interleaved",
-        rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=8),
+        rope_scaling=RopeScaling(
+            "yarn", factor=4.0, original_max_position_embeddings=8
+        ),
     ),
     "qwen3-qknorm-headsize": dict(
-        n_kv_heads=2, head_dim=12, qk_norm="head", position="rope", norm="rmsnorm", bias=False
+        n_kv_heads=2,
+        head_dim=12,
+        qk_norm="head",
+        position="rope",
+        norm="rmsnorm",
+        bias=False,
     ),
     "mistral-window": dict(n_kv_heads=2, position="rope", sliding_window=5, ffn="glu"),
     "gemma3-sandwich": dict(
@@ -186,7 +215,9 @@ def test_cached_decoding_equals_the_full_forward(kw):
     x = torch.randint(0, 37, (2, 17))
     full = model(x)
     cache = model.new_cache(2, 17)
-    parts = [model(x[:, :6], cache=cache)]  # a prefill longer than the window, then steps
+    parts = [
+        model(x[:, :6], cache=cache)
+    ]  # a prefill longer than the window, then steps
     for t in range(6, 17):
         parts.append(model(x[:, t : t + 1], cache=cache))
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
@@ -203,7 +234,11 @@ def test_rope_model_refuses_to_run_past_its_context():
     with pytest.raises(ValueError, match="exceed max_seq_len=8"):
         model.generate(torch.zeros(1, 6, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="attention_mask with a cache"):
-        model(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), cache=model.new_cache(1, 4))
+        model(
+            torch.zeros(1, 2, dtype=torch.long),
+            torch.ones(1, 2),
+            cache=model.new_cache(1, 4),
+        )
 
 
 def test_generation_stops_at_eos_and_pads_finished_rows():

@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from companion.layers.moe import GLUExperts, GptOssExperts, MoEFeedForward
-from companion.layers.router import TopKRouter, load_balancing_loss, update_selection_bias
+from companion.layers.router import (
+    TopKRouter,
+    load_balancing_loss,
+    update_selection_bias,
+)
 from companion.ops.experts import (
     expert_load,
     experts_grouped,
@@ -114,7 +118,9 @@ def test_selection_bias_updates_flatten_a_skewed_load():
 
     before = imbalance()
     for _ in range(300):
-        update_selection_bias(router.selection_bias, expert_load(router(x)[1], 8), 0.003)
+        update_selection_bias(
+            router.selection_bias, expert_load(router(x)[1], 8), 0.003
+        )
     assert before > 3.5
     assert imbalance() < 1.2
     assert router.selection_bias[:2].max() < router.selection_bias[2:].min()
@@ -129,14 +135,20 @@ def _skip_if_unavailable(kernel: str) -> None:
     if kernel == "grouped_mm" and not grouped_mm_available(
         torch.zeros(2, 16), torch.zeros(2, 16, 16)
     ):
-        pytest.skip(f"torch._grouped_mm does not run in fp32 on CPU in torch {torch.__version__}")
+        pytest.skip(
+            f"torch._grouped_mm does not run in fp32 on CPU in torch {torch.__version__}"
+        )
 
 
-def _routing(n: int, k: int, experts: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _routing(
+    n: int, k: int, experts: list[int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct experts per token, drawn from ``experts`` only (the others get no token)."""
     gen = torch.Generator().manual_seed(seed)
     pool = torch.tensor(experts)
-    indices = torch.stack([pool[torch.randperm(len(pool), generator=gen)[:k]] for _ in range(n)])
+    indices = torch.stack(
+        [pool[torch.randperm(len(pool), generator=gen)[:k]] for _ in range(n)]
+    )
     weights = torch.rand(n, k, generator=gen)
     return weights, indices
 
@@ -169,11 +181,16 @@ def test_grouped_matmul_matches_a_loop_forward_and_backward(kernel, counts):
 
 
 def test_grouped_mm_kernel_refuses_what_it_cannot_run():
-    x, w = torch.zeros(4, 16, dtype=torch.float64), torch.zeros(2, 16, 16, dtype=torch.float64)
+    x, w = (
+        torch.zeros(4, 16, dtype=torch.float64),
+        torch.zeros(2, 16, 16, dtype=torch.float64),
+    )
     with pytest.raises(ValueError, match="kernel='grouped_mm' is not available"):
         grouped_matmul(x, w, torch.tensor([2, 2]), "grouped_mm")
     layer = MoEFeedForward(16, 4, 2, 8).double()
-    layer.experts.impl = "grouped_mm"  # fp64 never runs on torch._grouped_mm: no fallback
+    layer.experts.impl = (
+        "grouped_mm"  # fp64 never runs on torch._grouped_mm: no fallback
+    )
     with pytest.raises(ValueError, match="use kernel='segments'"):
         layer(torch.zeros(1, 3, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="kernel must be one of"):
@@ -195,7 +212,9 @@ def _make_experts(kind: str) -> torch.nn.Module:
 def test_grouped_experts_match_the_reference_forward_and_backward(kind, kernel):
     _skip_if_unavailable(kernel)
     experts = _make_experts(kind)
-    weights, indices = _routing(40, 3, [0, 2, 3, 5, 7], seed=2)  # experts 1, 4, 6 get nothing
+    weights, indices = _routing(
+        40, 3, [0, 2, 3, 5, 7], seed=2
+    )  # experts 1, 4, 6 get nothing
     x = 2 * torch.randn(40, 16)
     params = list(experts.parameters())
     act = swiglu if kind == "glu" else experts.act
@@ -204,7 +223,9 @@ def test_grouped_experts_match_the_reference_forward_and_backward(kind, kernel):
     for form in (experts_reference, experts_grouped):
         xr, wr = x.clone().requires_grad_(), weights.clone().requires_grad_()
         extra = {"kernel": kernel} if form is experts_grouped else {}
-        out = form(xr, wr, indices, experts.gate_up, experts.down, act, *biases, **extra)
+        out = form(
+            xr, wr, indices, experts.gate_up, experts.down, act, *biases, **extra
+        )
         out.backward(torch.cos(out.detach()))
         grads.append([out, xr.grad, wr.grad] + [p.grad.clone() for p in params])
         experts.zero_grad()
@@ -233,7 +254,9 @@ def test_experts_impl_switch_gives_the_same_module_output(kind):
 
 def test_parameters_are_the_documented_ones():
     d, e, f, shared = 16, 8, 24, 40
-    moe = MoEFeedForward(d, e, 2, f, selection_bias=True, shared_d_ff=shared, shared_gate=True)
+    moe = MoEFeedForward(
+        d, e, 2, f, selection_bias=True, shared_d_ff=shared, shared_gate=True
+    )
     assert {n: tuple(p.shape) for n, p in moe.named_parameters()} == {
         "router.weight": (e, d),
         "experts.gate_up": (e, 2 * f, d),
@@ -243,7 +266,10 @@ def test_parameters_are_the_documented_ones():
         "shared.down.weight": (d, shared),
         "shared_gate.weight": (1, d),
     }
-    assert sum(p.numel() for p in moe.parameters()) == e * d + e * 3 * f * d + 3 * d * shared + d
+    assert (
+        sum(p.numel() for p in moe.parameters())
+        == e * d + e * 3 * f * d + 3 * d * shared + d
+    )
     assert [n for n, _ in moe.named_buffers()] == ["router.selection_bias"]
     oss = MoEFeedForward(d, e, 2, f, kind="gpt_oss", router_bias=True)
     total = e * d + e + e * (3 * f * d + 2 * f + d)
@@ -268,7 +294,10 @@ def test_moe_reference_and_grouped_agree_and_keep_the_routing(kind):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"kind": "mlp"}, "kind must be one of"), ({"shared_gate": True}, "shared_gate needs")],
+    [
+        ({"kind": "mlp"}, "kind must be one of"),
+        ({"shared_gate": True}, "shared_gate needs"),
+    ],
     ids=["kind", "gate_without_shared"],
 )
 def test_moe_rejects_bad_arguments(kwargs, match):
@@ -279,7 +308,9 @@ def test_moe_rejects_bad_arguments(kwargs, match):
 # ---------------------------------------------------------------- parity with transformers
 
 
-def moe_state_from_hf(hf_state: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
+def moe_state_from_hf(
+    hf_state: dict[str, torch.Tensor], kind: str
+) -> dict[str, torch.Tensor]:
     """Map a transformers MoE block's state dict onto :class:`MoEFeedForward`'s names.
 
     Qwen3-MoE, Qwen3-Next, DeepSeek-V3 (``kind="glu"``) store ``experts.gate_up_proj (E, 2F, d)``
@@ -305,7 +336,10 @@ def moe_state_from_hf(hf_state: dict[str, torch.Tensor], kind: str) -> dict[str,
     for name, tensor in hf_state.items():
         if name not in names:
             raise KeyError(f"no mapping for transformers parameter {name!r}")
-        transpose = kind == "gpt_oss" and name in ("experts.gate_up_proj", "experts.down_proj")
+        transpose = kind == "gpt_oss" and name in (
+            "experts.gate_up_proj",
+            "experts.down_proj",
+        )
         ours[names[name]] = tensor.transpose(1, 2) if transpose else tensor
     return ours
 
@@ -324,7 +358,9 @@ def _check_parity(hf_block, ours: MoEFeedForward, kind: str, d: int, seed: int) 
     x = torch.randn(2, 7, d, generator=torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         expected = hf_block(x)
-        expected = expected[0] if isinstance(expected, tuple) else expected  # gpt-oss: (y, scores)
+        expected = (
+            expected[0] if isinstance(expected, tuple) else expected
+        )  # gpt-oss: (y, scores)
         for impl in ("reference", "grouped"):
             ours.experts.impl = impl
             assert (ours(x) - expected).abs().max().item() <= 1e-5, impl
@@ -336,7 +372,9 @@ def _eager(config):
 
 
 @pytest.mark.parametrize(
-    "n_experts, top_k, norm", [(8, 2, True), (8, 2, False), (16, 4, True), (6, 1, False)], ids=str
+    "n_experts, top_k, norm",
+    [(8, 2, True), (8, 2, False), (16, 4, True), (6, 1, False)],
+    ids=str,
 )
 def test_parity_with_qwen3_moe(n_experts, top_k, norm):
     transformers = pytest.importorskip("transformers")
@@ -389,7 +427,9 @@ def test_parity_with_deepseek_v3(n_experts, top_k, groups, topk_groups, norm):
         shared_d_ff=f,
     )
     _check_parity(DeepseekV3MoE(_eager(cfg)), ours, "glu", d, seed=n_experts)
-    assert ours.router.selection_bias.abs().min() > 0  # the random balancing bias was used
+    assert (
+        ours.router.selection_bias.abs().min() > 0
+    )  # the random balancing bias was used
 
 
 @pytest.mark.parametrize("n_experts, top_k, limit", [(8, 2, 7.0), (6, 3, 0.5)], ids=str)
@@ -410,10 +450,14 @@ def test_parity_with_gpt_oss(n_experts, top_k, limit):
     _check_parity(GptOssMLP(_eager(cfg)), ours, "gpt_oss", d, seed=top_k)
 
 
-@pytest.mark.parametrize("n_experts, top_k, norm", [(8, 2, True), (10, 3, False)], ids=str)
+@pytest.mark.parametrize(
+    "n_experts, top_k, norm", [(8, 2, True), (10, 3, False)], ids=str
+)
 def test_parity_with_qwen3_next(n_experts, top_k, norm):
     transformers = pytest.importorskip("transformers")
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        Qwen3NextSparseMoeBlock,
+    )
 
     d, f, shared = 24, 16, 40
     cfg = transformers.Qwen3NextConfig(

@@ -47,7 +47,9 @@ def test_mtp_shares_head_and_embedding_and_is_causal():
     out = mtp(model, hidden[:, :-1], ids[:, 1:])
     assert out.shape == (1, 9, 23)
     changed = ids.clone()
-    changed[0, -1] = (ids[0, -1] + 1) % 23  # the last token: only the last position may move
+    changed[0, -1] = (
+        ids[0, -1] + 1
+    ) % 23  # the last token: only the last position may move
     hidden2, _ = trunk_forward(model, changed)
     out2 = mtp(model, hidden2[:, :-1], changed[:, 1:])
     torch.testing.assert_close(out2[:, :-1], out[:, :-1])

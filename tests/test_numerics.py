@@ -22,7 +22,8 @@ from companion import numerics
 
 ROOT = Path(__file__).resolve().parent.parent
 x86_64 = pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64"), reason="the pin is for x86-64 CPUs"
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="the pin is for x86-64 CPUs",
 )
 
 # A few AdamW steps of a small decoder; prints the loss and a weight norm as exact floats.
@@ -71,7 +72,10 @@ def _run(code: str, env: dict[str, str]) -> dict:
 
 
 OTHER_PATHS = {
-    "portable kernels, 1 thread": {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
+    "portable kernels, 1 thread": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "OMP_NUM_THREADS": "1",
+    },
     "MKL's AUTO branch, 4 threads": {"MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "4"},
 }
 
@@ -90,7 +94,12 @@ def test_pinned_results_do_not_depend_on_the_path_a_process_starts_on() -> None:
 def test_on_the_native_path_the_same_run_differs_in_the_last_bits() -> None:
     """The check above has power: without the pin, the simulated CPU kinds disagree."""
     native = [
-        _run(TRAIN, _env(COMPANION_NUMERICS="native", ATEN_CPU_CAPABILITY=cap, OMP_NUM_THREADS=t))
+        _run(
+            TRAIN,
+            _env(
+                COMPANION_NUMERICS="native", ATEN_CPU_CAPABILITY=cap, OMP_NUM_THREADS=t
+            ),
+        )
         for cap, t in (("default", "1"), ("avx2", "2"))
     ]
     assert native[0]["path"]["aten_capability"] == "DEFAULT"
@@ -99,13 +108,18 @@ def test_on_the_native_path_the_same_run_differs_in_the_last_bits() -> None:
 
 def _first_code_cells() -> dict[str, str]:
     notebooks = subprocess.run(
-        [sys.executable, "tools/toc_notebooks.py"], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "tools/toc_notebooks.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         check=True,
     ).stdout.split()
     cells = {}
     for nb in notebooks:
         data = json.loads((ROOT / nb).read_text(encoding="utf-8"))
-        cells[nb] = next("".join(c["source"]) for c in data["cells"] if c["cell_type"] == "code")
+        cells[nb] = next(
+            "".join(c["source"]) for c in data["cells"] if c["cell_type"] == "code"
+        )
     return cells
 
 
@@ -113,8 +127,12 @@ def test_every_chapter_pins_the_path_in_its_first_cell_before_torch_loads() -> N
     cells = _first_code_cells()
     assert cells, "_toc.yml lists no chapter notebooks"
     for nb, cell in cells.items():
-        assert cell.rstrip().endswith("pin_cpu_path()"), f"{nb}: first cell must end in the pin"
-        imports = [ln for ln in cell.splitlines() if ln.startswith(("import ", "from "))]
+        assert cell.rstrip().endswith("pin_cpu_path()"), (
+            f"{nb}: first cell must end in the pin"
+        )
+        imports = [
+            ln for ln in cell.splitlines() if ln.startswith(("import ", "from "))
+        ]
         assert all("torch" not in ln and "numpy" not in ln for ln in imports), nb
 
 
@@ -135,13 +153,19 @@ def test_late_pin_warns_and_names_what_differs() -> None:
         "from companion.numerics import pin_cpu_path; pin_cpu_path()\n"
     )
     out = _python(code, _env(ATEN_CPU_CAPABILITY="default"))
-    assert "not the pinned one" in out.stderr and "aten_capability" in out.stderr, out.stderr
+    assert "not the pinned one" in out.stderr and "aten_capability" in out.stderr, (
+        out.stderr
+    )
     assert "loaded before pin_cpu_path" in out.stderr
 
 
-def test_bad_mode_names_the_variable_and_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_mode_names_the_variable_and_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("COMPANION_NUMERICS", "fast")
-    with pytest.raises(ValueError, match=r"COMPANION_NUMERICS must be 'pinned' or 'native'"):
+    with pytest.raises(
+        ValueError, match=r"COMPANION_NUMERICS must be 'pinned' or 'native'"
+    ):
         numerics.applies()
 
 

@@ -47,7 +47,9 @@ def environment() -> dict[str, SpecifierSet]:
     for dep in env["dependencies"]:
         if isinstance(dep, dict):
             for line in dep.get("pip", []):
-                if line.startswith("-"):  # options, and the editable install of the repo
+                if line.startswith(
+                    "-"
+                ):  # options, and the editable install of the repo
                     continue
                 req = Requirement(line)
                 specs[_canonical(req.name)] = req.specifier
@@ -63,7 +65,11 @@ def environment() -> dict[str, SpecifierSet]:
 
 
 def _lower_bound(spec: SpecifierSet) -> Version | None:
-    bounds = [Version(s.version.rstrip(".*")) for s in spec if s.operator in (">=", "==", "~=")]
+    bounds = [
+        Version(s.version.rstrip(".*"))
+        for s in spec
+        if s.operator in (">=", "==", "~=")
+    ]
     return max(bounds) if bounds else None
 
 
@@ -78,7 +84,9 @@ def _core_and_book(pyproject: dict) -> list[Requirement]:
 
 
 def test_pyproject_deps_have_lower_bounds(pyproject: dict) -> None:
-    unbounded = [str(r) for r in _core_and_book(pyproject) if _lower_bound(r.specifier) is None]
+    unbounded = [
+        str(r) for r in _core_and_book(pyproject) if _lower_bound(r.specifier) is None
+    ]
     assert not unbounded, f"give these a lower bound in pyproject.toml: {unbounded}"
 
 
@@ -96,23 +104,39 @@ def test_environment_has_every_core_and_book_dependency(
         where = f"{req.name} (pyproject: {req.specifier or 'any'}, environment.yml: {env_spec})"
         if low is None:
             problems.append(f"{where}: environment.yml gives no lower bound")
-        elif not req.specifier.contains(low, prereleases=True) or low < _lower_bound(req.specifier):
-            problems.append(f"{where}: environment.yml's lower bound is outside pyproject's")
+        elif not req.specifier.contains(low, prereleases=True) or low < _lower_bound(
+            req.specifier
+        ):
+            problems.append(
+                f"{where}: environment.yml's lower bound is outside pyproject's"
+            )
         for upper in _upper_bounds(req.specifier):
-            if not any(u <= upper for u in _upper_bounds(env_spec)) and "==" not in str(env_spec):
-                problems.append(f"{where}: environment.yml lacks the upper bound <{upper}")
+            if not any(u <= upper for u in _upper_bounds(env_spec)) and "==" not in str(
+                env_spec
+            ):
+                problems.append(
+                    f"{where}: environment.yml lacks the upper bound <{upper}"
+                )
     assert not problems, "\n".join(problems)
 
 
 def test_environment_python_and_editable_install(pyproject: dict) -> None:
     env = yaml.safe_load((ROOT / "environment.yml").read_text(encoding="utf-8"))
-    pythons = [d for d in env["dependencies"] if isinstance(d, str) and re.match(r"python\b", d)]
+    pythons = [
+        d
+        for d in env["dependencies"]
+        if isinstance(d, str) and re.match(r"python\b", d)
+    ]
     assert len(pythons) == 1, f"environment.yml must pin python once, got {pythons}"
     version = re.fullmatch(r"python\s*=\s*(\d+\.\d+)", pythons[0])
     assert version, f"write the python pin as python=3.X, got {pythons[0]!r}"
     requires = SpecifierSet(pyproject["project"]["requires-python"])
-    assert requires.contains(f"{version[1]}.0"), f"python={version[1]} vs requires {requires}"
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    assert requires.contains(f"{version[1]}.0"), (
+        f"python={version[1]} vs requires {requires}"
+    )
+    pip = next(
+        d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d
+    )
     assert any(re.fullmatch(r"-e \.(\[.*\bbook\b.*\])?", line) for line in pip), (
         "environment.yml must install the repository itself with `-e .[book]`"
     )
@@ -120,14 +144,24 @@ def test_environment_python_and_editable_install(pyproject: dict) -> None:
 
 
 def test_constraints_pin_everything() -> None:
-    lines = (ROOT / "requirements" / "constraints.txt").read_text(encoding="utf-8").splitlines()
-    pins = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = (
+        (ROOT / "requirements" / "constraints.txt")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    )
+    pins = [
+        ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     loose = [ln for ln in pins if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[^=\s;]+", ln)]
     assert not loose, f"every constraint must be name==version: {loose}"
     by_name = {_canonical(p.split("==")[0]): p.split("==")[1] for p in pins}
-    assert by_name.get("torch") == "2.13.0", "torch must be pinned as torch==2.13.0 (no +cpu)"
+    assert by_name.get("torch") == "2.13.0", (
+        "torch must be pinned as torch==2.13.0 (no +cpu)"
+    )
     assert by_name.get("jupyter-book") == "1.0.4.post1", "Jupyter Book 1 is required"
-    assert "companion" not in by_name, "the package itself must not be in the constraints"
+    assert "companion" not in by_name, (
+        "the package itself must not be in the constraints"
+    )
 
 
 def _first_code_cell(nb_path: Path) -> str:
@@ -148,8 +182,12 @@ def test_chapters_install_from_the_configured_repository() -> None:
     assert notebooks, "_toc.yml lists no chapter notebooks"
     for nb in notebooks:
         cell = _first_code_cell(ROOT / nb)
-        assert f'REPO = "{url}"' in cell, f"{nb}: first code cell does not install from {url}"
-        assert '"google.colab" in sys.modules' in cell, f"{nb}: setup cell must be Colab-only"
+        assert f'REPO = "{url}"' in cell, (
+            f"{nb}: first code cell does not install from {url}"
+        )
+        assert '"google.colab" in sys.modules' in cell, (
+            f"{nb}: setup cell must be Colab-only"
+        )
     check = subprocess.run(
         [sys.executable, "tools/sync_repo_url.py", "--check"],
         cwd=ROOT,
@@ -177,7 +215,9 @@ def test_chapters_are_paired_with_py_percent() -> None:
         cells_b = [(c.cell_type, c.source) for c in b.cells]
         assert cells_a == cells_b, f"{nb} and {py.name} differ: run `make notebooks`"
         formats = a.metadata.get("jupytext", {}).get("formats", "")
-        assert "py:percent" in formats, f"{nb} is not paired with py:percent ({formats!r})"
+        assert "py:percent" in formats, (
+            f"{nb} is not paired with py:percent ({formats!r})"
+        )
 
 
 def test_api_page_documents_every_companion_module():

@@ -58,12 +58,20 @@ def _flat(state) -> list[torch.Tensor]:
 def _run(layer, x, state, impl: str):
     """Output, final state and the gradients of a fixed loss w.r.t. x, state and weights."""
     x = x.detach().requires_grad_()
-    state = None if state is None else [s.detach().requires_grad_() for s in _flat(state)]
-    arg = None if state is None else (tuple(state) if isinstance(layer, LSTM) else state[0])
+    state = (
+        None if state is None else [s.detach().requires_grad_() for s in _flat(state)]
+    )
+    arg = (
+        None
+        if state is None
+        else (tuple(state) if isinstance(layer, LSTM) else state[0])
+    )
     out, final = layer(x, arg, impl=impl)
     gen = torch.Generator().manual_seed(1)
     loss = (out * torch.randn(out.shape, generator=gen)).sum()
-    loss = loss + sum((f * torch.randn(f.shape, generator=gen)).sum() for f in _flat(final))
+    loss = loss + sum(
+        (f * torch.randn(f.shape, generator=gen)).sum() for f in _flat(final)
+    )
     inputs = [x, *(state or []), *layer.parameters()]
     grads = torch.autograd.grad(loss, inputs)
     return out.detach(), [f.detach() for f in _flat(final)], grads
@@ -96,7 +104,9 @@ def test_lstm_cell_gate_order_is_i_f_g_o():
     b[:h_size] = -50.0  # i shut
     b[h_size : 2 * h_size] = 50.0  # f open
     c = torch.randn(2, h_size)
-    _, c_next = lstm_cell(torch.randn(2, 2), torch.randn(2, h_size), c, w_ih, w_hh, b, None)
+    _, c_next = lstm_cell(
+        torch.randn(2, 2), torch.randn(2, h_size), c, w_ih, w_hh, b, None
+    )
     torch.testing.assert_close(c_next, c)
 
 
@@ -138,8 +148,13 @@ def test_autograd_depth_grows_with_the_reference_loop_only():
     torch.manual_seed(0)
     layer = LSTM(3, 4)
     depths = [autograd_depth(layer(torch.randn(1, t, 3))[0].sum()) for t in (4, 8, 16)]
-    assert depths[1] - depths[0] == (depths[2] - depths[1]) // 2 > 0  # exactly linear in T
-    fused = [autograd_depth(layer(torch.randn(1, t, 3), impl="torch")[0].sum()) for t in (4, 16)]
+    assert (
+        depths[1] - depths[0] == (depths[2] - depths[1]) // 2 > 0
+    )  # exactly linear in T
+    fused = [
+        autograd_depth(layer(torch.randn(1, t, 3), impl="torch")[0].sum())
+        for t in (4, 16)
+    ]
     assert fused[0] == fused[1]  # one fused node, whatever T
     assert autograd_depth(torch.ones(2)) == 0
     assert IMPLS == ("reference", "torch")
@@ -155,7 +170,9 @@ def test_distant_recall_places_the_signal():
     assert ((y[:, -1] >= 1) & (y[:, -1] <= 4)).all()
     body = x[:, :-1].clone()
     body[rows, 19 - dist] = 100
-    assert ((body >= 5) & (body <= 13) | (body == 100)).all()  # only distractors elsewhere
+    assert (
+        (body >= 5) & (body <= 13) | (body == 100)
+    ).all()  # only distractors elsewhere
     assert dist.min() >= 1 and dist.max() <= 19
     _, _, fixed = distant_recall(8, 20, 4, 9, distance=7, generator=gen)
     assert (fixed == 7).all()

@@ -17,7 +17,11 @@ SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 64,
+    },
     "yarn-mscale": {
         "rope_type": "yarn",
         "factor": 40.0,
@@ -59,7 +63,8 @@ def test_layouts_are_the_same_rotation_on_permuted_channels():
     cos, sin = rope_cos_sin(torch.arange(5), *rope_frequencies(8))
     perm = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])  # half layout -> interleaved layout
     torch.testing.assert_close(
-        apply_rope(x, cos, sin, "half")[:, perm], apply_rope(x[:, perm], cos, sin, "interleaved")
+        apply_rope(x, cos, sin, "half")[:, perm],
+        apply_rope(x[:, perm], cos, sin, "interleaved"),
     )
 
 
@@ -96,7 +101,9 @@ def test_frequencies_match_transformers(name, partial):
     ours = rope_frequencies(32, 10000.0, scaling, partial, 256, seq_len=600)
     if kind == "default":
         theirs = (
-            1.0 / 10000.0 ** (torch.arange(0, int(32 * partial), 2).float() / int(32 * partial)),
+            1.0
+            / 10000.0
+            ** (torch.arange(0, int(32 * partial), 2).float() / int(32 * partial)),
             1.0,
         )
     elif kind == "dynamic":
@@ -118,9 +125,13 @@ def test_errors_name_the_problem():
         RopeScaling("llama3", factor=8.0)
     with pytest.raises(ValueError, match=r"unknown RoPE scaling key\(s\) \['factr'\]"):
         RopeScaling.from_mapping({"type": "linear", "factr": 2.0})
-    assert RopeScaling.from_mapping({"type": "linear", "factor": 2.0}) == RopeScaling("linear", 2.0)
+    assert RopeScaling.from_mapping({"type": "linear", "factor": 2.0}) == RopeScaling(
+        "linear", 2.0
+    )
     assert RopeScaling.from_mapping({"rope_type": "default"}) is None
-    with pytest.raises(TypeError, match="scaling must be a RopeScaling or None, got dict"):
+    with pytest.raises(
+        TypeError, match="scaling must be a RopeScaling or None, got dict"
+    ):
         rope_frequencies(16, scaling={"rope_type": "linear", "factor": 2.0})
     cos, sin = rope_cos_sin(torch.arange(3), rope_frequencies(16)[0])
     with pytest.raises(ValueError, match="layout must be one of"):

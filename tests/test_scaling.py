@@ -39,7 +39,9 @@ def lm(d: int, n_layers: int, seq: int, vocab: int = 37) -> DecoderLM:
     return DecoderLM(cfg)
 
 
-@pytest.mark.parametrize(("d", "n_layers", "seq"), [(16, 1, 8), (64, 2, 32), (128, 3, 64)])
+@pytest.mark.parametrize(
+    ("d", "n_layers", "seq"), [(16, 1, 8), (64, 2, 32), (128, 3, 64)]
+)
 def test_measured_flops_equal_the_full_count(d, n_layers, seq):
     model = lm(d, n_layers, seq)
     x = torch.randint(0, 37, (2, seq))
@@ -49,7 +51,9 @@ def test_measured_flops_equal_the_full_count(d, n_layers, seq):
         n_matrix, n_layers=n_layers, seq_len=seq, d_model=d, vocab_size=37
     )
     assert measured == pytest.approx(expected, rel=1e-9)
-    assert all(p.grad is None for p in model.parameters())  # the count leaves no gradients
+    assert all(
+        p.grad is None for p in model.parameters()
+    )  # the count leaves no gradients
 
 
 def test_six_n_is_close_for_a_wide_model_with_a_short_context():
@@ -88,9 +92,18 @@ def test_chinchilla_arithmetic():
 
 def test_span_exact_match():
     correct = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
-    assert span_exact_match(correct, 2).tolist() == [[True, False, True], [True, True, False]]
+    assert span_exact_match(correct, 2).tolist() == [
+        [True, False, True],
+        [True, True, False],
+    ]
     assert span_exact_match(correct, 3, start=3).tolist() == [[True], [False]]
-    assert span_exact_match(correct, 2, stride=1)[0].tolist() == [True, False, False, True, True]
+    assert span_exact_match(correct, 2, stride=1)[0].tolist() == [
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
     with pytest.raises(ValueError, match="at least one span"):
         span_exact_match(correct, 7)
     with pytest.raises(ValueError, match=r"shape \(B, T\)"):

@@ -40,7 +40,9 @@ def ids(*shape: int, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("position", ["sinusoidal", "learned", "none"])
 def test_logits_shape_and_decoder_causality(placement, position):
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(small(norm_placement=placement, position=position)).eval()
+    model = Seq2SeqTransformer(
+        small(norm_placement=placement, position=position)
+    ).eval()
     src, tgt = ids(2, 7), ids(2, 9, seed=1)
     logits = model(src, tgt)
     assert logits.shape == (2, 9, V)
@@ -68,11 +70,15 @@ def test_source_padding_is_ignored_when_masked():
     padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
     ref = model(src, tgt)
-    torch.testing.assert_close(model(padded, tgt, src_mask=mask), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model(padded, tgt, src_mask=mask), ref, atol=1e-5, rtol=1e-5
+    )
     torch.testing.assert_close(
         model.encode(padded, mask)[:, :5], model.encode(src), atol=1e-5, rtol=1e-5
     )
-    assert not torch.allclose(model(padded, tgt), ref, atol=1e-3)  # unmasked pads leak in
+    assert not torch.allclose(
+        model(padded, tgt), ref, atol=1e-3
+    )  # unmasked pads leak in
 
 
 def test_target_padding_and_mask():
@@ -83,7 +89,9 @@ def test_target_padding_and_mask():
     right = torch.cat([tgt, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0]])
     torch.testing.assert_close(model(src, right)[:, :4], ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(model(src, right, tgt_mask=mask)[:, :4], ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model(src, right, tgt_mask=mask)[:, :4], ref, atol=1e-5, rtol=1e-5
+    )
     # with no positions, left padding hidden by the mask is invisible too
     left = torch.cat([torch.zeros(1, 3, dtype=torch.long), tgt], dim=1)
     out = model(src, left, tgt_mask=mask.flip(1))[:, 3:]
@@ -149,7 +157,9 @@ def test_base_model_size():
     parts = base_param_breakdown()
     d, ff, v, n = 512, 2048, 37_000, 6
     attn, ffn, ln = 4 * (d * d + d), 2 * d * ff + ff + d, 2 * d
-    assert parts["embeddings"] == v * d  # one table: source, target and output projection
+    assert (
+        parts["embeddings"] == v * d
+    )  # one table: source, target and output projection
     assert parts["encoder"] == n * (attn + ffn + 2 * ln)
     assert parts["decoder"] == n * (2 * attn + ffn + 3 * ln)
     total = sum(parts.values())

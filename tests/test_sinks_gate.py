@@ -9,7 +9,11 @@ import torch
 from companion.layers.mha import MultiHeadAttention
 from companion.ops.dispatch import attention
 from companion.ops.masks import causal_mask
-from companion.ops.sinks import sink_attention_weights, sink_naive_attention, sink_sdpa_attention
+from companion.ops.sinks import (
+    sink_attention_weights,
+    sink_naive_attention,
+    sink_sdpa_attention,
+)
 
 
 def _qkv(b=2, h=4, h_kv=2, t=5, s=7, d=8, seed=0):
@@ -53,7 +57,9 @@ def test_sinks_match_gpt_oss_eager_attention():
     module = torch.nn.Module()
     module.num_key_value_groups, module.sinks, module.training = 2, sinks, False
     additive = torch.zeros(6, 6).masked_fill(~causal_mask(6, 6), float("-inf"))
-    theirs, _ = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=8**-0.5)
+    theirs, _ = gpt_oss.eager_attention_forward(
+        module, q, k, v, additive, scaling=8**-0.5
+    )
     ours = attention(q, k, v, impl="sdpa", causal=True, sinks=sinks)
     torch.testing.assert_close(ours.transpose(1, 2), theirs, atol=1e-6, rtol=1e-5)
 
@@ -70,7 +76,9 @@ def test_mha_with_sinks_and_gate_decodes_like_the_full_forward():
     from companion.layers.kv_cache import KVCache
 
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, n_kv_heads=2, sinks=True, output_gate=True, causal=True).eval()
+    mha = MultiHeadAttention(
+        32, 4, n_kv_heads=2, sinks=True, output_gate=True, causal=True
+    ).eval()
     torch.nn.init.normal_(mha.sinks)
     x = torch.randn(1, 6, 32)
     full = mha(x)
@@ -85,7 +93,10 @@ def test_output_gate_scales_each_channel_by_a_sigmoid():
     gated = MultiHeadAttention(16, 2, output_gate=True, bias=False, causal=True).eval()
     plain = MultiHeadAttention(16, 2, bias=False, causal=True).eval()
     w = gated.qkv.weight.detach().view(-1, 16)
-    q_and_gate, kv = w[:32].view(2, 16, 16), w[32:]  # per head: [q_h (8 rows), gate_h (8 rows)]
+    q_and_gate, kv = (
+        w[:32].view(2, 16, 16),
+        w[32:],
+    )  # per head: [q_h (8 rows), gate_h (8 rows)]
     plain.qkv.weight.data = torch.cat([q_and_gate[:, :8].reshape(16, 16), kv])
     plain.out_proj.weight.data = gated.out_proj.weight.data
     x = torch.randn(1, 3, 16)

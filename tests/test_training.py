@@ -24,7 +24,9 @@ def test_inverse_sqrt_schedule_peaks_at_warmup():
     peak = max(range(len(lrs)), key=lrs.__getitem__)
     assert peak == 3999
     assert lrs[peak] == pytest.approx(512**-0.5 * 4000**-0.5)
-    assert lrs[15999] == pytest.approx(lrs[3999] / 2)  # 1/sqrt decay: 4x the steps, half the lr
+    assert lrs[15999] == pytest.approx(
+        lrs[3999] / 2
+    )  # 1/sqrt decay: 4x the steps, half the lr
 
 
 def test_cosine_schedule_endpoints():
@@ -42,13 +44,17 @@ def test_label_smoothing_matches_torch_with_rescaled_eps(eps):
     tgt[3] = -100
     ours = label_smoothed_cross_entropy(logits, tgt, eps)
     # torch spreads eps over all V classes; ours over the V - 1 wrong ones (the 2017 paper's).
-    theirs = F.cross_entropy(logits, tgt, label_smoothing=eps * v / (v - 1), ignore_index=-100)
+    theirs = F.cross_entropy(
+        logits, tgt, label_smoothing=eps * v / (v - 1), ignore_index=-100
+    )
     torch.testing.assert_close(ours, theirs)
 
 
 def test_label_smoothing_rejects_bad_eps():
     with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\)"):
-        label_smoothed_cross_entropy(torch.randn(2, 3), torch.zeros(2, dtype=torch.long), 1.0)
+        label_smoothed_cross_entropy(
+            torch.randn(2, 3), torch.zeros(2, dtype=torch.long), 1.0
+        )
 
 
 def test_adamw_decays_matrices_only():
@@ -56,7 +62,9 @@ def test_adamw_decays_matrices_only():
     opt = make_adamw(model, lr=1e-3, weight_decay=0.1)
     decay, no_decay = opt.param_groups
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
-    assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert (
+        all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    )
 
 
 def test_training_reduces_loss_and_is_seeded():

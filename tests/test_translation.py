@@ -52,9 +52,20 @@ def test_each_number_word_points_at_the_digits_it_translates():
     tens = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
     teens = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen"
     g = torch.Generator().manual_seed(0)
-    for n in [0, 7, 10, 19, 20, 705, 2005, 40302, 110011, 718245, 999999, 100000] + torch.randint(
-        0, 1_000_000, (300,), generator=g
-    ).tolist():
+    for n in [
+        0,
+        7,
+        10,
+        19,
+        20,
+        705,
+        2005,
+        40302,
+        110011,
+        718245,
+        999999,
+        100000,
+    ] + torch.randint(0, 1_000_000, (300,), generator=g).tolist():
         digits = str(n)
         for word, at in aligned_words(n):
             read = "".join(digits[i] for i in at)
@@ -75,7 +86,11 @@ def test_each_number_word_points_at_the_digits_it_translates():
 def test_vocab_roundtrip_and_special_ids():
     vocab = NumberVocab()
     assert vocab.vocab_size == 3 + 10 + 31
-    assert (vocab.tokens[PAD], vocab.tokens[BOS], vocab.tokens[EOS]) == ("<pad>", "<bos>", "<eos>")
+    assert (vocab.tokens[PAD], vocab.tokens[BOS], vocab.tokens[EOS]) == (
+        "<pad>",
+        "<bos>",
+        "<eos>",
+    )
     assert len(set(vocab.tokens)) == vocab.vocab_size
     for n in (0, 19, 70, 4007, 123456):
         assert vocab.decode(vocab.source_ids(n)) == str(n)
@@ -119,7 +134,9 @@ def test_training_never_sees_a_test_number(task):
     lengths = torch.tensor([len(str(int(n))) for n in nums])
     assert set(lengths.tolist()) == set(range(1, 7))  # every length is drawn
     test = task.test_numbers(100)
-    assert len(test) == 1 + 9 + 90 + 3 * 100  # ~10% of 1-, 2-, 3-digit numbers are held out
+    assert (
+        len(test) == 1 + 9 + 90 + 3 * 100
+    )  # ~10% of 1-, 2-, 3-digit numbers are held out
     assert task.held_out[test].all() and len(set(test.tolist())) == len(test)
     assert not set(test.tolist()) & set(nums.tolist())
     assert {len(str(int(n))) for n in test} == set(range(1, 7))

@@ -42,7 +42,9 @@ def test_layer_masks_band_and_triangle() -> None:
     ],
     ids=["unknown-kind", "no-window", "zero-window"],
 )
-def test_layer_masks_errors(kinds: tuple[str, ...], window: int | None, match: str) -> None:
+def test_layer_masks_errors(
+    kinds: tuple[str, ...], window: int | None, match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         layer_masks(kinds, window, 8)
 
@@ -58,7 +60,9 @@ def test_local_stack_reaches_formula(n_layers: int, window: int) -> None:
         size = receptive_field_size(layer, window)
         row = fields[layer, t - 1]
         assert int(row.sum()) == min(size, t)
-        assert bool(row[t - min(size, t) :].all())  # a contiguous run ending at the query
+        assert bool(
+            row[t - min(size, t) :].all()
+        )  # a contiguous run ending at the query
 
 
 @pytest.mark.parametrize("where", [0, 2, 3])
@@ -79,8 +83,13 @@ def test_receptive_fields_rejects_bad_masks() -> None:
 def _model(kinds: tuple[str, ...], window: int) -> DecoderLM:
     torch.manual_seed(0)
     cfg = tiny(
-        vocab_size=40, n_layers=len(kinds), attn_impl="reference",
-        sliding_window=window, layer_types=kinds, max_seq_len=32, n_kv_heads=None,
+        vocab_size=40,
+        n_layers=len(kinds),
+        attn_impl="reference",
+        sliding_window=window,
+        layer_types=kinds,
+        max_seq_len=32,
+        n_kv_heads=None,
     )
     return DecoderLM(cfg)
 
@@ -96,7 +105,9 @@ def _model(kinds: tuple[str, ...], window: int) -> DecoderLM:
     ids=["1-local", "2-local", "3-local", "local-full-local"],
 )
 @pytest.mark.parametrize("query", [-1, 10])
-def test_gradient_support_matches_receptive_field(kinds: tuple[str, ...], query: int) -> None:
+def test_gradient_support_matches_receptive_field(
+    kinds: tuple[str, ...], query: int
+) -> None:
     t, window = 24, 4
     model = _model(kinds, window)
     ids = torch.randint(0, 40, (1, t), generator=torch.Generator().manual_seed(1))

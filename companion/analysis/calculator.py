@@ -1,36 +1,41 @@
-"""The build-a-model calculator: parameters, KV cache and FLOPs from a config (chapter 13).
+"""The build-a-model calculator: parameters, KV cache and FLOPs from a config (chapter
+13).
 
-Shape legend: V vocabulary, d model width, L layers, H query heads, H_kv key/value heads,
-D head width, F dense FFN width, E routed experts, k experts per token, F_e expert width,
-F_s shared-expert width; MLA: r latent width, r_q query latent width, R decoupled RoPE width,
-D_nope / D_v per-head key and value widths; Gated DeltaNet: H_k / H_v heads, D_k / D_v head
-widths, K convolution width; w sliding window; s context (keys a token attends to).
+Shape legend: V vocabulary, d model width, L layers, H query heads, H_kv key/value
+heads, D head width, F dense FFN width, E routed experts, k experts per token, F_e
+expert width, F_s shared-expert width; MLA: r latent width, r_q query latent width, R
+decoupled RoPE width, D_nope / D_v per-head key and value widths; Gated DeltaNet: H_k /
+H_v heads, D_k / D_v head widths, K convolution width; w sliding window; s context (keys
+a token attends to).
 
-Everything here is arithmetic on a :class:`~companion.models.config.ModelConfig`: no tensor is
-built. :func:`count_params` counts exactly what :class:`companion.models.decoder.DecoderLM` holds
-(tests check it against the model built on the meta device), which is also what the
-released checkpoints hold, so the published parameter counts come out to the integer.
+Everything here is arithmetic on a :class:`~companion.models.config.ModelConfig`: no
+tensor is built. :func:`count_params` counts exactly what
+:class:`companion.models.decoder.DecoderLM` holds (tests check it against the model
+built on the meta device), which is also what the released checkpoints hold, so the
+published parameter counts come out to the integer.
 
 Conventions, each a choice the published figures force or the chapter argues for:
 
-- **Active parameters** are those one token's forward pass touches: everything except the
-  routed experts it was not sent to. The input embedding counts as active in full, as the
-  DeepSeek-V3 and Qwen3 reports count it (37.6B, 22.2B). OpenAI's gpt-oss card leaves the
-  embedding table out (a token reads one row of it); that figure (5.13B) is
+- **Active parameters** are those one token's forward pass touches: everything except
+  the routed experts it was not sent to. The input embedding counts as active in full,
+  as the DeepSeek-V3 and Qwen3 reports count it (37.6B, 22.2B). OpenAI's gpt-oss card
+  leaves the embedding table out (a token reads one row of it); that figure (5.13B) is
   :attr:`ParamCount.active_without_embeddings`.
-- **DeepSeek-V3's selection bias** (one number per routed expert, moved by a balancing rule,
-  not by gradients) is stored in the checkpoint and counted in ``total``; it is the only
-  part of ``ParamCount.frozen``, which ``trainable`` leaves out.
-- **Cache** sizes count what decoding must keep per sequence: K and V of every position for
-  full attention, of the last w positions for sliding layers, one latent and one RoPE key per
-  position for MLA (the absorbed form needs nothing else), and a fixed state for Gated
-  DeltaNet layers (the H_v·D_k·D_v delta-rule memory, kept in fp32 by default as released
-  hybrids do, plus the convolution's last K − 1 inputs in the cache dtype).
-- **FLOPs** are a forward pass for one token: 2 per weight of every matrix (and conv kernel)
-  the token goes through, the output head included even when tied, plus attention's 2·s·H·D
-  for the scores and 2·s·H·D for the weighted values (sliding layers: s capped at w). Norms,
-  biases, the embedding lookup and element-wise gates are left out (well under 0.1%).
-  Forward plus backward is about three times this (the 6N rule, N active).
+- **DeepSeek-V3's selection bias** (one number per routed expert, moved by a balancing
+  rule, not by gradients) is stored in the checkpoint and counted in ``total``; it is
+  the only part of ``ParamCount.frozen``, which ``trainable`` leaves out.
+- **Cache** sizes count what decoding must keep per sequence: K and V of every position
+  for full attention, of the last w positions for sliding layers, one latent and one
+  RoPE key per position for MLA (the absorbed form needs nothing else), and a fixed
+  state for Gated DeltaNet layers (the H_v·D_k·D_v delta-rule memory, kept in fp32 by
+  default as released hybrids do, plus the convolution's last K − 1 inputs in the cache
+  dtype).
+- **FLOPs** are a forward pass for one token: 2 per weight of every matrix (and conv
+  kernel) the token goes through, the output head included even when tied, plus
+  attention's 2·s·H·D for the scores and 2·s·H·D for the weighted values (sliding
+  layers: s capped at w). Norms, biases, the embedding lookup and element-wise gates are
+  left out (well under 0.1%). Forward plus backward is about three times this (the 6N
+  rule, N active).
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ class ParamCount:
 
     @property
     def active_without_embeddings(self) -> int:
-        """``active`` without the lookup tables (token and learned position embeddings)."""
+        """``active`` without the lookup tables (token and learned position
+        embeddings)."""
         return self.active - self.breakdown["embedding"] - self.breakdown["positions"]
 
 
@@ -113,7 +119,9 @@ class Tally:
     macs: int = 0
     frozen: int = 0
 
-    def add(self, part: str, total: int, active: int | None = None, macs: int = 0) -> None:
+    def add(
+        self, part: str, total: int, active: int | None = None, macs: int = 0
+    ) -> None:
         self.total[part] += total
         self.active[part] += total if active is None else active
         self.macs += macs
@@ -127,9 +135,12 @@ def _check_config(cfg: object) -> None:
 
 
 def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters, matrix weights) of one softmax-attention layer with H and H_kv heads."""
+    """(parameters, matrix weights) of one softmax-attention layer with H and H_kv
+    heads."""
     d, h, d_head = cfg.d_model, cfg.n_heads, cfg.head_dim
-    q_out = h * d_head * (2 if cfg.attn_output_gate else 1)  # the gate rides on q's matrix
+    q_out = (
+        h * d_head * (2 if cfg.attn_output_gate else 1)
+    )  # the gate rides on q's matrix
     kv_out = cfg.n_kv_heads * d_head
     matrices = d * (q_out + 2 * kv_out) + h * d_head * d
     extra = (q_out + 2 * kv_out if cfg.qkv_bias else 0) + (d if cfg.bias else 0)
@@ -163,7 +174,10 @@ def gated_deltanet_params(cfg: ModelConfig) -> tuple[int, int]:
     conv = (2 * keys + values) * cfg.linear_conv_kernel  # depthwise, no bias
     out = values * d
     weights = qkvz + ba + conv + out
-    return weights + 2 * h_v + cfg.linear_value_dim, weights  # + dt_bias, A_log, out norm
+    return (
+        weights + 2 * h_v + cfg.linear_value_dim,
+        weights,
+    )  # + dt_bias, A_log, out norm
 
 
 def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -176,7 +190,8 @@ def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def tally_moe(cfg: ModelConfig, tally: Tally) -> None:
-    """One MoE layer: the router scores all E experts, k of them run, the shared one always."""
+    """One MoE layer: the router scores all E experts, k of them run, the shared one
+    always."""
     d, e, k, f_e = cfg.d_model, cfg.n_experts, cfg.experts_per_token, cfg.expert_d_ff
     router = e * d + (e if cfg.router_bias else 0)
     if cfg.router_selection_bias:
@@ -225,7 +240,8 @@ def count_params(cfg: ModelConfig) -> ParamCount:
 
 
 def _cache_width(cfg: ModelConfig) -> int:
-    """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE key."""
+    """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE
+    key."""
     if cfg.is_mla:
         return cfg.kv_lora_rank + cfg.qk_rope_head_dim
     return 2 * cfg.n_kv_heads * cfg.head_dim
@@ -251,9 +267,10 @@ def kv_cache_bytes(
 ) -> int:
     """Bytes of the decoding cache of ``batch`` sequences of ``tokens`` positions each.
 
-    Full layers keep every position, sliding layers the last min(tokens, w), Gated DeltaNet
-    layers a fixed H_v·D_k·D_v state in ``state_dtype_bytes`` (4: fp32) plus their
-    convolution's last K − 1 inputs, (2·H_k·D_k + H_v·D_v)·(K − 1) numbers in ``dtype_bytes``.
+    Full layers keep every position, sliding layers the last min(tokens, w), Gated
+    DeltaNet layers a fixed H_v·D_k·D_v state in ``state_dtype_bytes`` (4: fp32) plus
+    their convolution's last K − 1 inputs, (2·H_k·D_k + H_v·D_v)·(K − 1) numbers in
+    ``dtype_bytes``.
     """
     _check_config(cfg)
     check_int("tokens", tokens, 0)
@@ -266,7 +283,9 @@ def kv_cache_bytes(
             h_k, h_v = cfg.linear_key_heads, cfg.linear_value_heads
             d_k, d_v = cfg.linear_key_dim, cfg.linear_value_dim
             total += h_v * d_k * d_v * state_dtype_bytes
-            total += (2 * h_k * d_k + h_v * d_v) * (cfg.linear_conv_kernel - 1) * dtype_bytes
+            total += (
+                (2 * h_k * d_k + h_v * d_v) * (cfg.linear_conv_kernel - 1) * dtype_bytes
+            )
         else:
             kept = min(tokens, cfg.sliding_window) if kind == "sliding" else tokens
             total += kept * _cache_width(cfg) * dtype_bytes
@@ -277,16 +296,19 @@ def flops_per_token(cfg: ModelConfig, context: int) -> int:
     """Forward FLOPs of one token that attends to ``context`` keys (its own included).
 
     2 × the active matrix weights, plus per attention layer 2·s·H·D_qk (scores) and
-    2·s·H·D_v (weighted values) with s = ``context`` (sliding layers: min(s, w)); MLA counts
-    its heads' full widths (D_qk = D_nope + R). A Gated DeltaNet layer's state costs
-    6·H_v·D_k·D_v whatever the context (read-out, the delta rule's read and its write).
+    2·s·H·D_v (weighted values) with s = ``context`` (sliding layers: min(s, w)); MLA
+    counts its heads' full widths (D_qk = D_nope + R). A Gated DeltaNet layer's state
+    costs 6·H_v·D_k·D_v whatever the context (read-out, the delta rule's read and its
+    write).
     """
     tally = _tally(cfg)
     check_int("context", context, 0)
     mixing = 0
     for kind in cfg.layer_types:
         if kind == "linear":
-            mixing += 6 * cfg.linear_value_heads * cfg.linear_key_dim * cfg.linear_value_dim
+            mixing += (
+                6 * cfg.linear_value_heads * cfg.linear_key_dim * cfg.linear_value_dim
+            )
             continue
         s = min(context, cfg.sliding_window) if kind == "sliding" else context
         d_v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim

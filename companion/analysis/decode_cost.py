@@ -1,14 +1,15 @@
-"""What one decoding step costs: work with and without a cache, bytes against FLOPs (chapter 08).
+"""What one decoding step costs: work with and without a cache, bytes against FLOPs
+(chapter 08).
 
 Shape legend: P prompt tokens, n new tokens, s context (keys one query reads), b batch,
-H query heads, D_qk / D_v query-key and value widths of a head, w cache width (numbers one
-layer stores per position: 2·H_kv·D for K and V, C + R for a latent cache).
+H query heads, D_qk / D_v query-key and value widths of a head, w cache width (numbers
+one layer stores per position: 2·H_kv·D for K and V, C + R for a latent cache).
 
 Pure arithmetic, no tensors: the chapter checks each formula against a model it runs.
 
-* :func:`projected_tokens` and :func:`attended_pairs` count the work of greedy generation
-  with a KV cache (the prompt once, then one token per step) and without one (the whole
-  sequence re-read at every step): linear against quadratic in the tokens.
+* :func:`projected_tokens` and :func:`attended_pairs` count the work of greedy
+  generation with a KV cache (the prompt once, then one token per step) and without one
+  (the whole sequence re-read at every step): linear against quadratic in the tokens.
 * :func:`decode_attention_flops` and :func:`decode_attention_bytes` are one layer's
   attention in one decode step; their ratio, :func:`arithmetic_intensity`, set against a
   chip's :func:`ridge_point`, says whether the step waits on memory or on arithmetic
@@ -41,8 +42,8 @@ def _steps(prompt: int, new_tokens: int) -> list[int]:
 
 def projected_tokens(prompt: int, new_tokens: int, *, cached: bool) -> int:
     """Token rows one layer's projections process to generate ``new_tokens`` after a
-    ``prompt``: P + n − 1 with a cache (the prompt once, then each new token but the last),
-    Σ (P + i) for i < n without (every pass re-reads the whole sequence)."""
+    ``prompt``: P + n − 1 with a cache (the prompt once, then each new token but the
+    last), Σ (P + i) for i < n without (every pass re-reads the whole sequence)."""
     ends = _steps(prompt, new_tokens)
     if not ends:
         return 0
@@ -52,9 +53,9 @@ def projected_tokens(prompt: int, new_tokens: int, *, cached: bool) -> int:
 def attended_pairs(prompt: int, new_tokens: int, *, cached: bool) -> int:
     """(query, key) pairs one causal attention head scores during generation.
 
-    A pass over positions [a, e) scores Σ (p + 1) pairs for p in [a, e). With a cache the
-    passes cover [0, P), then [e − 1, e) for e = P + 1, ..., P + n − 1; without one, [0, e)
-    for e = P, ..., P + n − 1 (T(T + 1)/2 pairs each).
+    A pass over positions [a, e) scores Σ (p + 1) pairs for p in [a, e). With a cache
+    the passes cover [0, P), then [e − 1, e) for e = P + 1, ..., P + n − 1; without one,
+    [0, e) for e = P, ..., P + n − 1 (T(T + 1)/2 pairs each).
     """
     ends = _steps(prompt, new_tokens)
     if not ends:
@@ -80,8 +81,8 @@ def decode_attention_bytes(
     cache_width: int, context: int, batch: int = 1, bytes_per_element: int = 2
 ) -> int:
     """Bytes of cache one layer reads for one new token per sequence: w·s·b·bytes, with
-    w = 2·H_kv·D for K and V (each K/V head read once for all the query heads sharing it)
-    or C + R for a latent cache read in absorbed form."""
+    w = 2·H_kv·D for K and V (each K/V head read once for all the query heads sharing
+    it) or C + R for a latent cache read in absorbed form."""
     check_int("cache_width", cache_width, 1)
     check_int("context", context, 0)
     check_int("batch", batch, 1)
@@ -98,15 +99,16 @@ def arithmetic_intensity(flops: float, nbytes: float) -> float:
 
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
-    """The intensity (FLOPs/byte) above which a chip is limited by arithmetic, below which
-    by memory: peak FLOP/s ÷ bytes/s."""
+    """The intensity (FLOPs/byte) above which a chip is limited by arithmetic, below
+    which by memory: peak FLOP/s ÷ bytes/s."""
     check_positive("peak_flops", peak_flops)
     check_positive("bandwidth", bandwidth)
     return peak_flops / bandwidth
 
 
 def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
-    """The roofline: FLOP/s a kernel of this intensity can reach, min(peak, I·bandwidth)."""
+    """The roofline: FLOP/s a kernel of this intensity can reach, min(peak,
+    I·bandwidth)."""
     check_positive("intensity", intensity)
     check_positive("peak_flops", peak_flops)
     check_positive("bandwidth", bandwidth)

@@ -1,23 +1,27 @@
-"""Measuring a Transformer from the inside: the residual stream, gradients, attention logits
-and the operations a function runs (chapter 06, reused by later chapters).
+"""Measuring a Transformer from the inside: the residual stream, gradients, attention
+logits and the operations a function runs (chapter 06, reused by later chapters).
 
 Shape legend: B batch, T tokens, d model width, L blocks, H heads, D head width. Every
-probe works on a model with a ``blocks`` list whose blocks take the stream ``x (B, T, d)``
-as their first argument and return it (``companion.models.decoder.DecoderLM``); the measurements
-use forward hooks and leave the model unchanged.
+probe works on a model with a ``blocks`` list whose blocks take the stream ``x (B, T,
+d)`` as their first argument and return it (``companion.models.decoder.DecoderLM``); the
+measurements use forward hooks and leave the model unchanged.
 
-- :func:`capture_stream`, :func:`stream_states`, :func:`residual_norms`: the stream before
-  block 0 and after each block, ``L + 1`` states.
+- :func:`capture_stream`, :func:`stream_states`, :func:`residual_norms`: the stream
+  before block 0 and after each block, ``L + 1`` states.
 - :func:`block_grad_norms`: the gradient norm of each block's parameters for one batch.
-- :func:`identity_path_jacobian`: ‖∂x_L/∂x_ℓ‖ and its trace per layer, from random probes.
-- :class:`LayerTracker`: the base of the two trackers below, one number per layer and pass.
-- :func:`attention_logit_max` and :class:`AttentionLogitTracker`: the largest ``|q·k|·scale``
-  of each layer, once or at every forward pass during training.
+- :func:`identity_path_jacobian`: ‖∂x_L/∂x_ℓ‖ and its trace per layer, from random
+  probes.
+- :class:`LayerTracker`: the base of the two trackers below, one number per layer and
+  pass.
+- :func:`attention_logit_max` and :class:`AttentionLogitTracker`: the largest
+  ``|q·k|·scale`` of each layer, once or at every forward pass during training.
 - :func:`token_cosine` and :class:`StreamTracker`: how alike the tokens' stream vectors
   are (1: collapsed), e.g. at every training step.
-- :func:`residual_write_weights`: the matrices that write into the stream (to rescale them).
+- :func:`residual_write_weights`: the matrices that write into the stream (to rescale
+  them).
 - :func:`companion.analysis.op_counts.count_aten_ops` /
-  :func:`companion.analysis.op_counts.count_reductions`: what a function asks PyTorch to do.
+  :func:`companion.analysis.op_counts.count_reductions`: what a function asks PyTorch to
+  do.
 """
 
 from __future__ import annotations
@@ -56,11 +60,15 @@ def _blocks(model: nn.Module) -> Sequence[nn.Module]:
 
 @contextmanager
 def capture_stream(model: nn.Module) -> Iterator[list[Tensor]]:
-    """Forward hooks that append the input of block 0 and the output of every block to the
-    list this yields, for every forward pass run inside the ``with`` block."""
+    """Forward hooks that append the input of block 0 and the output of every block to
+    the list this yields, for every forward pass run inside the ``with`` block."""
     blocks, states = _blocks(model), []
-    handles = [blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))]
-    handles += [b.register_forward_hook(lambda m, args, out: states.append(out)) for b in blocks]
+    handles = [
+        blocks[0].register_forward_pre_hook(lambda m, args: states.append(args[0]))
+    ]
+    handles += [
+        b.register_forward_hook(lambda m, args, out: states.append(out)) for b in blocks
+    ]
     try:
         yield states
     finally:
@@ -69,19 +77,24 @@ def capture_stream(model: nn.Module) -> Iterator[list[Tensor]]:
 
 
 @torch.no_grad()
-def stream_states(model: nn.Module, input_ids: Tensor, **kwargs: object) -> list[Tensor]:
-    """The residual stream ``x_0 .. x_L``, each ``(B, T, d)``: the input of the first block
-    (embeddings) and the output of every block, from one forward pass (no final norm)."""
+def stream_states(
+    model: nn.Module, input_ids: Tensor, **kwargs: object
+) -> list[Tensor]:
+    """The residual stream ``x_0 .. x_L``, each ``(B, T, d)``: the input of the first
+    block (embeddings) and the output of every block, from one forward pass (no final
+    norm)."""
     with capture_stream(model) as states:
         model(input_ids, **kwargs)
     if len(states) != len(_blocks(model)) + 1:
-        raise RuntimeError(f"expected {len(_blocks(model)) + 1} stream states, got {len(states)}")
+        raise RuntimeError(
+            f"expected {len(_blocks(model)) + 1} stream states, got {len(states)}"
+        )
     return [s.detach() for s in states]
 
 
 def residual_norms(model: nn.Module, input_ids: Tensor, **kwargs: object) -> Tensor:
-    """The Euclidean norm of every token's stream vector, ``(L + 1, B, T)``: row 0 is the
-    input of block 0, row ℓ the output of block ℓ."""
+    """The Euclidean norm of every token's stream vector, ``(L + 1, B, T)``: row 0 is
+    the input of block 0, row ℓ the output of block ℓ."""
     states = stream_states(model, input_ids, **kwargs)
     return torch.stack([s.float().norm(dim=-1) for s in states])
 
@@ -95,8 +108,9 @@ def block_grad_norms(
 ) -> Tensor:
     """The gradient norm of each block's parameters for one batch, ``(L,)``.
 
-    ``suffix`` keeps only parameters whose name ends with it (e.g. ``"ffn.down.weight"``,
-    the matrix Xiong et al. plot). The model's ``.grad`` fields are left cleared.
+    ``suffix`` keeps only parameters whose name ends with it (e.g.
+    ``"ffn.down.weight"``, the matrix Xiong et al. plot). The model's ``.grad`` fields
+    are left cleared.
     """
     blocks = _blocks(model)
     model.zero_grad(set_to_none=True)
@@ -116,10 +130,13 @@ def block_grad_norms(
 
 
 class IdentityPath(NamedTuple):
-    """What :func:`identity_path_jacobian` measures, one entry per block input (and x_L)."""
+    """What :func:`identity_path_jacobian` measures, one entry per block input (and
+    x_L)."""
 
     norm: torch.Tensor  # ‖J_ℓ‖_F / √n: how strongly x_L depends on x_ℓ at all
-    trace: torch.Tensor  # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
+    trace: (
+        torch.Tensor
+    )  # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
 
 
 def identity_path_jacobian(
@@ -128,16 +145,21 @@ def identity_path_jacobian(
     n_probes: int = 4,
     generator: torch.Generator | None = None,
 ) -> IdentityPath:
-    """How the last block's output x_L depends on each block's input x_ℓ, ``(L + 1,)`` each.
+    """How the last block's output x_L depends on each block's input x_ℓ, ``(L + 1,)``
+    each.
 
-    J_ℓ = ∂x_L/∂x_ℓ is an n×n matrix (n = B·T·d), never built: ``n_probes`` Gaussian probes
-    v give ‖J_ℓ‖²_F ≈ Σ‖J_ℓᵀv‖² and tr(J_ℓ) ≈ Σ vᵀJ_ℓᵀv (Hutchinson), both divided by
-    Σ‖v‖² ≈ n·n_probes. A stack of identities gives 1 and 1; entry L is always exactly 1.
-    The two differ when x_L depends on x_ℓ through the sublayers rather than straight through.
+    J_ℓ = ∂x_L/∂x_ℓ is an n×n matrix (n = B·T·d), never built: ``n_probes`` Gaussian
+    probes v give ‖J_ℓ‖²_F ≈ Σ‖J_ℓᵀv‖² and tr(J_ℓ) ≈ Σ vᵀJ_ℓᵀv (Hutchinson), both
+    divided by Σ‖v‖² ≈ n·n_probes. A stack of identities gives 1 and 1; entry L is
+    always exactly 1. The two differ when x_L depends on x_ℓ through the sublayers
+    rather than straight through.
     """
     blocks = _blocks(model)
     inputs: list[Tensor] = []
-    handles = [b.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for b in blocks]
+    handles = [
+        b.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+        for b in blocks
+    ]
     out: list[Tensor] = []
     handles.append(blocks[-1].register_forward_hook(lambda m, args, o: out.append(o)))
     try:
@@ -145,13 +167,19 @@ def identity_path_jacobian(
             model(input_ids)
             x_last = out[0]
             if not x_last.requires_grad:
-                raise ValueError("the stream does not require grad: are the parameters frozen?")
+                raise ValueError(
+                    "the stream does not require grad: are the parameters frozen?"
+                )
             sq, tr = torch.zeros(len(blocks) + 1), torch.zeros(len(blocks) + 1)
             for _ in range(n_probes):
                 v = torch.randn(x_last.shape, generator=generator).to(x_last)
-                grads = torch.autograd.grad(x_last, inputs, v, retain_graph=True)  # J_ℓᵀ v
+                grads = torch.autograd.grad(
+                    x_last, inputs, v, retain_graph=True
+                )  # J_ℓᵀ v
                 sq[:-1] += torch.stack([g.float().pow(2).sum() for g in grads]).cpu()
-                tr[:-1] += torch.stack([(g.float() * v.float()).sum() for g in grads]).cpu()
+                tr[:-1] += torch.stack(
+                    [(g.float() * v.float()).sum() for g in grads]
+                ).cpu()
                 sq[-1] += v.float().pow(2).sum().cpu()
     finally:
         for h in handles:
@@ -161,10 +189,15 @@ def identity_path_jacobian(
 
 
 def _logit_max(attn: nn.Module, args: tuple, kwargs: dict) -> Tensor:
-    """max ``|q·k|·scale`` over heads and the positions a query may see, for one attention call."""
+    """max ``|q·k|·scale`` over heads and the positions a query may see, for one
+    attention call."""
     positions = args[1] if len(args) > 1 else kwargs.get("positions")
-    q, k, _, mask, causal, *_ = attn.attention_inputs(args[0], positions, mask=kwargs.get("mask"))
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # GQA: one key head per query head
+    q, k, _, mask, causal, *_ = attn.attention_inputs(
+        args[0], positions, mask=kwargs.get("mask")
+    )
+    k = k.repeat_interleave(
+        q.shape[1] // k.shape[1], dim=1
+    )  # GQA: one key head per query head
     scale = attn.scale if attn.scale is not None else q.shape[-1] ** -0.5
     logits = (q.float() @ k.float().transpose(-2, -1)).abs() * scale  # (B, H, T, S)
     t, s = logits.shape[-2:]
@@ -177,7 +210,8 @@ def _logit_max(attn: nn.Module, args: tuple, kwargs: dict) -> Tensor:
 
 
 class LayerTracker:
-    """Record one number per layer at every forward pass while active (a context manager).
+    """Record one number per layer at every forward pass while active (a context
+    manager).
 
     ``with tracker: train(...)``; afterwards ``tracker.history`` is ``(calls, L)``. A
     subclass says which module of each layer it watches and what it measures there
@@ -189,7 +223,9 @@ class LayerTracker:
         self._rows: list[list[float]] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    def _watch(
+        self, index: int, module: nn.Module
+    ) -> torch.utils.hooks.RemovableHandle:
         raise NotImplementedError
 
     def _record(self, index: int, value: float) -> None:
@@ -224,10 +260,14 @@ class AttentionLogitTracker(LayerTracker):
     def __init__(self, model: nn.Module) -> None:
         super().__init__([b.attn for b in _blocks(model)])
 
-    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    def _watch(
+        self, index: int, module: nn.Module
+    ) -> torch.utils.hooks.RemovableHandle:
         def hook(attn: nn.Module, args: tuple, kwargs: dict) -> None:
             if (args[2] if len(args) > 2 else kwargs.get("cache")) is not None:
-                raise ValueError("AttentionLogitTracker does not support cached decoding")
+                raise ValueError(
+                    "AttentionLogitTracker does not support cached decoding"
+                )
             with torch.no_grad():
                 self._record(index, _logit_max(attn, args, kwargs).item())
 
@@ -235,16 +275,20 @@ class AttentionLogitTracker(LayerTracker):
 
 
 def attention_logit_max(model: nn.Module, input_ids: Tensor) -> Tensor:
-    """Each layer's largest ``|q·k|·scale`` over heads and visible positions, ``(L,)``."""
+    """Each layer's largest ``|q·k|·scale`` over heads and visible positions,
+    ``(L,)``."""
     with torch.no_grad(), AttentionLogitTracker(model) as tracker:
         model(input_ids)
     return tracker.history[-1]
 
 
 def token_cosine(x: Tensor) -> float:
-    """Mean cosine similarity between the token vectors of ``x (B, T, d)``, over all pairs
-    of distinct tokens: 1 when every token carries the same direction (a collapsed stream)."""
-    f = torch.nn.functional.normalize(x.detach().float().reshape(-1, x.shape[-1]), dim=-1)
+    """Mean cosine similarity between the token vectors of ``x (B, T, d)``, over all
+    pairs of distinct tokens: 1 when every token carries the same direction (a collapsed
+    stream)."""
+    f = torch.nn.functional.normalize(
+        x.detach().float().reshape(-1, x.shape[-1]), dim=-1
+    )
     n = f.shape[0]
     if n < 2:
         raise ValueError("token_cosine needs at least two tokens")
@@ -263,7 +307,9 @@ class StreamTracker(LayerTracker):
         super().__init__(_blocks(model))
         self.measure = measure
 
-    def _watch(self, index: int, module: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    def _watch(
+        self, index: int, module: nn.Module
+    ) -> torch.utils.hooks.RemovableHandle:
         return module.register_forward_hook(
             lambda _m, _args, out: self._record(index, self.measure(out))
         )

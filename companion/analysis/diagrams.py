@@ -1,12 +1,13 @@
-"""Architecture diagrams drawn from a config: one block, and the whole stack (chapters 03-14).
+"""Architecture diagrams drawn from a config: one block, and the whole stack (chapters
+03-14).
 
 Every label is read from a :class:`~companion.models.config.ModelConfig` (change a field
-and the drawing changes), through :func:`block_parts`, which lists what a layer's block is
-made of in the order the stream meets it. :func:`block_diagram` draws one column per kind
-of block the stack holds (a hybrid has several); :func:`model_diagram` draws the embedding,
-the stack as two strips of layer kinds (token mixer and FFN), the final norm and the head.
-One colour per mechanism (``COLORS``, from the book's palette) is used by every
-architecture figure.
+and the drawing changes), through :func:`block_parts`, which lists what a layer's block
+is made of in the order the stream meets it. :func:`block_diagram` draws one column per
+kind of block the stack holds (a hybrid has several); :func:`model_diagram` draws the
+embedding, the stack as two strips of layer kinds (token mixer and FFN), the final norm
+and the head. One colour per mechanism (``COLORS``, from the book's palette) is used by
+every architecture figure.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from companion.models.config import ModelConfig
 from companion.models.presets import GLU_NAMES, head_sharing, rope_base
 from companion.plotting import PALETTE
 
-__all__ = ["COLORS", "Part", "block_diagram", "block_parts", "layer_groups", "model_diagram"]
+__all__ = [
+    "COLORS",
+    "Part",
+    "block_diagram",
+    "block_parts",
+    "layer_groups",
+    "model_diagram",
+]
 
 # mechanism -> colour: the same in every architecture figure
 COLORS = {
@@ -35,7 +43,11 @@ COLORS = {
     "norm": PALETTE[6],
     "embedding": "#999999",
 }
-_NAMES = {"full": "full attention", "sliding": "sliding window", "linear": "Gated DeltaNet"}
+_NAMES = {
+    "full": "full attention",
+    "sliding": "sliding window",
+    "linear": "Gated DeltaNet",
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,8 @@ def _heads(cfg: ModelConfig) -> str:
 
 
 def _mixer_kind(cfg: ModelConfig, layer: int) -> str:
-    """``"full"``, ``"sliding"``, ``"linear"`` or, for MLA's attention layers, ``"latent"``."""
+    """``"full"``, ``"sliding"``, ``"linear"`` or, for MLA's attention layers,
+    ``"latent"``."""
     kind = cfg.layer_types[layer]
     return "latent" if cfg.is_mla and kind != "linear" else kind
 
@@ -84,7 +97,11 @@ def _mixer(cfg: ModelConfig, layer: int) -> Part:
     if kind == "linear":
         state = f"state {cfg.linear_key_dim}×{cfg.linear_value_dim} per head"
         heads = f"{cfg.linear_key_heads}:{cfg.linear_value_heads} heads"
-        return Part("linear", "Gated DeltaNet", f"{heads}, {state}, conv {cfg.linear_conv_kernel}")
+        return Part(
+            "linear",
+            "Gated DeltaNet",
+            f"{heads}, {state}, conv {cfg.linear_conv_kernel}",
+        )
     extras = [_position(cfg, layer)]
     if cfg.is_mla:
         q = f", q latent {cfg.q_lora_rank}" if cfg.q_lora_rank else ""
@@ -110,13 +127,17 @@ def _ffn(cfg: ModelConfig, layer: int) -> Part:
     if cfg.is_moe_layer(layer):
         shared = " + 1 shared" if cfg.shared_d_ff else ""
         title = f"MoE {cfg.n_experts} routed{shared}, top-{cfg.experts_per_token}"
-        return Part("moe", title, f"{form}, expert width {cfg.expert_d_ff}, {cfg.router} router")
-    return Part("dense", "FFN", f"{form}, width {cfg.d_ff}" + (", bias" if cfg.bias else ""))
+        return Part(
+            "moe", title, f"{form}, expert width {cfg.expert_d_ff}, {cfg.router} router"
+        )
+    return Part(
+        "dense", "FFN", f"{form}, width {cfg.d_ff}" + (", bias" if cfg.bias else "")
+    )
 
 
 def block_parts(cfg: ModelConfig, layer: int = 0) -> list[Part]:
-    """Layer ``layer``'s block in the order the stream meets it; ``Part("add", "+")`` marks
-    where a sublayer's output joins the residual stream."""
+    """Layer ``layer``'s block in the order the stream meets it; ``Part("add", "+")``
+    marks where a sublayer's output joins the residual stream."""
     if not 0 <= layer < cfg.n_layers:
         raise ValueError(f"layer must be in [0, n_layers={cfg.n_layers}), got {layer}")
     drop = f"dropout {cfg.dropout:g}" if cfg.dropout else ""
@@ -170,11 +191,11 @@ def _box(
 
 
 def block_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
-    """One column per kind of block in the stack (stream bottom to top, the residual path on
-    the left), each titled with the layers it stands for.
+    """One column per kind of block in the stack (stream bottom to top, the residual
+    path on the left), each titled with the layers it stands for.
 
-    With ``ax`` it draws into that (empty) axes, e.g. one frame of an animation, and returns
-    its figure; otherwise it makes a figure sized to the number of columns."""
+    With ``ax`` it draws into that (empty) axes, e.g. one frame of an animation, and
+    returns its figure; otherwise it makes a figure sized to the number of columns."""
     groups = layer_groups(cfg)
     width, step = 3.4, 0.86
     columns = [block_parts(cfg, layers[0]) for layers in groups.values()]
@@ -189,19 +210,30 @@ def block_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
         for part in parts:
             y += step
             if part.kind == "add":
-                ax.add_patch(Circle((x0, y), 0.16, facecolor="white", edgecolor="black"))
+                ax.add_patch(
+                    Circle((x0, y), 0.16, facecolor="white", edgecolor="black")
+                )
                 ax.text(x0, y, "+", ha="center", va="center", fontsize=11)
                 if part.detail:
                     ax.text(x0 + 0.25, y, part.detail, fontsize=6.5, va="center")
                 skip = x0 - width / 2 - 0.15
-                ax.plot([x0, skip, skip, x0 - 0.16], [branch_start, branch_start, y, y], "k-", lw=1)
+                ax.plot(
+                    [x0, skip, skip, x0 - 0.16],
+                    [branch_start, branch_start, y, y],
+                    "k-",
+                    lw=1,
+                )
                 ax.plot([x0, x0], [y + 0.16, y + step - 0.3], "k-", lw=1)
                 branch_start = y + 0.3
             else:
                 _box(ax, x0, y, width, 0.64, part)
                 ax.plot([x0, x0], [y + 0.32, y + step - 0.3], "k-", lw=1)
         n, total = len(layers), cfg.n_layers
-        which = f"all {total} layers" if n == total else f"{n} of {total} layers: {_ranges(layers)}"
+        which = (
+            f"all {total} layers"
+            if n == total
+            else f"{n} of {total} layers: {_ranges(layers)}"
+        )
         ax.text(x0, y + 0.7, which, ha="center", fontsize=9, fontweight="bold")
     ax.set_xlim(-width / 2 - 0.4, (len(columns) - 1) * (width + 0.6) + width / 2 + 0.2)
     ax.set_ylim(-0.3, height + 0.3)
@@ -211,8 +243,9 @@ def block_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
 
 
 def model_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
-    """The whole model left to right: embedding, the stack as a strip of token-mixer kinds
-    over a strip of FFN kinds, the final norm and the output head (into ``ax`` if given)."""
+    """The whole model left to right: embedding, the stack as a strip of token-mixer
+    kinds over a strip of FFN kinds, the final norm and the output head (into ``ax`` if
+    given)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(9.0, 2.9))
     n = cfg.n_layers
@@ -222,7 +255,9 @@ def model_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
         cfg.position, ""
     )
     scale = " × √d" if cfg.scale_embeddings else ""
-    embed = Part("embedding", "embedding", f"{cfg.vocab_size:,} × {cfg.d_model}{scale}{position}")
+    embed = Part(
+        "embedding", "embedding", f"{cfg.vocab_size:,} × {cfg.d_model}{scale}{position}"
+    )
     _box(ax, -1.3, 0.5, 2.2, 0.9, embed, wrap=26)
     mixers = [_mixer_kind(cfg, i) for i in range(n)]
     ffns = ["moe" if cfg.is_moe_layer(i) else "dense" for i in range(n)]

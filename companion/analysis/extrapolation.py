@@ -1,19 +1,21 @@
-"""Length extrapolation: train at a short context, measure the loss at every position of a
-longer one, and change a RoPE model's frequencies at evaluation time (chapter 05).
+"""Length extrapolation: train at a short context, measure the loss at every position of
+a longer one, and change a RoPE model's frequencies at evaluation time (chapter 05).
 
-Shape legend: B windows per batch, T positions, V vocabulary, L layers, F RoPE frequencies.
+Shape legend: B windows per batch, T positions, V vocabulary, L layers, F RoPE
+frequencies.
 
 - :func:`position_config` builds one small decoder per position scheme (``"learned"``,
   ``"sinusoidal"``, ``"rope"``, ``"none"``) that accepts ``max_len`` tokens (the learned
   table only ``train_len``: it has no rows past that); :func:`train_short` trains it on
   windows of ``train_len`` tokens.
 - :func:`per_position_loss` gives the held-out next-token loss at each of T positions,
-  ``(T,)``; :func:`per_position_loss_scaled` does the same for a RoPE model whose scaling
-  follows the length being read (linear, NTK/dynamic or YaRN, :func:`rope_scaling_for`).
+  ``(T,)``; :func:`per_position_loss_scaled` does the same for a RoPE model whose
+  scaling follows the length being read (linear, NTK/dynamic or YaRN,
+  :func:`rope_scaling_for`).
 - :func:`same_weights` and :func:`with_rope` copy a trained model with other settings (a
   sliding window; a RoPE base or scaling) and the same weights.
-- :func:`rope_used_per_layer` records which RoPE table (``"local"``, ``"global"`` or none)
-  each layer's attention receives, for Gemma 3's two bases and NoPE layers.
+- :func:`rope_used_per_layer` records which RoPE table (``"local"``, ``"global"`` or
+  none) each layer's attention receives, for Gemma 3's two bases and NoPE layers.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def position_config(
         "n_heads": n_heads,
         "max_seq_len": train_len if position == "learned" else max_len,
         "position": position,
-        "scale_embeddings": position == "sinusoidal",  # 2017: tokens on the sinusoids' scale
+        "scale_embeddings": position
+        == "sinusoidal",  # 2017: tokens on the sinusoids' scale
         "init_std": 0.1 if position == "sinusoidal" else 0.02,
         "attn_impl": "sdpa",
     }
@@ -96,7 +99,9 @@ def train_short(
         lambda step: sample_windows(ids, batch_size, train_len, windows, device),
         steps,
         make_adamw(model, lr=lr),
-        lr_at=lambda s: cosine_lr(s, lr, warmup=max(1, steps // 10), total=steps, min_lr=lr / 10),
+        lr_at=lambda s: cosine_lr(
+            s, lr, warmup=max(1, steps // 10), total=steps, min_lr=lr / 10
+        ),
         desc=f"train {model.cfg.position}",
     )
 
@@ -112,17 +117,20 @@ def per_position_loss(
     seed: int = 0,
     window_len: int | None = None,
 ) -> Tensor:
-    """Mean next-token loss at each position of ``n_windows`` windows of ``seq_len``: ``(T,)``.
+    """Mean next-token loss at each position of ``n_windows`` windows of ``seq_len``:
+    ``(T,)``.
 
     Position t predicts token t + 1 from the t + 1 tokens before it. The windows depend
     only on ``seed`` and ``window_len`` (default ``seq_len``): windows of ``window_len``
     tokens are drawn and their first ``seq_len`` read, so that calls with different
-    ``seq_len`` and the same ``window_len`` score the same text. A model that cannot read
-    ``seq_len`` tokens raises its own error.
+    ``seq_len`` and the same ``window_len`` score the same text. A model that cannot
+    read ``seq_len`` tokens raises its own error.
     """
     window_len = seq_len if window_len is None else window_len
     if n_windows < 1 or batch_size < 1:
-        raise ValueError(f"n_windows and batch_size must be >= 1, got {n_windows}, {batch_size}")
+        raise ValueError(
+            f"n_windows and batch_size must be >= 1, got {n_windows}, {batch_size}"
+        )
     if window_len < seq_len:
         raise ValueError(f"window_len ({window_len}) must be >= seq_len ({seq_len})")
     was_training = model.training
@@ -136,7 +144,9 @@ def per_position_loss(
         x, y = sample_windows(ids, b, window_len, gen, device)
         x, y = x[:, :seq_len], y[:, :seq_len]  # (B, T)
         logits = model(x).float()  # (B, T, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")
+        nll = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), y, reduction="none"
+        )
         total += nll.sum(0).double().cpu()  # (T,)
         done += b
     model.train(was_training)
@@ -144,7 +154,8 @@ def per_position_loss(
 
 
 def ntk_theta(theta: float, rotary_dim: int, train_len: int, seq_len: int) -> float:
-    """The base that dynamic ("NTK-aware") scaling uses for a ``seq_len``-token sequence.
+    """The base that dynamic ("NTK-aware") scaling uses for a ``seq_len``-token
+    sequence.
 
     θ' = θ · (seq_len / train_len)^(R / (R − 2)) once ``seq_len`` exceeds ``train_len``:
     the same frequencies as ``rope_frequencies(..., RopeScaling("dynamic", factor=1))``
@@ -166,8 +177,8 @@ def same_weights(model: DecoderLM, **changes: object) -> DecoderLM:
 def with_rope(
     model: DecoderLM, *, theta: float | None = None, scaling: RopeScaling | None = None
 ) -> DecoderLM:
-    """A copy of a RoPE ``model`` (same weights, new tables) with base ``theta`` (default:
-    the model's) and ``rope_scaling`` ``scaling`` (None: plain RoPE)."""
+    """A copy of a RoPE ``model`` (same weights, new tables) with base ``theta``
+    (default: the model's) and ``rope_scaling`` ``scaling`` (None: plain RoPE)."""
     cfg = model.cfg
     if cfg.position != "rope":
         raise ValueError(f"with_rope needs a RoPE model, got position={cfg.position!r}")
@@ -175,13 +186,15 @@ def with_rope(
     return same_weights(model, rope_theta=theta, rope_scaling=scaling)
 
 
-def rope_scaling_for(method: str, cfg: ModelConfig, train_len: int, seq_len: int) -> dict:
-    """``with_rope`` arguments that stretch a RoPE model trained on ``train_len`` tokens to
-    ``seq_len`` by ``method``, with factor s = seq_len / train_len:
+def rope_scaling_for(
+    method: str, cfg: ModelConfig, train_len: int, seq_len: int
+) -> dict:
+    """``with_rope`` arguments that stretch a RoPE model trained on ``train_len`` tokens
+    to ``seq_len`` by ``method``, with factor s = seq_len / train_len:
 
     ``"none"`` leaves it alone; ``"linear"`` divides every frequency by s (position
-    interpolation); ``"ntk"`` raises the base (:func:`ntk_theta`, what dynamic scaling does
-    at ``seq_len``); ``"yarn"`` interpolates the pairs that turn less than once in
+    interpolation); ``"ntk"`` raises the base (:func:`ntk_theta`, what dynamic scaling
+    does at ``seq_len``); ``"yarn"`` interpolates the pairs that turn less than once in
     ``train_len`` tokens, keeps the fast ones, ramps in between and sharpens the logits.
     """
     if method not in SCALING_METHODS:
@@ -195,7 +208,9 @@ def rope_scaling_for(method: str, cfg: ModelConfig, train_len: int, seq_len: int
         rotary = int(cfg.head_dim * cfg.partial_rotary_factor)
         return {"theta": ntk_theta(cfg.rope_theta, rotary, train_len, seq_len)}
     return {
-        "scaling": RopeScaling("yarn", factor=factor, original_max_position_embeddings=train_len)
+        "scaling": RopeScaling(
+            "yarn", factor=factor, original_max_position_embeddings=train_len
+        )
     }
 
 
@@ -210,18 +225,20 @@ def per_position_loss_scaled(
     batch_size: int = 16,
     seed: int = 0,
 ) -> Tensor:
-    """Per-position loss ``(max(lengths),)`` of a RoPE model whose scaling follows the text's
-    length, as dynamic scaling does: positions in ``[previous length, L)`` are scored by
-    reading the first ``L`` tokens with :func:`rope_scaling_for` ``(method, ..., L)``; the
-    first band ``[0, lengths[0])`` likewise. Every band reads the same windows of
-    ``max(lengths)`` tokens, so ``method="none"`` gives :func:`per_position_loss` at that
-    length. ``lengths`` must increase."""
+    """Per-position loss ``(max(lengths),)`` of a RoPE model whose scaling follows the
+    text's length, as dynamic scaling does: positions in ``[previous length, L)`` are
+    scored by reading the first ``L`` tokens with :func:`rope_scaling_for` ``(method,
+    ..., L)``; the first band ``[0, lengths[0])`` likewise. Every band reads the same
+    windows of ``max(lengths)`` tokens, so ``method="none"`` gives
+    :func:`per_position_loss` at that length. ``lengths`` must increase."""
     if any(b <= a for a, b in zip(lengths, lengths[1:], strict=False)):
         raise ValueError(f"lengths must increase, got {lengths}")
     out = torch.empty(lengths[-1])
     start = 0
     for length in lengths:
-        scaled = with_rope(model, **rope_scaling_for(method, model.cfg, train_len, length))
+        scaled = with_rope(
+            model, **rope_scaling_for(method, model.cfg, train_len, length)
+        )
         out[start:length] = per_position_loss(
             scaled,
             ids,
@@ -246,7 +263,9 @@ def rope_used_per_layer(model: DecoderLM, input_ids: Tensor) -> list[str]:
     def start(_module: torch.nn.Module, _args: tuple) -> None:
         seen.append("none")  # until the layer reads a table
 
-    def record(_module: torch.nn.Module, _args: tuple, out: tuple[Tensor, Tensor]) -> None:
+    def record(
+        _module: torch.nn.Module, _args: tuple, out: tuple[Tensor, Tensor]
+    ) -> None:
         cos, sin = out
         seen[-1] = "other"
         for name, (want_cos, want_sin) in tables.items():

@@ -1,8 +1,9 @@
-"""Which ATen ops a piece of code runs: counts, and the reductions among them (chapter 06).
+"""Which ATen ops a piece of code runs: counts, and the reductions among them (chapter
+06).
 
-A dispatch mode sees every operator call below autograd, so ``count_reductions`` tells how
-many passes over the data a norm makes (LayerNorm's mean and variance against RMSNorm's one
-mean of squares).
+A dispatch mode sees every operator call below autograd, so ``count_reductions`` tells
+how many passes over the data a norm makes (LayerNorm's mean and variance against
+RMSNorm's one mean of squares).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_aten_ops(fn: Callable[..., object], *args: object, **kwargs: object) -> Counter[str]:
-    """How many times ``fn(*args)`` calls each ATen operator (``"mean"``, ``"mul"``, ...)."""
+def count_aten_ops(
+    fn: Callable[..., object], *args: object, **kwargs: object
+) -> Counter[str]:
+    """How many times ``fn(*args)`` calls each ATen operator (``"mean"``, ``"mul"``,
+    ...)."""
     with _OpCounter() as counter:
         fn(*args, **kwargs)
     return counter.counts
@@ -34,7 +38,19 @@ def count_aten_ops(fn: Callable[..., object], *args: object, **kwargs: object) -
 
 # ATen operators that reduce over a dimension (a sum across the feature axis, say)
 REDUCTIONS = frozenset(
-    {"sum", "mean", "var", "std", "var_mean", "std_mean", "amax", "amin", "max", "min", "norm"}
+    {
+        "sum",
+        "mean",
+        "var",
+        "std",
+        "var_mean",
+        "std_mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "norm",
+    }
 )
 
 

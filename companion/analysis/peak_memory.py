@@ -1,15 +1,16 @@
 """Peak memory of a piece of code, on CUDA, MPS or CPU (chapter 02).
 
-``with PeakMemory(device) as pm: ...`` then ``pm.peak_bytes`` is the highest number of bytes
-held at once by tensors allocated inside the block, on ``device``, over what was live at entry
-(tensors created before entry do not count).
+``with PeakMemory(device) as pm: ...`` then ``pm.peak_bytes`` is the highest number of
+bytes held at once by tensors allocated inside the block, on ``device``, over what was
+live at entry (tensors created before entry do not count).
 
-On CUDA this is the caching allocator's own counter. On CPU and MPS there is no such counter,
-so a :class:`~torch.utils._python_dispatch.TorchDispatchMode` watches every op: each output
-storage not seen before adds its bytes, and a ``weakref.finalize`` on the storage object
-subtracts them when it is freed. (PyTorch keeps a storage's Python object alive exactly as
-long as the storage itself, so the finalizer fires at the real free.) The count is of tensor
-bytes, not allocator overhead, and is deterministic: the same code gives the same number.
+On CUDA this is the caching allocator's own counter. On CPU and MPS there is no such
+counter, so a :class:`~torch.utils._python_dispatch.TorchDispatchMode` watches every op:
+each output storage not seen before adds its bytes, and a ``weakref.finalize`` on the
+storage object subtracts them when it is freed. (PyTorch keeps a storage's Python object
+alive exactly as long as the storage itself, so the finalizer fires at the real free.)
+The count is of tensor bytes, not allocator overhead, and is deterministic: the same
+code gives the same number.
 """
 
 from __future__ import annotations
@@ -46,13 +47,19 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {s._cdata for s in map(_storage, tree_leaves((args, kwargs))) if s is not None}
+        inputs = {
+            s._cdata
+            for s in map(_storage, tree_leaves((args, kwargs)))
+            if s is not None
+        }
         for x in tree_leaves(out):
             storage = _storage(x)
             if storage is None or storage.device.type != self.device_type:
                 continue
             key = storage._cdata
-            if key in inputs or key in self.live:  # a view or an in-place result: no new bytes
+            if (
+                key in inputs or key in self.live
+            ):  # a view or an in-place result: no new bytes
                 continue
             self.live[key] = storage.nbytes()
             self.current += self.live[key]
@@ -62,7 +69,8 @@ class _LiveBytes(TorchDispatchMode):
 
 
 class PeakMemory:
-    """Context manager: ``peak_bytes`` is the peak extra memory used inside the block."""
+    """Context manager: ``peak_bytes`` is the peak extra memory used inside the
+    block."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)

@@ -1,9 +1,10 @@
-"""Sliding windows through depth: masks per layer, receptive fields, input gradients (chapter 09).
+"""Sliding windows through depth: masks per layer, receptive fields, input gradients
+(chapter 09).
 
-Shape legend: L layers, T positions (queries and keys of one sequence), w window, d model
-width. The window convention is :func:`companion.layers.kv_cache.position_mask`'s: a query at
-position i of a sliding layer sees keys i − w + 1 … i, its own position included, so one
-local layer reaches w − 1 positions back and L of them reach L·(w − 1).
+Shape legend: L layers, T positions (queries and keys of one sequence), w window, d
+model width. The window convention is :func:`companion.layers.kv_cache.position_mask`'s:
+a query at position i of a sliding layer sees keys i − w + 1 … i, its own position
+included, so one local layer reaches w − 1 positions back and L of them reach L·(w − 1).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def visible_pairs(seq_len: int, window: int | None = None) -> int:
 
 
 def layer_masks(
-    kinds: Sequence[str], window: int | None, seq_len: int, device: torch.device | str | None = None
+    kinds: Sequence[str],
+    window: int | None,
+    seq_len: int,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """``(L, T, T)`` bool: layer l's self-attention mask, causal, and within the last
     ``window`` positions where ``kinds[l] == "sliding"``."""
@@ -61,15 +65,18 @@ def layer_masks(
 
 
 def receptive_fields(masks: Tensor) -> Tensor:
-    """``(L + 1, T, T)`` bool: ``fields[l, i, j]`` is True if input position j can change
-    position i's hidden state after the first l layers (``fields[0]`` is the identity).
+    """``(L + 1, T, T)`` bool: ``fields[l, i, j]`` is True if input position j can
+    change position i's hidden state after the first l layers (``fields[0]`` is the
+    identity).
 
-    Attention moves information along the mask and the residual stream keeps each position's
-    own, so the fields compose as a boolean matrix product: F_l = M_l · F_(l−1).
+    Attention moves information along the mask and the residual stream keeps each
+    position's own, so the fields compose as a boolean matrix product: F_l = M_l ·
+    F_(l−1).
     """
     if masks.ndim != 3 or masks.shape[1] != masks.shape[2] or masks.dtype != torch.bool:
         raise ValueError(
-            f"masks must be a bool (L, T, T) tensor, got {masks.dtype} {tuple(masks.shape)}"
+            "masks must be a bool (L, T, T) tensor, "
+            f"got {masks.dtype} {tuple(masks.shape)}"
         )
     t = masks.shape[1]
     field = torch.eye(t, dtype=torch.bool, device=masks.device)
@@ -89,10 +96,14 @@ def receptive_field_size(n_layers: int, window: int) -> int:
 
 
 def input_gradient_norms(
-    model: nn.Module, ids: Tensor, query: int = -1, generator: torch.Generator | None = None
+    model: nn.Module,
+    ids: Tensor,
+    query: int = -1,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
-    """``(T,)``: for each input position j, ‖∂(r · logits[0, query]) / ∂x_j‖, with x the token
-    embeddings (the output of ``model.tok_emb``) and r a random direction over the vocabulary.
+    """``(T,)``: for each input position j, ‖∂(r · logits[0, query]) / ∂x_j‖, with x the
+    token embeddings (the output of ``model.tok_emb``) and r a random direction over the
+    vocabulary.
 
     Exactly zero where position j cannot reach ``query`` (masked attention weights are
     exact zeros, forward and backward, with ``attn_impl="reference"``).
@@ -102,7 +113,9 @@ def input_gradient_norms(
     captured: list[Tensor] = []
 
     def keep(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
-        x = out.detach().requires_grad_()  # a leaf: the gradient stops here, weights untouched
+        x = (
+            out.detach().requires_grad_()
+        )  # a leaf: the gradient stops here, weights untouched
         captured.append(x)
         return x
 

@@ -6,9 +6,10 @@ L blocks, T context length, d model width, V vocabulary.
 - :func:`count_flops` measures the matmul FLOPs of any call with PyTorch's
   ``FlopCounterMode``; :func:`training_flops_per_token` does it for one forward and
   backward pass of a language model.
-- :func:`kaplan_flops_per_token` is the ``6N`` rule and :func:`dense_flops_per_token` the
-  count with its two corrections (attention scores, output layer).
-- :class:`PowerLaw` / :func:`fit_power_law` fit ``y = a · x^b`` by least squares in log space.
+- :func:`kaplan_flops_per_token` is the ``6N`` rule and :func:`dense_flops_per_token`
+  the count with its two corrections (attention scores, output layer).
+- :class:`PowerLaw` / :func:`fit_power_law` fit ``y = a · x^b`` by least squares in log
+  space.
 - :func:`chinchilla_tokens`, :func:`training_compute`, :func:`compute_optimal` are the
   arithmetic of Hoffmann et al. (2022): ``C ≈ 6ND`` and about 20 tokens per parameter.
 - :func:`span_exact_match` scores whole multi-token spans, the "sharp" metric of the
@@ -48,9 +49,10 @@ CHINCHILLA_TOKENS_PER_PARAM = 20.0
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs of the matmul-like ops run by ``fn()`` (one multiply-add counts 2).
 
-    ``FlopCounterMode`` counts ``mm``, ``addmm``, ``bmm``, convolutions and the CUDA fused
-    attention kernels; elementwise ops, softmax and norms are not counted, and neither is
-    CPU ``scaled_dot_product_attention`` — measure models built with ``attn_impl="reference"``.
+    ``FlopCounterMode`` counts ``mm``, ``addmm``, ``bmm``, convolutions and the CUDA
+    fused attention kernels; elementwise ops, softmax and norms are not counted, and
+    neither is CPU ``scaled_dot_product_attention`` — measure models built with
+    ``attn_impl="reference"``.
     """
     with FlopCounterMode(display=False) as counter:
         fn()
@@ -84,9 +86,9 @@ def dense_flops_per_token(
 ) -> float:
     """6N plus attention scores and the output layer, per training token.
 
-    Per layer the forward pass computes ``q kᵀ`` and ``weights · v``: ``2·T·d`` FLOPs each
-    per token over the full T × T square (a causal kernel could skip half). The output
-    layer is a ``(d, V)`` matmul. Training is three times the forward pass.
+    Per layer the forward pass computes ``q kᵀ`` and ``weights · v``: ``2·T·d`` FLOPs
+    each per token over the full T × T square (a causal kernel could skip half). The
+    output layer is a ``(d, V)`` matmul. Training is three times the forward pass.
     """
     forward_attention = 4.0 * n_layers * seq_len * d_model
     forward_head = 2.0 * d_model * vocab_size
@@ -119,7 +121,8 @@ def fit_power_law(x: Sequence[float], y: Sequence[float]) -> PowerLaw:
 def chinchilla_tokens(
     n_params: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM
 ) -> float:
-    """Compute-optimal training tokens for ``n_params`` parameters (about 20 per parameter)."""
+    """Compute-optimal training tokens for ``n_params`` parameters (about 20 per
+    parameter)."""
     return tokens_per_param * n_params
 
 
@@ -143,12 +146,13 @@ def compute_optimal(
 def span_exact_match(
     correct: Tensor, span: int, start: int = 0, stride: int | None = None
 ) -> Tensor:
-    """Whether each whole span of ``span`` tokens is right: ``(B, T) bool -> (B, n_spans)``.
+    """Whether each whole span of ``span`` tokens is right: ``(B, T) bool -> (B,
+    n_spans)``.
 
-    ``correct[b, t]`` says whether the greedy prediction of token t (given the true prefix)
-    is right. Spans begin at ``start`` and every ``stride`` tokens after it (default
-    ``span``: back to back; 1: every position). All teacher-forced predictions of a span
-    being right is the same as greedy decoding reproducing the span exactly.
+    ``correct[b, t]`` says whether the greedy prediction of token t (given the true
+    prefix) is right. Spans begin at ``start`` and every ``stride`` tokens after it
+    (default ``span``: back to back; 1: every position). All teacher-forced predictions
+    of a span being right is the same as greedy decoding reproducing the span exactly.
     """
     if correct.ndim != 2:
         raise ValueError(f"correct must have shape (B, T), got {tuple(correct.shape)}")

@@ -1,10 +1,11 @@
-"""Side-by-side benchmarks for the book's chapters: ``python -m companion.bench <name>``.
+"""Side-by-side benchmarks for the book's chapters: ``python -m companion.bench
+<name>``.
 
-Every table is measured in one process, on one machine, one row after another, so read the
-*ratios*, not the absolute numbers: those depend on the hardware, the PyTorch build and what
-else is running. Each benchmark is one module of this package (``attention`` for chapter
-02, ``decode`` for chapter 08, ...) exposing ``add_parser(subparsers)``; ``BENCHMARKS``
-lists them in the order ``make bench`` runs them.
+Every table is measured in one process, on one machine, one row after another, so read
+the *ratios*, not the absolute numbers: those depend on the hardware, the PyTorch build
+and what else is running. Each benchmark is one module of this package (``attention``
+for chapter 02, ``decode`` for chapter 08, ...) exposing ``add_parser(subparsers)``;
+``BENCHMARKS`` lists them in the order ``make bench`` runs them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Attention kernels side by side (chapter 02): ``python -m companion.bench attention``.
 
-Times the forward pass (median of ``--repeats`` after one warm-up) of the naive reference,
-the plain-PyTorch tiled (FlashAttention-style) loop and PyTorch's fused SDPA, with B=1, H=8,
-D=64, causal; fp32 on CPU, bf16 on accelerators that support it. Peak memory is taken by
-:class:`companion.analysis.peak_memory.PeakMemory` over one more forward pass.
+Times the forward pass (median of ``--repeats`` after one warm-up) of the naive
+reference, the plain-PyTorch tiled (FlashAttention-style) loop and PyTorch's fused SDPA,
+with B=1, H=8, D=64, causal; fp32 on CPU, bf16 on accelerators that support it. Peak
+memory is taken by :class:`companion.analysis.peak_memory.PeakMemory` over one more
+forward pass.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ ATTENTION_IMPLS: dict[str, Callable[..., torch.Tensor]] = {
 def bench_attention(
     lengths: Sequence[int], device: torch.device, repeats: int
 ) -> list[dict[str, float]]:
-    """One row per length: ``{"T", "<impl>_ms", "<impl>_mib"}`` for naive, tiled and sdpa."""
+    """One row per length: ``{"T", "<impl>_ms", "<impl>_mib"}`` for naive, tiled and
+    sdpa."""
     dtype = default_dtype(device)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for t in lengths:
-        q, k, v = (torch.randn(1, 8, t, 64, generator=gen).to(device, dtype) for _ in range(3))
+        q, k, v = (
+            torch.randn(1, 8, t, 64, generator=gen).to(device, dtype) for _ in range(3)
+        )
         row: dict[str, float] = {"T": t}
         with torch.no_grad():
             for name, impl in ATTENTION_IMPLS.items():
@@ -82,10 +86,20 @@ def _run(args: argparse.Namespace) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``attention`` on the ``python -m companion.bench`` command line."""
-    p = sub.add_parser("attention", help="naive vs tiled vs SDPA attention: time and memory")
-    p.add_argument("--device", choices=("cuda", "mps", "cpu"), help="default: the best present")
-    p.add_argument(
-        "--lengths", type=positive_int, nargs="+", default=[256, 512, 1024, 2048], help="T = S"
+    p = sub.add_parser(
+        "attention", help="naive vs tiled vs SDPA attention: time and memory"
     )
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per cell")
+    p.add_argument(
+        "--device", choices=("cuda", "mps", "cpu"), help="default: the best present"
+    )
+    p.add_argument(
+        "--lengths",
+        type=positive_int,
+        nargs="+",
+        default=[256, 512, 1024, 2048],
+        help="T = S",
+    )
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per cell"
+    )
     p.set_defaults(run=_run)

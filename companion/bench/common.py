@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmarks: device sync, median wall time, CLI integers."""
+"""Timing helpers shared by the benchmarks: device sync, median wall time, CLI
+integers."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+def median_seconds(
+    fn: Callable[[], object], device: torch.device, repeats: int
+) -> float:
     """Median wall time of ``fn()`` over ``repeats`` runs, after one warm-up run."""
     fn()
     sync(device)

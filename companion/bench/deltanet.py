@@ -1,10 +1,12 @@
-"""The gated delta rule, chunked vs recurrent (chapter 11): ``python -m companion.bench deltanet``.
+"""The gated delta rule, chunked vs recurrent (chapter 11): ``python -m companion.bench
+deltanet``.
 
 Times the forward pass (median of ``--repeats`` after one warm-up) of our
 :func:`~companion.ops.delta_rule.chunk_gated_delta_rule`, transformers' pure-PyTorch
-``torch_chunk_gated_delta_rule`` (Qwen3-Next's fallback; skipped when transformers is absent)
-and our token-by-token :func:`~companion.ops.delta_rule.recurrent_gated_delta_rule`, at
-B=1, fp32, with L2-normalised q/k, on CPU unless ``--device`` says otherwise.
+``torch_chunk_gated_delta_rule`` (Qwen3-Next's fallback; skipped when transformers is
+absent) and our token-by-token
+:func:`~companion.ops.delta_rule.recurrent_gated_delta_rule`, at B=1, fp32, with
+L2-normalised q/k, on CPU unless ``--device`` says otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ __all__ = ["add_parser", "bench_deltanet", "format_deltanet"]
 
 
 def _hf_chunk() -> Callable[..., tuple] | None:
-    """transformers' torch chunked gated delta rule, or None where transformers is absent."""
+    """transformers' torch chunked gated delta rule, or None where transformers is
+    absent."""
     try:
         from transformers.models.qwen3_next import modeling_qwen3_next
     except ImportError:
@@ -49,7 +52,9 @@ def bench_deltanet(
     gen = torch.Generator().manual_seed(0)
     rows = []
     for t in lengths:
-        q, k, v = (torch.randn(1, t, heads, dim, generator=gen).to(device) for _ in range(3))
+        q, k, v = (
+            torch.randn(1, t, heads, dim, generator=gen).to(device) for _ in range(3)
+        )
         g = F.logsigmoid(torch.randn(1, t, heads, generator=gen)).to(device)
         beta = torch.rand(1, t, heads, generator=gen).to(device)
         impls: dict[str, Callable[[], object]] = {
@@ -64,12 +69,25 @@ def bench_deltanet(
                 use_qk_l2norm_in_kernel=True,
             ),
             "recurrent": functools.partial(
-                recurrent_gated_delta_rule, q, k, v, g, beta, use_qk_l2norm_in_kernel=True
+                recurrent_gated_delta_rule,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                use_qk_l2norm_in_kernel=True,
             ),
         }
         if hf is not None:
             impls["hf_chunk"] = functools.partial(
-                hf, q, k, v, g, beta, chunk_size=chunk_size, use_qk_l2norm_in_kernel=True
+                hf,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                chunk_size=chunk_size,
+                use_qk_l2norm_in_kernel=True,
             )
         row: dict[str, float] = {"T": t, "hf_chunk_ms": float("nan")}
         with torch.no_grad():
@@ -102,17 +120,25 @@ def _run(args: argparse.Namespace) -> None:
         f"fp32 on {device.type}, median of {args.repeats} after a warm-up "
         f"(torch {torch.__version__}, {torch.get_num_threads()} threads)"
     )
-    rows = bench_deltanet(args.lengths, args.heads, args.dim, device, args.repeats, args.chunk_size)
+    rows = bench_deltanet(
+        args.lengths, args.heads, args.dim, device, args.repeats, args.chunk_size
+    )
     print(format_deltanet(rows))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``deltanet`` on the ``python -m companion.bench`` command line."""
-    p = sub.add_parser("deltanet", help="gated delta rule: chunked vs transformers vs recurrent")
+    p = sub.add_parser(
+        "deltanet", help="gated delta rule: chunked vs transformers vs recurrent"
+    )
     p.add_argument("--device", choices=("cuda", "mps", "cpu"), help="default: cpu")
     p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096], help="T")
-    p.add_argument("--heads", type=positive_int, default=4, help="H (key = value heads)")
+    p.add_argument(
+        "--heads", type=positive_int, default=4, help="H (key = value heads)"
+    )
     p.add_argument("--dim", type=positive_int, default=64, help="D_k = D_v")
     p.add_argument("--chunk-size", type=positive_int, default=64, help="C")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per cell")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per cell"
+    )
     p.set_defaults(run=_run)

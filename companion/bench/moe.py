@@ -1,13 +1,13 @@
 """Routed experts, loop vs grouped (chapter 10): ``python -m companion.bench moe``.
 
-Times the forward pass of one MoE layer (E=64 experts, top-8, d=256, expert width 128, fp32)
-on the same weights: :class:`companion.layers.moe.MoEFeedForward` with the grouped experts
-(tokens sorted by expert, one matmul per expert's segment), with the same on one
+Times the forward pass of one MoE layer (E=64 experts, top-8, d=256, expert width 128,
+fp32) on the same weights: :class:`companion.layers.moe.MoEFeedForward` with the grouped
+experts (tokens sorted by expert, one matmul per expert's segment), with the same on one
 ``torch._grouped_mm`` call (``grouped_mm``, where it runs: NaN elsewhere) and with the
-reference loop over experts, and transformers' ``Qwen3MoeSparseMoeBlock`` with its plain loop
-(``eager``, what the module does on its own) and with its ``grouped_mm`` experts (a full
-model's default). All run in turn in every round, so that load from elsewhere hits them
-alike; each figure is the median over ``--repeats`` rounds after a warm-up round.
+reference loop over experts, and transformers' ``Qwen3MoeSparseMoeBlock`` with its plain
+loop (``eager``, what the module does on its own) and with its ``grouped_mm`` experts (a
+full model's default). All run in turn in every round, so that load from elsewhere hits
+them alike; each figure is the median over ``--repeats`` rounds after a warm-up round.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ NAN = float("nan")
 def _transformers_blocks(
     ours: MoEFeedForward, n_experts: int, top_k: int, d_model: int, d_ff: int
 ) -> dict[str, torch.nn.Module]:
-    """Qwen3-MoE blocks with ``ours``' weights, one per experts implementation ({} if absent)."""
+    """Qwen3-MoE blocks with ``ours``' weights, one per experts implementation ({} if
+    absent)."""
     if importlib.util.find_spec("transformers") is None:
         return {}
     from transformers import Qwen3MoeConfig
@@ -75,7 +76,8 @@ def bench_moe(
     """One row per token count: ``{"tokens", "<impl>_ms", "max_abs_diff"}``.
 
     ``<impl>`` is each of ``IMPLS`` (transformers' rows are NaN when it is not
-    installed); ``max_abs_diff`` compares our grouped output with transformers' eager one.
+    installed); ``max_abs_diff`` compares our grouped output with transformers' eager
+    one.
     """
     device = device or torch.device("cpu")
     torch.manual_seed(0)
@@ -105,16 +107,23 @@ def bench_moe(
                     run()
                     sync(device)
                     times[name].append(time.perf_counter() - start)
-            diff = (run_ours("grouped") - blocks["hf_eager"](x)).abs().max() if blocks else NAN
+            diff = (
+                (run_ours("grouped") - blocks["hf_eager"](x)).abs().max()
+                if blocks
+                else NAN
+            )
         row: dict[str, float] = {"tokens": n, "max_abs_diff": float(diff)}
         for name in IMPLS:
-            row[f"{name}_ms"] = 1e3 * statistics.median(times[name][1:]) if name in times else NAN
+            row[f"{name}_ms"] = (
+                1e3 * statistics.median(times[name][1:]) if name in times else NAN
+            )
         rows.append(row)
     return rows
 
 
 def format_moe(rows: list[dict[str, float]]) -> str:
-    """A plain-text table of :func:`bench_moe`'s rows; ratios are times over ours grouped."""
+    """A plain-text table of :func:`bench_moe`'s rows; ratios are times over ours
+    grouped."""
     header = (
         f"{'tokens':>6} | {'grouped ms':>10} {'grouped_mm ms':>13} {'reference ms':>12} "
         f"{'HF eager ms':>11} "
@@ -144,22 +153,36 @@ def _run(args: argparse.Namespace) -> None:
         f"(torch {torch.__version__}, {torch.get_num_threads()} threads)"
     )
     rows = bench_moe(
-        args.tokens, args.experts, args.top_k, args.d_model, args.d_ff, args.repeats, device
+        args.tokens,
+        args.experts,
+        args.top_k,
+        args.d_model,
+        args.d_ff,
+        args.repeats,
+        device,
     )
     print(format_moe(rows))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``moe`` on the ``python -m companion.bench`` command line."""
-    p = sub.add_parser("moe", help="routed experts: reference loop vs grouped vs transformers")
+    p = sub.add_parser(
+        "moe", help="routed experts: reference loop vs grouped vs transformers"
+    )
     p.add_argument("--device", choices=("cuda", "mps", "cpu"), default="cpu")
-    p.add_argument("--tokens", type=positive_int, nargs="+", default=[2048], help="N = B·T")
+    p.add_argument(
+        "--tokens", type=positive_int, nargs="+", default=[2048], help="N = B·T"
+    )
     p.add_argument("--experts", type=positive_int, default=64, help="E")
     p.add_argument("--top-k", type=positive_int, default=8, help="k")
     p.add_argument("--d-model", type=positive_int, default=256, help="d")
-    p.add_argument("--d-ff", type=positive_int, default=128, help="one expert's hidden width")
+    p.add_argument(
+        "--d-ff", type=positive_int, default=128, help="one expert's hidden width"
+    )
     p.add_argument("--repeats", type=positive_int, default=5, help="timed rounds")
     p.add_argument(
-        "--threads", type=positive_int, help="CPU threads (default: torch's); 1 steadies a busy box"
+        "--threads",
+        type=positive_int,
+        help="CPU threads (default: torch's); 1 steadies a busy box",
     )
     p.set_defaults(run=_run)

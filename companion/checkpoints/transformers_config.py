@@ -2,15 +2,15 @@
 
 :func:`config_from_hf` maps ``hf_model.config`` to a
 :class:`companion.models.config.ModelConfig`; the weights are
-:mod:`companion.checkpoints.transformers`. Supported
-families: Llama (incl. Llama 3 RoPE scaling), Mistral (sliding window), Qwen3 (QK-norm),
-Gemma 3 text (sandwich norms, (1+w) gains, local/global layers with two RoPE bases),
-Olmo 3 (post-branch norms, full-width QK-norm, sliding layers), Qwen3-MoE (experts),
-DeepSeek-V3 (latent attention, group-limited sigmoid routing, a shared expert, dense first
-layers), gpt-oss (attention sinks, biases, clamped-SwiGLU experts, 1:1 sliding layers) and
-Qwen3-Next (Gated DeltaNet layers 3:1 with gated attention, experts with a gated shared
-expert). Options ``companion`` cannot express are rejected with an error that names them,
-never silently dropped.
+:mod:`companion.checkpoints.transformers`. Supported families: Llama (incl. Llama 3 RoPE
+scaling), Mistral (sliding window), Qwen3 (QK-norm), Gemma 3 text (sandwich norms, (1+w)
+gains, local/global layers with two RoPE bases), Olmo 3 (post-branch norms, full-width
+QK-norm, sliding layers), Qwen3-MoE (experts), DeepSeek-V3 (latent attention,
+group-limited sigmoid routing, a shared expert, dense first layers), gpt-oss (attention
+sinks, biases, clamped-SwiGLU experts, 1:1 sliding layers) and Qwen3-Next (Gated
+DeltaNet layers 3:1 with gated attention, experts with a gated shared expert). Options
+``companion`` cannot express are rejected with an error that names them, never silently
+dropped.
 
 This module and :mod:`companion.checkpoints.transformers` are the only ones that touch
 transformers objects, and they import nothing from transformers itself: they read
@@ -42,7 +42,8 @@ _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"
 
 
 def architecture(hf_config: object) -> str:
-    """The supported transformers architecture a config is for; a clear error if none."""
+    """The supported transformers architecture a config is for; a clear error if
+    none."""
     archs = getattr(hf_config, "architectures", None) or []
     model_type = getattr(hf_config, "model_type", "")
     by_type = {
@@ -75,12 +76,16 @@ def _rope(params: Mapping) -> tuple[float, RopeScaling | None]:
 
 
 def _sparse_layers_ok(c: object) -> bool:
-    """Qwen's MoE families: True if every layer is sparse (the only layout supported)."""
-    return getattr(c, "decoder_sparse_step", 1) == 1 and not getattr(c, "mlp_only_layers", [])
+    """Qwen's MoE families: True if every layer is sparse (the only layout
+    supported)."""
+    return getattr(c, "decoder_sparse_step", 1) == 1 and not getattr(
+        c, "mlp_only_layers", []
+    )
 
 
 def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, object]:
-    """The config fields beyond the dense block: experts, MLA, sinks, gates, DeltaNet."""
+    """The config fields beyond the dense block: experts, MLA, sinks, gates,
+    DeltaNet."""
     if arch in ("Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"):
         if not _sparse_layers_ok(c):
             problems.append(
@@ -99,7 +104,9 @@ def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, objec
                 "shared_expert_gate": True,
                 "attn_output_gate": True,
                 "norm_offset": 1.0,
-                "partial_rotary_factor": float(c.rope_parameters.get("partial_rotary_factor", 1.0)),
+                "partial_rotary_factor": float(
+                    c.rope_parameters.get("partial_rotary_factor", 1.0)
+                ),
                 "linear_key_heads": c.linear_num_key_heads,
                 "linear_value_heads": c.linear_num_value_heads,
                 "linear_key_dim": c.linear_key_head_dim,
@@ -125,7 +132,9 @@ def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, objec
             "qk_nope_head_dim": c.qk_nope_head_dim,
             "qk_rope_head_dim": c.qk_rope_head_dim,
             "v_head_dim": c.v_head_dim,
-            "rope_layout": "interleaved" if getattr(c, "rope_interleave", True) else "half",
+            "rope_layout": "interleaved"
+            if getattr(c, "rope_interleave", True)
+            else "half",
         }
     if arch == "GptOssForCausalLM":
         return {
@@ -141,7 +150,8 @@ def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, objec
 
 
 def config_from_hf(hf_config: object) -> ModelConfig:
-    """The :class:`~companion.models.config.ModelConfig` of a transformers config (or an error)."""
+    """The :class:`~companion.models.config.ModelConfig` of a transformers config (or an
+    error)."""
     arch = architecture(hf_config)
     c = hf_config
     problems = []
@@ -165,10 +175,14 @@ def config_from_hf(hf_config: object) -> ModelConfig:
         rope = dict(rope["full_attention"])
         local_theta, local_scaling = _rope(local)
         if local_scaling is not None:
-            problems.append(f"RoPE scaling on sliding layers ({local_scaling.rope_type!r})")
+            problems.append(
+                f"RoPE scaling on sliding layers ({local_scaling.rope_type!r})"
+            )
     theta, scaling = _rope(rope)
     if arch == "GptOssForCausalLM" and (c.swiglu_limit, c.swiglu_alpha) != (7.0, 1.702):
-        problems.append(f"swiglu_limit/alpha={c.swiglu_limit}/{c.swiglu_alpha} (only 7.0/1.702)")
+        problems.append(
+            f"swiglu_limit/alpha={c.swiglu_limit}/{c.swiglu_alpha} (only 7.0/1.702)"
+        )
     family = _family_fields(arch, c, problems)
     if problems:
         raise ValueError(f"{arch}: companion does not support {', '.join(problems)}")
@@ -176,7 +190,9 @@ def config_from_hf(hf_config: object) -> ModelConfig:
     layer_types = getattr(c, "layer_types", None)
     window = getattr(c, "sliding_window", None)
     if arch == "MistralForCausalLM":
-        layer_types = ["sliding_attention" if window else "full_attention"] * c.num_hidden_layers
+        layer_types = [
+            "sliding_attention" if window else "full_attention"
+        ] * c.num_hidden_layers
     kind_of = {"sliding_attention": "sliding", "linear_attention": "linear"}
     kinds = tuple(kind_of.get(t, "full") for t in layer_types or [])
     if layer_types is None:
@@ -218,7 +234,9 @@ def config_from_hf(hf_config: object) -> ModelConfig:
         }.get(arch, "none"),
         sliding_window=window if "sliding" in kinds else None,
         layer_types=kinds,
-        attn_scale=(c.query_pre_attn_scalar**-0.5 if arch == "Gemma3ForCausalLM" else None),
+        attn_scale=(
+            c.query_pre_attn_scalar**-0.5 if arch == "Gemma3ForCausalLM" else None
+        ),
         scale_embeddings=arch == "Gemma3ForCausalLM",
         bias=False,
         tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),

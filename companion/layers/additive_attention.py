@@ -23,7 +23,11 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, query_dim: int, key_dim: int, attn_dim: int) -> None:
         super().__init__()
-        for name, value in (("query_dim", query_dim), ("key_dim", key_dim), ("attn_dim", attn_dim)):
+        for name, value in (
+            ("query_dim", query_dim),
+            ("key_dim", key_dim),
+            ("attn_dim", attn_dim),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.key_dim = key_dim
@@ -32,7 +36,8 @@ class AdditiveAttention(nn.Module):
         self.v = nn.Linear(attn_dim, 1, bias=False)
 
     def project_keys(self, keys: Tensor) -> Tensor:
-        """``W_h h`` for every source position, ``(B, S, A)``: compute once per sequence."""
+        """``W_h h`` for every source position, ``(B, S, A)``: compute once per
+        sequence."""
         if keys.ndim != 3 or keys.shape[-1] != self.key_dim:
             raise ValueError(
                 f"keys must have shape (B, S, {self.key_dim}), got {tuple(keys.shape)}"
@@ -48,29 +53,39 @@ class AdditiveAttention(nn.Module):
         mask: Tensor | None = None,
         projected_keys: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``query (B, Dq)``, ``keys (B, S, Dk)``, ``values (B, S, Dv)`` (default: keys).
+        """``query (B, Dq)``, ``keys (B, S, Dk)``, ``values (B, S, Dv)`` (default:
+        keys).
 
         Returns ``(context (B, Dv), weights (B, S))``. ``projected_keys`` may carry
         :meth:`project_keys` from an earlier step.
         """
         values = keys if values is None else values
-        wh = self.project_keys(keys) if projected_keys is None else projected_keys  # (B, S, A)
+        wh = (
+            self.project_keys(keys) if projected_keys is None else projected_keys
+        )  # (B, S, A)
         if query.ndim != 2 or query.shape[0] != keys.shape[0]:
             raise ValueError(
-                f"query must have shape (B={keys.shape[0]}, Dq), got {tuple(query.shape)}"
+                f"query must have shape (B={keys.shape[0]}, Dq), "
+                f"got {tuple(query.shape)}"
             )
         if values.ndim != 3 or values.shape[:2] != keys.shape[:2]:
             raise ValueError(
-                f"values must have shape (B, S, Dv) with (B, S) = {tuple(keys.shape[:2])}, "
+                "values must have shape (B, S, Dv) with "
+                f"(B, S) = {tuple(keys.shape[:2])}, "
                 f"got {tuple(values.shape)}"
             )
         if wh.shape[:2] != keys.shape[:2]:
-            raise ValueError(f"projected_keys must have shape (B, S, A), got {tuple(wh.shape)}")
-        scores = self.v(torch.tanh(self.w_s(query)[:, None, :] + wh)).squeeze(-1)  # (B, S)
+            raise ValueError(
+                f"projected_keys must have shape (B, S, A), got {tuple(wh.shape)}"
+            )
+        scores = self.v(torch.tanh(self.w_s(query)[:, None, :] + wh)).squeeze(
+            -1
+        )  # (B, S)
         if mask is not None:
             if mask.dtype != torch.bool or mask.shape != scores.shape:
                 raise ValueError(
-                    f"mask must be a bool tensor of shape (B, S) = {tuple(scores.shape)}, "
+                    "mask must be a bool tensor of shape "
+                    f"(B, S) = {tuple(scores.shape)}, "
                     f"got {mask.dtype} {tuple(mask.shape)}"
                 )
             has_key = mask.any(dim=-1, keepdim=True)  # (B, 1)
@@ -83,7 +98,8 @@ class AdditiveAttention(nn.Module):
 
 
 class AttentionSeq2Seq(nn.Module):
-    """A GRU encoder (both directions) and a GRU decoder that attends to it at every step.
+    """A GRU encoder (both directions) and a GRU decoder that attends to it at every
+    step.
 
     The encoder's forward and backward states are concatenated into one annotation per
     source token, ``(B, S, 2H)``. Each decoder step scores all annotations against its
@@ -123,7 +139,9 @@ class AttentionSeq2Seq(nn.Module):
         y = self.tgt_emb(tgt_in)  # (B, T, E)
         logits, weights = [], []
         for t in range(tgt_in.shape[1]):
-            ctx, w = self.attn(s, ann, projected_keys=wh)  # (B, 2H), (B, S): look before writing
+            ctx, w = self.attn(
+                s, ann, projected_keys=wh
+            )  # (B, 2H), (B, S): look before writing
             s = self.cell(torch.cat([y[:, t], ctx], dim=-1), s)  # (B, H)
             logits.append(self.out(torch.cat([s, ctx, y[:, t]], dim=-1)))
             weights.append(w)
@@ -136,13 +154,16 @@ def reversal_task(
     vocab_size: int,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Reverse a random sequence: returns ``src``, ``tgt_in`` and ``tgt_out``, each ``(B, length)``.
+    """Reverse a random sequence: returns ``src``, ``tgt_in`` and ``tgt_out``, each
+    ``(B, length)``.
 
     Symbols are ``1 .. vocab_size - 1``; ``0`` is the start token that opens ``tgt_in``
     (``tgt_in`` is ``tgt_out`` shifted right by one).
     """
     if vocab_size < 2 or length < 1:
-        raise ValueError(f"need vocab_size >= 2 and length >= 1, got {vocab_size}, {length}")
+        raise ValueError(
+            f"need vocab_size >= 2 and length >= 1, got {vocab_size}, {length}"
+        )
     src = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
     tgt_out = src.flip(1)
     tgt_in = torch.cat([torch.zeros_like(tgt_out[:, :1]), tgt_out[:, :-1]], dim=1)

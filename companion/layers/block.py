@@ -9,8 +9,8 @@ x + norm'(f(norm(x))) (Gemma 2/3); ``post_branch`` x + norm'(f(x)) (Olmo 2/3).
 One class serves every stack: a decoder-only LM (causal self-attention, FFN), an encoder
 (bidirectional self-attention, FFN) and the 2017 decoder (causal self-attention,
 cross-attention to the encoder, FFN). The block receives finished parts
-(:func:`companion.models.builders.build_block` makes them from a config): which attention, window
-or RoPE table a layer has was fixed when its token mixer was built.
+(:func:`companion.models.builders.build_block` makes them from a config): which
+attention, window or RoPE table a layer has was fixed when its token mixer was built.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class TransformerBlock(nn.Module):
     """Self-attention (or another token mixer), optional cross-attention, then an FFN.
 
     ``norms`` = (mixer norm, mixer output norm, FFN norm, FFN output norm); a placement
-    uses the first of each pair (``pre``, ``post``), the second (``post_branch``) or both
-    (``sandwich``), and the others are None.
+    uses the first of each pair (``pre``, ``post``), the second (``post_branch``) or
+    both (``sandwich``), and the others are None.
     """
 
     def __init__(
@@ -46,7 +46,9 @@ class TransformerBlock(nn.Module):
     ) -> None:
         super().__init__()
         if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+            raise ValueError(
+                f"placement must be one of {PLACEMENTS}, got {placement!r}"
+            )
         self.placement = placement
         self.attn_norm, self.attn_out_norm, ffn_norm, ffn_out_norm = norms
         self.attn = attn
@@ -66,7 +68,8 @@ class TransformerBlock(nn.Module):
         out_norm: nn.Module | None,
         sublayer: Callable[[Tensor], Tensor],
     ) -> Tensor:
-        """One sublayer inside its residual connection, norms where the placement puts them."""
+        """One sublayer inside its residual connection, norms where the placement puts
+        them."""
         if self.placement == "post":
             return norm(x + self.dropout(sublayer(x)))
         h = sublayer(norm(x) if norm is not None else x)
@@ -80,10 +83,11 @@ class TransformerBlock(nn.Module):
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
     ) -> Tensor:
-        """``mask`` limits self-attention, ``context_mask`` cross-attention (True = attend).
+        """``mask`` limits self-attention, ``context_mask`` cross-attention (True =
+        attend).
 
-        ``mixer_args`` go to the token mixer after the stream, unread here (a decoder passes
-        the tokens' positions and the layer's decoding state, chapter 08).
+        ``mixer_args`` go to the token mixer after the stream, unread here (a decoder
+        passes the tokens' positions and the layer's decoding state, chapter 08).
         """
         x = self.residual(
             x,
@@ -93,7 +97,9 @@ class TransformerBlock(nn.Module):
         )
         if self.cross_attn is not None:
             if context is None:
-                raise ValueError("this block has cross-attention: pass context (B, S, d)")
+                raise ValueError(
+                    "this block has cross-attention: pass context (B, S, d)"
+                )
             x = self.residual(
                 x,
                 self.cross_norm,

@@ -1,5 +1,5 @@
-"""What every model does at its input: token embeddings, the √d scale, absolute positions;
-and GPT-2's initialisation (chapters 02-04)."""
+"""What every model does at its input: token embeddings, the √d scale, absolute
+positions; and GPT-2's initialisation (chapters 02-04)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def embed_tokens(
     *,
     scale: float | None = None,
 ) -> Tensor:
-    """``tok_emb(ids)`` times ``scale`` (in the embeddings' dtype, as Gemma does; None: no
-    scale) plus ``pos_emb(positions)`` (default 0..T-1; None: no absolute positions):
+    """``tok_emb(ids)`` times ``scale`` (in the embeddings' dtype, as Gemma does; None:
+    no scale) plus ``pos_emb(positions)`` (default 0..T-1; None: no absolute positions):
     ``(B, T, d)``."""
     x = tok_emb(ids)
     if scale is not None:
@@ -31,7 +31,8 @@ def embed_tokens(
 
 
 def embedding_params(*tables: nn.Module | None) -> int:
-    """The learned numbers in the given embedding tables (None, or a fixed table, is 0)."""
+    """The learned numbers in the given embedding tables (None, or a fixed table, is
+    0)."""
     return sum(p.numel() for t in tables if t is not None for p in t.parameters())
 
 

@@ -1,4 +1,5 @@
-"""Position-wise feed-forward networks: the 2017 MLP and the gated GLU family (chapters 02, 07).
+"""Position-wise feed-forward networks: the 2017 MLP and the gated GLU family (chapters
+02, 07).
 
 Shape legend: ``(..., d) -> (..., d_ff) -> (..., d)``. Applied to each token on its own.
 The MLP has two matrices, ``down(act(up(x)))``; a GLU has three,
@@ -10,7 +11,13 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ACTIVATIONS", "FFN_FORMS", "FeedForward", "GatedFeedForward", "glu_hidden_size"]
+__all__ = [
+    "ACTIVATIONS",
+    "FFN_FORMS",
+    "FeedForward",
+    "GatedFeedForward",
+    "glu_hidden_size",
+]
 
 FFN_FORMS = ("mlp", "glu")  # FeedForward, GatedFeedForward
 
@@ -23,14 +30,22 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": 
 
 
 class FeedForward(nn.Module):
-    """Two matrices and a nonlinearity: ``down(act(up(x)))``, with ``d_ff`` hidden units."""
+    """Two matrices and a nonlinearity: ``down(act(up(x)))``, with ``d_ff`` hidden
+    units."""
 
     def __init__(
-        self, d: int, d_ff: int, activation: str = "relu", bias: bool = True, dropout: float = 0.0
+        self,
+        d: int,
+        d_ff: int,
+        activation: str = "relu",
+        bias: bool = True,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(
+                f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}"
+            )
         self.up = nn.Linear(d, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d, bias=bias)
         self.act = ACTIVATIONS[activation]
@@ -41,14 +56,22 @@ class FeedForward(nn.Module):
 
 
 class GatedFeedForward(nn.Module):
-    """A GLU: ``down(act(gate(x)) * up(x))`` with three matrices and ``d_ff`` hidden units."""
+    """A GLU: ``down(act(gate(x)) * up(x))`` with three matrices and ``d_ff`` hidden
+    units."""
 
     def __init__(
-        self, d: int, d_ff: int, activation: str = "silu", bias: bool = False, dropout: float = 0.0
+        self,
+        d: int,
+        d_ff: int,
+        activation: str = "silu",
+        bias: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(
+                f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}"
+            )
         self.gate = nn.Linear(d, d_ff, bias=bias)
         self.up = nn.Linear(d, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d, bias=bias)
@@ -59,10 +82,14 @@ class GatedFeedForward(nn.Module):
         return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))  # (..., d)
 
 
-def glu_hidden_size(d: int, multiple_of: int = 256, multiplier: float | None = None) -> int:
-    """The GLU width that keeps an MLP's parameters: ⌈(multiplier ·) 8d/3⌉ to ``multiple_of``.
+def glu_hidden_size(
+    d: int, multiple_of: int = 256, multiplier: float | None = None
+) -> int:
+    """The GLU width that keeps an MLP's parameters: ⌈(multiplier ·) 8d/3⌉ to
+    ``multiple_of``.
 
-    Llama 2 7B: d = 4096 gives 11,008; Llama 3 8B (multiplier 1.3, multiple 1024) 14,336.
+    Llama 2 7B: d = 4096 gives 11,008; Llama 3 8B (multiplier 1.3, multiple 1024)
+    14,336.
     """
     if d < 1 or multiple_of < 1:
         raise ValueError(

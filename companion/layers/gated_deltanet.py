@@ -1,16 +1,16 @@
 """Qwen3-Next's Gated DeltaNet layer around the gated delta rule (chapter 11).
 
-Shape legend: B batch, T tokens, d model width, H_k key heads, H value heads (a multiple of
-H_k; r = H / H_k), D_k key width, D_v value width, K conv kernel, C_conv = 2·H_k·D_k + H·D_v
-conv channels. Per token the layer projects ``x`` to q, k, v, a gate z and the per-head
-scalars b, a; runs q, k, v through a short causal depthwise convolution with SiLU;
-L2-normalises q and k (inside the op); sets ``β = σ(b)`` and the log-decay
-``g = −exp(A_log)·softplus(a + dt_bias) ≤ 0``; runs the gated delta rule
-(:mod:`companion.ops.linear_attention`); normalises each head's output with a gated RMSNorm
-``rmsnorm(o)·w·silu(z)`` and projects back to d.
+Shape legend: B batch, T tokens, d model width, H_k key heads, H value heads (a multiple
+of H_k; r = H / H_k), D_k key width, D_v value width, K conv kernel, C_conv = 2·H_k·D_k
++ H·D_v conv channels. Per token the layer projects ``x`` to q, k, v, a gate z and the
+per-head scalars b, a; runs q, k, v through a short causal depthwise convolution with
+SiLU; L2-normalises q and k (inside the op); sets ``β = σ(b)`` and the log-decay ``g =
+−exp(A_log)·softplus(a + dt_bias) ≤ 0``; runs the gated delta rule
+(:mod:`companion.ops.linear_attention`); normalises each head's output with a gated
+RMSNorm ``rmsnorm(o)·w·silu(z)`` and projects back to d.
 
-Parameters (names and shapes equal transformers' ``Qwen3NextGatedDeltaNet``, so its state
-dict loads unchanged; PyTorch ``Linear`` weights are ``(out, in)``):
+Parameters (names and shapes equal transformers' ``Qwen3NextGatedDeltaNet``, so its
+state dict loads unchanged; PyTorch ``Linear`` weights are ``(out, in)``):
 
 * ``in_proj_qkvz.weight`` ``(2·H_k·D_k + 2·H·D_v, d)``
 * ``in_proj_ba.weight`` ``(2·H, d)``
@@ -19,10 +19,10 @@ dict loads unchanged; PyTorch ``Linear`` weights are ``(out, in)``):
 * ``norm.weight`` ``(D_v,)``, shared by all heads
 * ``out_proj.weight`` ``(d, H·D_v)``
 
-The fused projections are grouped by key head, as in the released checkpoints: for key head
-h, ``in_proj_qkvz`` gives ``[q_h (D_k), k_h (D_k), v of its r value heads (r·D_v), z of them
-(r·D_v)]`` and ``in_proj_ba`` gives ``[b (r), a (r)]``. The conv channels are ordered
-``[q of all heads, k of all heads, v of all heads]``.
+The fused projections are grouped by key head, as in the released checkpoints: for key
+head h, ``in_proj_qkvz`` gives ``[q_h (D_k), k_h (D_k), v of its r value heads (r·D_v),
+z of them (r·D_v)]`` and ``in_proj_ba`` gives ``[b (r), a (r)]``. The conv channels are
+ordered ``[q of all heads, k of all heads, v of all heads]``.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNetCache(nn.Module):
     """What decoding keeps per layer, fixed in size whatever the length so far.
 
-    ``conv_state (B, C_conv, K − 1)``: the last K − 1 conv inputs (zeros before the start);
-    ``recurrent_state (B, H, D_k, D_v)`` in fp32. Like the KV caches it keeps no count:
-    the caller knows the positions (:class:`companion.models.decoder.DecodeCache`).
+    ``conv_state (B, C_conv, K − 1)``: the last K − 1 conv inputs (zeros before the
+    start); ``recurrent_state (B, H, D_k, D_v)`` in fp32. Like the KV caches it keeps no
+    count: the caller knows the positions
+    (:class:`companion.models.decoder.DecodeCache`).
     """
 
     def __init__(
@@ -73,7 +74,8 @@ class GatedDeltaNetCache(nn.Module):
     ) -> None:
         super().__init__()
         self.register_buffer(
-            "conv_state", torch.zeros(batch, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+            "conv_state",
+            torch.zeros(batch, conv_dim, conv_kernel - 1, dtype=dtype, device=device),
         )
         self.register_buffer(
             "recurrent_state",
@@ -87,7 +89,8 @@ class GatedDeltaNetCache(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet token mixer (Yang et al., 2024; Qwen3-Next): ``(B, T, d) -> (B, T, d)``.
+    """Gated DeltaNet token mixer (Yang et al., 2024; Qwen3-Next): ``(B, T, d) -> (B, T,
+    d)``.
 
     ``impl`` picks the op for every call, one-token decode steps included: ``"chunk"``
     (:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`) or ``"recurrent"`` (the
@@ -118,11 +121,18 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"conv_kernel must be >= 1, got {conv_kernel}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self.hk, self.hv, self.dk, self.dv = n_key_heads, n_value_heads, key_dim, value_dim
+        self.hk, self.hv, self.dk, self.dv = (
+            n_key_heads,
+            n_value_heads,
+            key_dim,
+            value_dim,
+        )
         self.conv_kernel, self.impl, self.chunk_size = conv_kernel, impl, chunk_size
         self.conv_dim = 2 * n_key_heads * key_dim + n_value_heads * value_dim
         self.in_proj_qkvz = nn.Linear(
-            d_model, 2 * n_key_heads * key_dim + 2 * n_value_heads * value_dim, bias=False
+            d_model,
+            2 * n_key_heads * key_dim + 2 * n_value_heads * value_dim,
+            bias=False,
         )
         self.in_proj_ba = nn.Linear(d_model, 2 * n_value_heads, bias=False)
         self.conv1d = nn.Conv1d(
@@ -142,8 +152,9 @@ class GatedDeltaNet(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> GatedDeltaNetCache:
-        """An empty cache for ``batch`` sequences, on this layer's device by default. Its
-        size is fixed, whatever ``max_len`` (accepted so every token mixer is called alike)."""
+        """An empty cache for ``batch`` sequences, on this layer's device by default.
+        Its size is fixed, whatever ``max_len`` (accepted so every token mixer is called
+        alike)."""
         w = self.conv1d.weight
         return GatedDeltaNetCache(
             batch,
@@ -157,15 +168,23 @@ class GatedDeltaNet(nn.Module):
         )
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Fused projections -> conv input (B, C_conv, T), z (B, T, H, D_v), b and a (B, T, H)."""
+        """Fused projections -> conv input (B, C_conv, T), z (B, T, H, D_v), b and a (B,
+        T, H)."""
         b_, t, _ = x.shape
         r = self.hv // self.hk
         qkvz = self.in_proj_qkvz(x).view(b_, t, self.hk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
         b, a = self.in_proj_ba(x).view(b_, t, self.hk, 2 * r).split([r, r], dim=-1)
-        mixed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)  # (B, T, C_conv)
+        mixed = torch.cat(
+            [q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1
+        )  # (B, T, C_conv)
         z = z.reshape(b_, t, self.hv, self.dv)
-        return mixed.transpose(1, 2), z, b.reshape(b_, t, self.hv), a.reshape(b_, t, self.hv)
+        return (
+            mixed.transpose(1, 2),
+            z,
+            b.reshape(b_, t, self.hv),
+            a.reshape(b_, t, self.hv),
+        )
 
     def forward(
         self,
@@ -175,10 +194,13 @@ class GatedDeltaNet(nn.Module):
         *,
         mask: Tensor | None = None,
     ) -> Tensor:
-        """``x (B, T, d)``; with a cache, continue from its states and update them in place.
-        A recurrence is causal by construction and needs no positions; it takes no mask."""
+        """``x (B, T, d)``; with a cache, continue from its states and update them in
+        place. A recurrence is causal by construction and needs no positions; it takes
+        no mask."""
         if mask is not None:
-            raise ValueError("Gated DeltaNet layers take no attention mask: pass unpadded batches")
+            raise ValueError(
+                "Gated DeltaNet layers take no attention mask: pass unpadded batches"
+            )
         b_, t, _ = x.shape
         mixed, z, b, a = self._split(x)
         if cache is None:
@@ -187,7 +209,9 @@ class GatedDeltaNet(nn.Module):
             past = cache.conv_state.to(mixed.dtype)
         window = torch.cat([past, mixed], dim=-1)  # (B, C_conv, K − 1 + T)
         if cache is not None:
-            cache.conv_state.copy_(window[:, :, window.shape[-1] - (self.conv_kernel - 1) :])
+            cache.conv_state.copy_(
+                window[:, :, window.shape[-1] - (self.conv_kernel - 1) :]
+            )
         conv = F.silu(self.conv1d(window)).transpose(1, 2)  # (B, T, C_conv)
         hk_dk = self.hk * self.dk
         q, k, v = conv.split([hk_dk, hk_dk, self.hv * self.dv], dim=-1)
@@ -195,7 +219,9 @@ class GatedDeltaNet(nn.Module):
         k = k.reshape(b_, t, self.hk, self.dk)
         v = v.reshape(b_, t, self.hv, self.dv)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (B, T, H)
+        g = -self.A_log.float().exp() * F.softplus(
+            a.float() + self.dt_bias
+        )  # (B, T, H)
         state, keep = (None, False) if cache is None else (cache.recurrent_state, True)
         if self.impl == "chunk":
             o, state = chunk_gated_delta_rule(

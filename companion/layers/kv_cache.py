@@ -1,14 +1,15 @@
-"""KV caches for decoding: a preallocated cache, a sliding-window ring buffer (chapters 08,
-09) and MLA's latent cache (chapter 08).
+"""KV caches for decoding: a preallocated cache, a sliding-window ring buffer (chapters
+08, 09) and MLA's latent cache (chapter 08).
 
-Shape legend: B batch, H_kv key/value heads, S_max capacity, W window, T new tokens, D head
-width. Both caches are modules whose buffers are allocated once and written in place. They
-are *position-indexed*, as in gpt-fast: ``update(input_pos, k, v)`` writes the new tokens at
-their positions and returns the keys and values attention should read with, for each key
-slot, the absolute position it holds (``-1``: still empty), from which
-:func:`position_mask` builds the mask. A cache keeps no count of its own; the positions are
-the caller's (:class:`companion.models.decoder.DecodeCache` counts for a whole model), so a decode
-step has the same shapes at every position and can be compiled once.
+Shape legend: B batch, H_kv key/value heads, S_max capacity, W window, T new tokens, D
+head width. Both caches are modules whose buffers are allocated once and written in
+place. They are *position-indexed*, as in gpt-fast: ``update(input_pos, k, v)`` writes
+the new tokens at their positions and returns the keys and values attention should read
+with, for each key slot, the absolute position it holds (``-1``: still empty), from
+which :func:`position_mask` builds the mask. A cache keeps no count of its own; the
+positions are the caller's (:class:`companion.models.decoder.DecodeCache` counts for a
+whole model), so a decode step has the same shapes at every position and can be compiled
+once.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ def attention_mask(
 ) -> tuple[Tensor | None, bool]:
     """The mask and causal flag a layer attends with, given its queries' positions.
 
-    With ``k_pos`` (what a cache's slots hold) the positions decide order and window, and
-    the causal flag is off. Without, a window adds its band to ``mask`` and ``causal``
-    stays as the layer was built.
+    With ``k_pos`` (what a cache's slots hold) the positions decide order and window,
+    and the causal flag is off. Without, a window adds its band to ``mask`` and
+    ``causal`` stays as the layer was built.
     """
     if k_pos is not None:
         return combine_masks(mask, position_mask(q_pos, k_pos, window)), False
@@ -51,8 +52,8 @@ def attention_mask(
 def query_positions(
     x: Tensor, positions: Tensor | None, cache: object, *, needed: bool
 ) -> Tensor | None:
-    """``positions (T,)`` of the tokens of ``x (B, T, ·)``: as given, else 0..T-1 where the
-    layer needs them (RoPE, a window); decoding with a cache needs them given."""
+    """``positions (T,)`` of the tokens of ``x (B, T, ·)``: as given, else 0..T-1 where
+    the layer needs them (RoPE, a window); decoding with a cache needs them given."""
     if positions is not None:
         return positions
     if cache is not None:
@@ -61,8 +62,9 @@ def query_positions(
 
 
 def position_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
-    """``(T, S)`` bool: key j is visible to query i if it exists, is not in the future and,
-    with a window W, is one of the W most recent positions (the query's own included)."""
+    """``(T, S)`` bool: key j is visible to query i if it exists, is not in the future
+    and, with a window W, is one of the W most recent positions (the query's own
+    included)."""
     q, k = q_pos[:, None], k_pos[None, :]
     mask = (k >= 0) & (k <= q)
     if window is not None:
@@ -73,7 +75,8 @@ def position_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Te
 class KVCache(nn.Module):
     """Keys and values of every position so far, in a buffer sized ``max_len`` up front.
 
-    Slot p holds position p; ``update`` returns the whole buffer, so its shapes never change.
+    Slot p holds position p; ``update`` returns the whole buffer, so its shapes never
+    change.
     """
 
     def __init__(
@@ -90,15 +93,21 @@ class KVCache(nn.Module):
         super().__init__()
         self.max_len = max_len
         shape = (batch, n_kv_heads, max_len)
-        self.register_buffer("k", torch.zeros(*shape, head_dim, dtype=dtype, device=device))
+        self.register_buffer(
+            "k", torch.zeros(*shape, head_dim, dtype=dtype, device=device)
+        )
         self.register_buffer(
             "v", torch.zeros(*shape, value_dim or head_dim, dtype=dtype, device=device)
         )
-        self.register_buffer("pos", torch.full((max_len,), -1, device=device), persistent=False)
+        self.register_buffer(
+            "pos", torch.full((max_len,), -1, device=device), persistent=False
+        )
 
-    def update(self, input_pos: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, ...]:
-        """Write ``(B, H_kv, T, D)`` at slots ``input_pos (T,)``; return all keys, values and
-        the position each slot holds."""
+    def update(
+        self, input_pos: Tensor, k_new: Tensor, v_new: Tensor
+    ) -> tuple[Tensor, ...]:
+        """Write ``(B, H_kv, T, D)`` at slots ``input_pos (T,)``; return all keys,
+        values and the position each slot holds."""
         self.k.index_copy_(2, input_pos, k_new.to(self.k.dtype))
         self.v.index_copy_(2, input_pos, v_new.to(self.v.dtype))
         self.pos.index_copy_(0, input_pos, input_pos)
@@ -106,7 +115,8 @@ class KVCache(nn.Module):
 
 
 class SlidingWindowCache(KVCache):
-    """The last ``window`` keys and values in a ring buffer: memory capped at W positions.
+    """The last ``window`` keys and values in a ring buffer: memory capped at W
+    positions.
 
     The buffers are a :class:`KVCache`'s with W slots; only ``update`` differs.
     """
@@ -126,14 +136,16 @@ class SlidingWindowCache(KVCache):
         super().__init__(batch, n_kv_heads, window, head_dim, **kw)
         self.window = window
 
-    def update(self, input_pos: Tensor, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, ...]:
-        """Store the new keys at slots ``position mod W``; return what the new queries must
-        read, with positions.
+    def update(
+        self, input_pos: Tensor, k_new: Tensor, v_new: Tensor
+    ) -> tuple[Tensor, ...]:
+        """Store the new keys at slots ``position mod W``; return what the new queries
+        must read, with positions.
 
-        One new token: write it into its slot, then the ring holds exactly the keys it may
-        see. Several (a prefill): the early ones need keys the ring is about to overwrite,
-        so attention reads the old ring and the new keys side by side; then the ring keeps
-        the last W.
+        One new token: write it into its slot, then the ring holds exactly the keys it
+        may see. Several (a prefill): the early ones need keys the ring is about to
+        overwrite, so attention reads the old ring and the new keys side by side; then
+        the ring keeps the last W.
         """
         k_new, v_new = k_new.to(self.k.dtype), v_new.to(self.v.dtype)
         if input_pos.numel() == 1:
@@ -156,10 +168,10 @@ class SlidingWindowCache(KVCache):
 class LatentCache(nn.Module):
     """The normalised latent and the RoPE'd shared key of every position so far.
 
-    One row per token, ``[c | k_rope]`` (C + R numbers, as FlashMLA and vLLM store it), in a
-    buffer preallocated for ``max_len`` positions; ``update`` writes rows at their positions
-    and returns the whole buffer with the position each row holds (``-1``: empty), like
-    :class:`KVCache`. The absorbed form reads the rows as its keys and
+    One row per token, ``[c | k_rope]`` (C + R numbers, as FlashMLA and vLLM store it),
+    in a buffer preallocated for ``max_len`` positions; ``update`` writes rows at their
+    positions and returns the whole buffer with the position each row holds (``-1``:
+    empty), like :class:`KVCache`. The absorbed form reads the rows as its keys and
     their first C channels as its values, so a decode step copies nothing.
     """
 
@@ -176,12 +188,16 @@ class LatentCache(nn.Module):
         super().__init__()
         self.max_len = max_len
         width = kv_lora_rank + qk_rope_head_dim
-        self.register_buffer("kv", torch.zeros(batch, max_len, width, dtype=dtype, device=device))
-        self.register_buffer("pos", torch.full((max_len,), -1, device=device), persistent=False)
+        self.register_buffer(
+            "kv", torch.zeros(batch, max_len, width, dtype=dtype, device=device)
+        )
+        self.register_buffer(
+            "pos", torch.full((max_len,), -1, device=device), persistent=False
+        )
 
     def update(self, input_pos: Tensor, kv_new: Tensor) -> tuple[Tensor, Tensor]:
-        """Write ``(B, T, C+R)`` at rows ``input_pos (T,)``; return all rows ``(B, S, C+R)``
-        and their positions ``(S,)``."""
+        """Write ``(B, T, C+R)`` at rows ``input_pos (T,)``; return all rows ``(B, S,
+        C+R)`` and their positions ``(S,)``."""
         self.kv.index_copy_(1, input_pos, kv_new.to(self.kv.dtype))
         self.pos.index_copy_(0, input_pos, input_pos)
         return self.kv, self.pos

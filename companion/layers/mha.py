@@ -1,11 +1,12 @@
-"""Multi-head attention: MHA, GQA, MQA, with RoPE, QK-norm and a KV cache (chapters 02-08),
-attention sinks and a sigmoid output gate (chapter 12).
+"""Multi-head attention: MHA, GQA, MQA, with RoPE, QK-norm and a KV cache (chapters
+02-08), attention sinks and a sigmoid output gate (chapter 12).
 
 Shape legend: B batch, T query tokens, S key tokens, d model width, H query heads, H_kv
 key/value heads (H_kv = H: MHA; 1: MQA; between: GQA), D head width, F = D/2 RoPE
-frequencies. ``x (B, T, d)`` gives the queries; ``context (B, S, d)`` gives keys and values
-(``None``: self-attention). The heads run through :func:`companion.ops.dispatch.attention`, so
-``impl`` picks the reference, SDPA or tiled kernel without changing the weights.
+frequencies. ``x (B, T, d)`` gives the queries; ``context (B, S, d)`` gives keys and
+values (``None``: self-attention). The heads run through
+:func:`companion.ops.dispatch.attention`, so ``impl`` picks the reference, SDPA or tiled
+kernel without changing the weights.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ Cache = KVCache | SlidingWindowCache
 
 
 class MultiHeadAttention(nn.Module):
-    """H query heads sharing H_kv key/value heads, then an output projection back to d."""
+    """H query heads sharing H_kv key/value heads, then an output projection back to
+    d."""
 
     def __init__(
         self,
@@ -65,10 +67,14 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads = n_kv_heads or n_heads
         if head_dim is None:
             if d_model % n_heads != 0:
-                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+                raise ValueError(
+                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads})"
+                )
             head_dim = d_model // n_heads
         if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+            raise ValueError(
+                f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})"
+            )
         for name, value, allowed in (
             ("impl", impl, IMPLS),
             ("qk_norm", qk_norm, QK_NORMS),
@@ -77,7 +83,12 @@ class MultiHeadAttention(nn.Module):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.d_model, self.impl, self.dropout, self.scale = d_model, impl, dropout, scale
+        self.d_model, self.impl, self.dropout, self.scale = (
+            d_model,
+            impl,
+            dropout,
+            scale,
+        )
         self.fused_qkv, self.rope_layout, self.qk_norm = fused_qkv, rope_layout, qk_norm
         # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
         self.causal, self.window, self.rope = causal, window, rope
@@ -85,27 +96,38 @@ class MultiHeadAttention(nn.Module):
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.output_gate = output_gate
         # with an output gate, q's projection also makes each head's gate: [q_h, gate_h]
-        q_out, kv_out = n_heads * head_dim * (2 if output_gate else 1), n_kv_heads * head_dim
+        q_out, kv_out = (
+            n_heads * head_dim * (2 if output_gate else 1),
+            n_kv_heads * head_dim,
+        )
         self.widths = [q_out, kv_out, kv_out]
         if fused_qkv:
-            self.qkv = nn.Linear(d_model, q_out + 2 * kv_out, bias=qkv_bias)  # one matmul
+            self.qkv = nn.Linear(
+                d_model, q_out + 2 * kv_out, bias=qkv_bias
+            )  # one matmul
         else:
             self.q_proj = nn.Linear(d_model, q_out, bias=qkv_bias)
             self.k_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
             self.v_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
-        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None  # one logit per head
+        self.sinks = (
+            nn.Parameter(torch.zeros(n_heads)) if sinks else None
+        )  # one logit per head
         if qk_norm != "none":
             q_width = head_dim if qk_norm == "head" else n_heads * head_dim
             k_width = head_dim if qk_norm == "head" else kv_out
             self.q_norm = RMSNorm(q_width, eps=norm_eps, offset=norm_offset)
             self.k_norm = RMSNorm(k_width, eps=norm_eps, offset=norm_offset)
 
-    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """q ``(B, T, ·)`` from the stream x; k and v ``(B, S, ·)`` from the context (x itself
-        in self-attention): one linear map each, or one fused matmul."""
+    def project(
+        self, x: Tensor, context: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(B, T, ·)`` from the stream x; k and v ``(B, S, ·)`` from the context (x
+        itself in self-attention): one linear map each, or one fused matmul."""
         if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}"
+            )
         if not self.fused_qkv:
             src = x if context is None else context
             return self.q_proj(x), self.k_proj(src), self.v_proj(src)
@@ -113,7 +135,9 @@ class MultiHeadAttention(nn.Module):
             return self.qkv(x).split(self.widths, dim=-1)
         w, b, n = self.qkv.weight, self.qkv.bias, self.widths[0]  # cross-attention
         q = F.linear(x, w[:n], None if b is None else b[:n])
-        k, v = F.linear(context, w[n:], None if b is None else b[n:]).split(self.widths[1:], -1)
+        k, v = F.linear(context, w[n:], None if b is None else b[n:]).split(
+            self.widths[1:], -1
+        )
         return q, k, v
 
     def heads(self, t: Tensor, n: int) -> Tensor:
@@ -121,8 +145,11 @@ class MultiHeadAttention(nn.Module):
         b, s, _ = t.shape
         return t.view(b, s, n, self.head_dim).transpose(1, 2)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal=False) -> Tensor:
-        """Each head attends on its own, then the heads are concatenated: ``(B, T, H·D)``."""
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask=None, causal=False
+    ) -> Tensor:
+        """Each head attends on its own, then the heads are concatenated: ``(B, T,
+        H·D)``."""
         p = self.dropout if self.training else 0.0
         o = self.form(q, k, v, mask=mask, causal=causal, dropout_p=p)  # (B, H, T, D)
         b, h, t, d = o.shape
@@ -133,12 +160,17 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """The attention form this layer runs (``impl``, sinks), ``(B, H, T, D)``.
 
-        One query token with grouped K/V heads: the G query heads of a group read the same
-        keys, so they are folded into the query axis, and attention runs once per K/V head
-        (no repeated K/V; chapter 08).
+        One query token with grouped K/V heads: the G query heads of a group read the
+        same keys, so they are folded into the query axis, and attention runs once per
+        K/V head (no repeated K/V; chapter 08).
         """
         b, h, t, d = q.shape
-        kw = {"impl": self.impl, "mask": mask, "scale": self.scale, "dropout_p": dropout_p}
+        kw = {
+            "impl": self.impl,
+            "mask": mask,
+            "scale": self.scale,
+            "dropout_p": dropout_p,
+        }
         if t == 1 and not causal and self.n_kv_heads < h and self.sinks is None:
             q = q.view(b, self.n_kv_heads, h // self.n_kv_heads, d)
             return attention(q, k, v, **kw).reshape(b, h, 1, -1)
@@ -153,7 +185,8 @@ class MultiHeadAttention(nn.Module):
         device: torch.device | str | None = None,
     ) -> Cache:
         """An empty cache for ``batch`` sequences of up to ``max_len`` positions: a ring
-        buffer of W slots if this layer's window W is shorter, else ``max_len`` slots."""
+        buffer of W slots if this layer's window W is shorter, else ``max_len``
+        slots."""
         w = self.out_proj.weight
         args = (batch, self.n_kv_heads)
         kw = {"dtype": dtype or w.dtype, "device": device or w.device}
@@ -171,9 +204,10 @@ class MultiHeadAttention(nn.Module):
         context: Tensor | None = None,
         block_mask: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | BlockMask | None, bool, Tensor | None]:
-        """q, k, v (RoPE applied, cache written and read), the mask and causal flag attention
-        needs, and the output gate's logits. ``block_mask``: a causal layer's mask as a
-        FlexAttention BlockMask (built once per length) where no other mask is needed."""
+        """q, k, v (RoPE applied, cache written and read), the mask and causal flag
+        attention needs, and the output gate's logits. ``block_mask``: a causal layer's
+        mask as a FlexAttention BlockMask (built once per length) where no other mask is
+        needed."""
         q, k, v = self.project(x, context)
         gate = None
         if self.output_gate:  # per head: the first D channels query, the next D gate
@@ -202,10 +236,13 @@ class MultiHeadAttention(nn.Module):
         return q, k, v, mask, causal, gate
 
     def _flex_mask(self, t: int, device: torch.device) -> BlockMask:
-        """This layer's causal (windowed) BlockMask for T tokens, built once per length."""
+        """This layer's causal (windowed) BlockMask for T tokens, built once per
+        length."""
         key = (t, device)
         if key not in self._block_masks:
-            self._block_masks[key] = causal_window_block_mask(t, None, self.window, device)
+            self._block_masks[key] = causal_window_block_mask(
+                t, None, self.window, device
+            )
         return self._block_masks[key]
 
     def forward(
@@ -221,7 +258,12 @@ class MultiHeadAttention(nn.Module):
         ``cache`` the new keys are stored at their positions and the mask comes from the
         positions the cache holds (and this layer's window)."""
         q, k, v, mask, causal, gate = self.attention_inputs(
-            x, positions, cache, mask=mask, context=context, block_mask=self.impl == "flex"
+            x,
+            positions,
+            cache,
+            mask=mask,
+            context=context,
+            block_mask=self.impl == "flex",
         )
         o = self.attend(q, k, v, mask=mask, causal=causal)  # (B, T, H·D)
         if gate is not None:
@@ -237,7 +279,9 @@ class MultiHeadAttention(nn.Module):
         context: Tensor | None = None,
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights (with this layer's sinks, if any)."""
-        q, k, _, mask, causal, _ = self.attention_inputs(x, positions, mask=mask, context=context)
+        q, k, _, mask, causal, _ = self.attention_inputs(
+            x, positions, mask=mask, context=context
+        )
         kw = {"mask": mask, "causal": causal, "scale": self.scale}
         if self.sinks is not None:
             return sink_attention_weights(q, k, self.sinks, **kw)

@@ -1,27 +1,29 @@
 """Multi-head latent attention (MLA, DeepSeek-V2/V3) and its latent cache (chapter 08).
 
-Shape legend: B batch, T query tokens, S key tokens (cached + new), d model width, H heads,
-C ``kv_lora_rank`` (the latent), C_q ``q_lora_rank``, Dn ``qk_nope_head_dim`` (query/key
-channels without position), R ``qk_rope_head_dim`` (the decoupled RoPE channels, one key
-shared by all heads), Dv ``v_head_dim``, F = R / 2 RoPE frequencies.
+Shape legend: B batch, T query tokens, S key tokens (cached + new), d model width, H
+heads, C ``kv_lora_rank`` (the latent), C_q ``q_lora_rank``, Dn ``qk_nope_head_dim``
+(query/key channels without position), R ``qk_rope_head_dim`` (the decoupled RoPE
+channels, one key shared by all heads), Dv ``v_head_dim``, F = R / 2 RoPE frequencies.
 
-Each token is compressed into a latent ``c (C,)`` (RMS-normed) and one RoPE key
-``k_rope (R,)``; only these two are cached: ``C + R`` numbers per token and layer instead of
-``H · (Dn + R + Dv)``. ``kv_b_proj`` holds, per head, W_UK ``(Dn, C)`` and W_UV ``(Dv, C)``:
+Each token is compressed into a latent ``c (C,)`` (RMS-normed) and one RoPE key ``k_rope
+(R,)``; only these two are cached: ``C + R`` numbers per token and layer instead of ``H
+· (Dn + R + Dv)``. ``kv_b_proj`` holds, per head, W_UK ``(Dn, C)`` and W_UV ``(Dv, C)``:
 
 * ``form="naive"`` up-projects the latent to full per-head keys ``[W_UK c, k_rope]`` and
   values ``W_UV c`` and runs ordinary attention (the model as trained, and transformers'
   ``DeepseekV3Attention``).
 * ``form="absorbed"`` folds W_UK into the query, ``q_lat = W_UKᵀ q_nope (C,)``, so the
   scores are ``q_lat·c + q_rope·k_rope``: multi-query attention with one shared head of
-  width C + R whose values are the latents themselves; W_UV is applied after the softmax.
-  Nothing per head is ever built for the S keys, which is what makes decoding cheap.
+  width C + R whose values are the latents themselves; W_UV is applied after the
+  softmax. Nothing per head is ever built for the S keys, which is what makes decoding
+  cheap.
 
 The softmax scale defaults to 1/√(Dn + R). YaRN checkpoints (DeepSeek-V3) multiply it by
 ``mscale(factor, mscale_all_dim)²``: pass ``scale=softmax_scale(Dn + R, rope_scaling)``.
 ``rope_layout="interleaved"`` is transformers' ``rope_interleave=True``: both rotate the
-pairs (2f, 2f + 1); transformers then stores the rotated channels de-interleaved, a fixed
-permutation of q_rope and k_rope alike, which leaves every q·k, hence the output, unchanged.
+pairs (2f, 2f + 1); transformers then stores the rotated channels de-interleaved, a
+fixed permutation of q_rope and k_rope alike, which leaves every q·k, hence the output,
+unchanged.
 """
 
 from __future__ import annotations
@@ -50,15 +52,20 @@ FORMS = ("naive", "absorbed")
 
 
 def bytes_per_token(
-    kv_lora_rank: int, qk_rope_head_dim: int, n_layers: int = 1, bytes_per_element: int = 2
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    n_layers: int = 1,
+    bytes_per_element: int = 2,
 ) -> int:
-    """Latent-cache bytes one token costs: ``(C + R) · layers · bytes`` (no per-head term)."""
+    """Latent-cache bytes one token costs: ``(C + R) · layers · bytes`` (no per-head
+    term)."""
     return (kv_lora_rank + qk_rope_head_dim) * n_layers * bytes_per_element
 
 
 def softmax_scale(qk_head_dim: int, rope_scaling: RopeScaling | None = None) -> float:
     """1/√(Dn + R), times ``mscale(factor, mscale_all_dim)²`` for scaled RoPE that sets
-    ``mscale_all_dim`` (DeepSeek's YaRN): the logit sharpening is applied here, not in cos/sin."""
+    ``mscale_all_dim`` (DeepSeek's YaRN): the logit sharpening is applied here, not in
+    cos/sin."""
     scale = 1.0 / math.sqrt(qk_head_dim)
     p = rope_scaling
     if p is not None and p.mscale_all_dim:
@@ -67,7 +74,8 @@ def softmax_scale(qk_head_dim: int, rope_scaling: RopeScaling | None = None) -> 
 
 
 class MultiHeadLatentAttention(nn.Module):
-    """DeepSeek's MLA: queries direct or through a latent, keys and values through a latent.
+    """DeepSeek's MLA: queries direct or through a latent, keys and values through a
+    latent.
 
     Parameters (no biases): ``q_proj (H·(Dn+R), d)`` when ``q_lora_rank == 0``, else
     ``q_a_proj (C_q, d)``, ``q_a_norm (C_q,)``, ``q_b_proj (H·(Dn+R), C_q)``; then
@@ -112,7 +120,9 @@ class MultiHeadLatentAttention(nn.Module):
                 f"q_lora_rank must be 0 (direct queries) or positive, got {q_lora_rank}"
             )
         if qk_rope_head_dim % 2:
-            raise ValueError(f"qk_rope_head_dim must be even (RoPE pairs), got {qk_rope_head_dim}")
+            raise ValueError(
+                f"qk_rope_head_dim must be even (RoPE pairs), got {qk_rope_head_dim}"
+            )
         for name, value, allowed in (
             ("form", form, FORMS),
             ("impl", impl, IMPLS),
@@ -122,8 +132,16 @@ class MultiHeadLatentAttention(nn.Module):
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         self.d_model, self.n_heads, self.q_lora_rank = d_model, n_heads, q_lora_rank
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
-        self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
-        self.rope_layout, self.form, self.impl, self.dropout = rope_layout, form, impl, dropout
+        self.qk_nope_head_dim, self.qk_rope_head_dim = (
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+        )
+        self.rope_layout, self.form, self.impl, self.dropout = (
+            rope_layout,
+            form,
+            impl,
+            dropout,
+        )
         # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
         self.causal, self.window, self.rope = causal, window, rope
         self.scale = 1.0 / math.sqrt(self.qk_head_dim) if scale is None else scale
@@ -147,7 +165,8 @@ class MultiHeadLatentAttention(nn.Module):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     def up_weights(self) -> tuple[Tensor, Tensor]:
-        """W_UK ``(H, Dn, C)`` and W_UV ``(H, Dv, C)``: views of ``kv_b_proj.weight``."""
+        """W_UK ``(H, Dn, C)`` and W_UV ``(H, Dv, C)``: views of
+        ``kv_b_proj.weight``."""
         w = self.kv_b_proj.weight.view(self.n_heads, -1, self.kv_lora_rank)
         return w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
 
@@ -174,18 +193,25 @@ class MultiHeadLatentAttention(nn.Module):
     def project(
         self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """q_nope ``(B,H,T,Dn)``, q_rope ``(B,H,T,R)`` and the cache rows ``kv (B,T,C+R)`` =
-        ``[normed latent | k_rope]``; RoPE applied when ``rope = (cos, sin)`` is given."""
+        """q_nope ``(B,H,T,Dn)``, q_rope ``(B,H,T,R)`` and the cache rows ``kv
+        (B,T,C+R)`` = ``[normed latent | k_rope]``; RoPE applied when ``rope = (cos,
+        sin)`` is given."""
         if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}"
+            )
         b, t, _ = x.shape
         if self.q_lora_rank == 0:
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = q.view(b, t, self.n_heads, self.qk_head_dim).transpose(1, 2)  # (B, H, T, Dn+R)
+        q = q.view(b, t, self.n_heads, self.qk_head_dim).transpose(
+            1, 2
+        )  # (B, H, T, Dn+R)
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj(x).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        latent, k_rope = self.kv_a_proj(x).split(
+            [self.kv_lora_rank, self.qk_rope_head_dim], -1
+        )
         latent = self.kv_a_norm(latent)  # (B, T, C)
         if rope is not None:
             q_rope = apply_rope(q_rope, *rope, layout=self.rope_layout)
@@ -200,16 +226,20 @@ class MultiHeadLatentAttention(nn.Module):
         latent, k_rope = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(b, s, self.n_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k_rope = k_rope[:, None].expand(-1, self.n_heads, -1, -1)  # one key shared by all heads
+        k_rope = k_rope[:, None].expand(
+            -1, self.n_heads, -1, -1
+        )  # one key shared by all heads
         return torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope], -1), v
 
     def absorbed_qkv(
         self, q_nope: Tensor, q_rope: Tensor, kv: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Latent-space q ``(B,H,T,C+R)``; one shared k ``(B,1,S,C+R)`` (the cache rows) and
-        v ``(B,1,S,C)`` (their latent part, a view)."""
+        """Latent-space q ``(B,H,T,C+R)``; one shared k ``(B,1,S,C+R)`` (the cache rows)
+        and v ``(B,1,S,C)`` (their latent part, a view)."""
         w_uk, _ = self.up_weights()
-        q_lat = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # q_nope·k_nope = q_lat·latent
+        q_lat = torch.einsum(
+            "bhtn,hnc->bhtc", q_nope, w_uk
+        )  # q_nope·k_nope = q_lat·latent
         kv = kv[:, None]
         return torch.cat([q_lat, q_rope], dim=-1), kv, kv[..., : self.kv_lora_rank]
 
@@ -226,7 +256,9 @@ class MultiHeadLatentAttention(nn.Module):
         positions = query_positions(
             x, positions, cache, needed=self.rope is not None or self.window is not None
         )
-        q_nope, q_rope, kv = self.project(x, None if self.rope is None else self.rope(positions))
+        q_nope, q_rope, kv = self.project(
+            x, None if self.rope is None else self.rope(positions)
+        )
         k_pos = None
         if cache is not None:
             kv, k_pos = cache.update(positions, kv)
@@ -242,9 +274,9 @@ class MultiHeadLatentAttention(nn.Module):
         *,
         mask: Tensor | None = None,
     ) -> Tensor:
-        """``(B, T, d)``, called like :class:`companion.layers.mha.MultiHeadAttention`. With a
-        ``cache`` the new latents are stored at their positions and the mask comes from the
-        positions the cache holds (and this layer's window)."""
+        """``(B, T, d)``, called like :class:`companion.layers.mha.MultiHeadAttention`.
+        With a ``cache`` the new latents are stored at their positions and the mask
+        comes from the positions the cache holds (and this layer's window)."""
         q, k, v, mask, causal = self.attention_inputs(x, positions, cache, mask=mask)
         p = self.dropout if self.training else 0.0
         b, h, t, _ = q.shape
@@ -252,11 +284,20 @@ class MultiHeadLatentAttention(nn.Module):
             # absorbed decode step: every head reads the same latent keys, so fold the heads
             # into the query axis and run one head's attention (no repeated latents)
             q = q.reshape(b, 1, h, -1)
-            o = attention(q, k, v, impl=self.impl, mask=mask, scale=self.scale, dropout_p=p)
+            o = attention(
+                q, k, v, impl=self.impl, mask=mask, scale=self.scale, dropout_p=p
+            )
             o = o.reshape(b, h, 1, -1)
         else:
             o = attention(
-                q, k, v, impl=self.impl, mask=mask, causal=causal, scale=self.scale, dropout_p=p
+                q,
+                k,
+                v,
+                impl=self.impl,
+                mask=mask,
+                causal=causal,
+                scale=self.scale,
+                dropout_p=p,
             )
         if self.form == "absorbed":
             _, w_uv = self.up_weights()

@@ -1,25 +1,26 @@
 """Mixture of experts: a router sends each token to k of E expert FFNs (chapter 10).
 
-Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per token,
-F hidden width of one expert, S = N·k (token, expert) pairs, G router groups.
+Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per
+token, F hidden width of one expert, S = N·k (token, expert) pairs, G router groups.
 
 Parameters, by name (what a parameter count sees; buffers are not parameters):
 
-- :class:`companion.layers.router.TopKRouter`: ``weight (E, d)``, plus ``bias (E,)`` when
-  ``bias=True`` (gpt-oss).
-  ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is a buffer.
-- :class:`GLUExperts`: ``gate_up (E, 2F, d)``, rows ``[gate; up]``, and ``down (E, d, F)``:
-  E·3·F·d. Each slice is an ``nn.Linear`` weight, (out, in).
-- :class:`GptOssExperts`: ``gate_up (E, 2F, d)`` with interleaved rows (gate = even rows, up =
-  odd rows, as gpt-oss stores them), ``gate_up_bias (E, 2F)``, ``down (E, d, F)``,
-  ``down_bias (E, d)``: E·(3·F·d + 2F + d).
+- :class:`companion.layers.router.TopKRouter`: ``weight (E, d)``, plus ``bias (E,)``
+  when ``bias=True`` (gpt-oss). ``selection_bias (E,)`` (DeepSeek-V3's balancing bias)
+  is a buffer.
+- :class:`GLUExperts`: ``gate_up (E, 2F, d)``, rows ``[gate; up]``, and ``down (E, d,
+  F)``: E·3·F·d. Each slice is an ``nn.Linear`` weight, (out, in).
+- :class:`GptOssExperts`: ``gate_up (E, 2F, d)`` with interleaved rows (gate = even
+  rows, up = odd rows, as gpt-oss stores them), ``gate_up_bias (E, 2F)``, ``down (E, d,
+  F)``, ``down_bias (E, d)``: E·(3·F·d + 2F + d).
 - :class:`MoEFeedForward`: ``router.*``, ``experts.*``, the shared expert
   ``shared.{gate,up,down}.weight`` (3·d·shared_d_ff) and ``shared_gate.weight (1, d)``.
 
-The router is :mod:`companion.layers.router`; the experts' two forms (a loop over experts and
-the grouped matmul) are :mod:`companion.ops.experts`; ``impl`` names the form the experts run:
-``"reference"`` (the loop), ``"grouped"`` (one matmul per expert's segment) or
-``"grouped_mm"`` (one ``torch._grouped_mm`` call; an error where it cannot run).
+The router is :mod:`companion.layers.router`; the experts' two forms (a loop over
+experts and the grouped matmul) are :mod:`companion.ops.experts`; ``impl`` names the
+form the experts run: ``"reference"`` (the loop), ``"grouped"`` (one matmul per expert's
+segment) or ``"grouped_mm"`` (one ``torch._grouped_mm`` call; an error where it cannot
+run).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def _init_stacked(weight: Tensor) -> None:
 
 
 class GLUExperts(nn.Module):
-    """E SwiGLU experts, stacked: ``gate_up (E, 2F, d)`` rows [gate; up], ``down (E, d, F)``."""
+    """E SwiGLU experts, stacked: ``gate_up (E, 2F, d)`` rows [gate; up], ``down (E, d,
+    F)``."""
 
-    def __init__(self, n_experts: int, d_model: int, d_ff: int, *, impl: str = "grouped") -> None:
+    def __init__(
+        self, n_experts: int, d_model: int, d_ff: int, *, impl: str = "grouped"
+    ) -> None:
         super().__init__()
         check_choice("impl", impl, EXPERT_IMPLS)
         self.impl = impl
@@ -63,7 +67,9 @@ class GLUExperts(nn.Module):
     def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
         """``x (N, d)``, ``weights (N, k)``, ``indices (N, k)`` -> ``(N, d)``."""
         check_choice("impl", self.impl, EXPERT_IMPLS)
-        return EXPERT_FORMS[self.impl](x, weights, indices, self.gate_up, self.down, swiglu)
+        return EXPERT_FORMS[self.impl](
+            x, weights, indices, self.gate_up, self.down, swiglu
+        )
 
 
 class GptOssExperts(nn.Module):
@@ -97,7 +103,8 @@ class GptOssExperts(nn.Module):
         nn.init.zeros_(self.down_bias)
 
     def act(self, h: Tensor) -> Tensor:
-        """:func:`companion.ops.experts.gpt_oss_glu` with this module's ``limit`` and ``alpha``."""
+        """:func:`companion.ops.experts.gpt_oss_glu` with this module's ``limit`` and
+        ``alpha``."""
         return gpt_oss_glu(h, self.limit, self.alpha)
 
     def forward(self, x: Tensor, weights: Tensor, indices: Tensor) -> Tensor:
@@ -109,7 +116,8 @@ class GptOssExperts(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-    """Router + routed experts + an optional always-on shared expert (DeepSeek, Qwen3-Next).
+    """Router + routed experts + an optional always-on shared expert (DeepSeek,
+    Qwen3-Next).
 
     ``x (..., d)`` -> ``(..., d)``. The last routing is kept in ``last_routing``
     (:class:`companion.layers.router.Routing`, with its graph) for
@@ -156,14 +164,18 @@ class MoEFeedForward(nn.Module):
         )
         experts = GLUExperts if kind == "glu" else GptOssExperts
         self.experts = experts(n_experts, d_model, d_ff, impl=impl)
-        self.shared = GatedFeedForward(d_model, shared_d_ff) if shared_d_ff > 0 else None
+        self.shared = (
+            GatedFeedForward(d_model, shared_d_ff) if shared_d_ff > 0 else None
+        )
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
         self.last_routing: Routing | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, d)
         self.last_routing = Routing(*self.router(flat))
-        y = self.experts(flat, self.last_routing.weights, self.last_routing.indices)  # (N, d)
+        y = self.experts(
+            flat, self.last_routing.weights, self.last_routing.indices
+        )  # (N, d)
         if self.shared is not None:
             shared = self.shared(flat)  # (N, d)
             if self.shared_gate is not None:

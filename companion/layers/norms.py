@@ -1,9 +1,9 @@
 """Normalization layers: LayerNorm and RMSNorm (chapters 02, 06).
 
 Shape legend: ``(..., d)`` in, same shape out; statistics over the last dimension.
-:func:`layer_norm_reference` and :func:`rms_norm_reference` are the formulas written out;
-:class:`LayerNorm` and :class:`RMSNorm` run the fused kernels with the same parameters
-(tests check they agree, forward and backward).
+:func:`layer_norm_reference` and :func:`rms_norm_reference` are the formulas written
+out; :class:`LayerNorm` and :class:`RMSNorm` run the fused kernels with the same
+parameters (tests check they agree, forward and backward).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def layer_norm_reference(
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm (Ba et al., 2016) with an optional bias; the fast path of the reference."""
+    """LayerNorm (Ba et al., 2016) with an optional bias; the fast path of the
+    reference."""
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
@@ -55,7 +56,8 @@ class LayerNorm(nn.Module):
 def rms_norm_reference(
     x: Tensor, weight: Tensor | None, eps: float = 1e-6, offset: float = 0.0
 ) -> Tensor:
-    """x / √(mean(x²) + eps) · (offset + weight), in fp32: no mean is removed, no bias."""
+    """x / √(mean(x²) + eps) · (offset + weight), in fp32: no mean is removed, no
+    bias."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
@@ -64,7 +66,8 @@ def rms_norm_reference(
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm (Zhang & Sennrich, 2019); ``offset=1`` stores the gain as 1 + w (Gemma)."""
+    """RMSNorm (Zhang & Sennrich, 2019); ``offset=1`` stores the gain as 1 + w
+    (Gemma)."""
 
     def __init__(self, d: int, eps: float = 1e-6, offset: float = 0.0) -> None:
         super().__init__()
@@ -78,7 +81,9 @@ class RMSNorm(nn.Module):
         return (y * (self.offset + self.weight.float())).to(x.dtype)
 
 
-def build_norm(kind: str, d: int, eps: float, bias: bool = True, offset: float = 0.0) -> nn.Module:
+def build_norm(
+    kind: str, d: int, eps: float, bias: bool = True, offset: float = 0.0
+) -> nn.Module:
     """Build the norm a config names: ``"layernorm"`` or ``"rmsnorm"``."""
     if kind == "layernorm":
         return LayerNorm(d, eps=eps, bias=bias)

@@ -37,11 +37,14 @@ def sinusoidal_table(n_positions: int, d: int, base: float = 10000.0) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoids, computed once for ``max_positions`` positions (no parameters)."""
+    """Fixed sinusoids, computed once for ``max_positions`` positions (no
+    parameters)."""
 
     def __init__(self, d: int, max_positions: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_positions, d, base), persistent=False)
+        self.register_buffer(
+            "table", sinusoidal_table(max_positions, d, base), persistent=False
+        )
 
     def forward(self, positions: Tensor) -> Tensor:
         _check_range(positions, self.table.shape[0], "sinusoidal table")
@@ -49,7 +52,8 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """A learned table of ``max_positions`` vectors (GPT-2, BERT): no signal past its end."""
+    """A learned table of ``max_positions`` vectors (GPT-2, BERT): no signal past its
+    end."""
 
     def __init__(self, d: int, max_positions: int) -> None:
         super().__init__()
@@ -69,7 +73,8 @@ def _check_range(positions: Tensor, n: int, what: str) -> None:
 
 
 def sinusoid_shift_matrix(k: int, d: int, base: float = 10000.0) -> Tensor:
-    """The fixed ``(d, d)`` matrix M with PE[pos + k] = PE[pos] @ M for every pos (chapter 03).
+    """The fixed ``(d, d)`` matrix M with PE[pos + k] = PE[pos] @ M for every pos
+    (chapter 03).
 
     Each (sin, cos) pair rotates by the angle k·ω_i, whatever pos is.
     """

@@ -1,8 +1,8 @@
 """Recording what modules receive during a forward pass (chapters 02, 03, 05).
 
-The attention maps the chapters draw come from one ordinary forward pass: hooks keep each
-attention module's arguments, and the module's ``attention_weights`` recomputes its softmax
-weights from them afterwards, so no second copy of the model's loop exists.
+The attention maps the chapters draw come from one ordinary forward pass: hooks keep
+each attention module's arguments, and the module's ``attention_weights`` recomputes its
+softmax weights from them afterwards, so no second copy of the model's loop exists.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ __all__ = ["recorded_inputs"]
 
 @contextmanager
 def recorded_inputs(modules: Sequence[nn.Module]) -> Iterator[list[tuple[tuple, dict]]]:
-    """While active, append ``(args, kwargs)`` of every call to any of ``modules``, in call
-    order, to the list it yields; the hooks are removed on exit, also after an error."""
+    """While active, append ``(args, kwargs)`` of every call to any of ``modules``, in
+    call order, to the list it yields; the hooks are removed on exit, also after an
+    error."""
     calls: list[tuple[tuple, dict]] = []
 
     def keep(_module: nn.Module, args: tuple, kwargs: dict) -> None:

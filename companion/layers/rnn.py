@@ -1,14 +1,16 @@
-"""Recurrent layers: a vanilla RNN, the LSTM and the GRU, one step at a time (chapter 01).
+"""Recurrent layers: a vanilla RNN, the LSTM and the GRU, one step at a time (chapter
+01).
 
-Shape legend: B batch, T time steps, E input width, H hidden width, V vocabulary.
-Every layer maps ``x (B, T, E)`` and an optional ``state`` to ``(out (B, T, H), state)``,
+Shape legend: B batch, T time steps, E input width, H hidden width, V vocabulary. Every
+layer maps ``x (B, T, E)`` and an optional ``state`` to ``(out (B, T, H), state)``,
 where ``state`` is ``h (B, H)``, or ``(h, c)`` for the LSTM.
 
 Each layer holds one PyTorch module (``nn.RNN``, ``nn.LSTM``, ``nn.GRU``; one layer,
 ``batch_first``) and offers two forms over the *same* parameters, chosen by ``impl``:
 ``"reference"`` loops over time in Python with the cell equations written out
-(:func:`rnn_cell`, :func:`lstm_cell`, :func:`gru_cell`), ``"torch"`` calls PyTorch's fused
-kernel. The gate order follows PyTorch's packing of ``weight_ih_l0`` / ``weight_hh_l0``.
+(:func:`rnn_cell`, :func:`lstm_cell`, :func:`gru_cell`), ``"torch"`` calls PyTorch's
+fused kernel. The gate order follows PyTorch's packing of ``weight_ih_l0`` /
+``weight_hh_l0``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def rnn_cell(
     b_ih: Tensor | None = None,
     b_hh: Tensor | None = None,
 ) -> Tensor:
-    """Elman's step: ``h' = tanh(W_ih x + b_ih + W_hh h + b_hh)``; x_t (B, E), h (B, H)."""
+    """Elman's step: ``h' = tanh(W_ih x + b_ih + W_hh h + b_hh)``; x_t (B, E), h (B,
+    H)."""
     return torch.tanh(_affine(x_t, w_ih, b_ih) + _affine(h, w_hh, b_hh))  # (B, H)
 
 
@@ -60,10 +63,15 @@ def lstm_cell(
     b_ih: Tensor | None = None,
     b_hh: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """One LSTM step; x_t (B, E), h and c (B, H); weights pack the gates as (i, f, g, o)."""
+    """One LSTM step; x_t (B, E), h and c (B, H); weights pack the gates as (i, f, g,
+    o)."""
     gates = _affine(x_t, w_ih, b_ih) + _affine(h, w_hh, b_hh)  # (B, 4H)
     i, f, g, o = gates.chunk(4, dim=-1)  # (B, H) each
-    i, f, o = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o)  # input, forget, output
+    i, f, o = (
+        torch.sigmoid(i),
+        torch.sigmoid(f),
+        torch.sigmoid(o),
+    )  # input, forget, output
     c = f * c + i * torch.tanh(g)  # the cell: keep a fraction f, write a fraction i
     h = o * torch.tanh(c)  # what the rest of the network sees
     return h, c
@@ -82,7 +90,9 @@ def gru_cell(
     hr, hz, hn = _affine(h, w_hh, b_hh).chunk(3, dim=-1)
     r = torch.sigmoid(xr + hr)  # reset: how much of h the candidate may read
     z = torch.sigmoid(xz + hz)  # update: how much of h to keep
-    n = torch.tanh(xn + r * hn)  # the candidate (b_hn sits inside r * (...), as in PyTorch)
+    n = torch.tanh(
+        xn + r * hn
+    )  # the candidate (b_hn sits inside r * (...), as in PyTorch)
     return (1 - z) * n + z * h
 
 
@@ -100,7 +110,8 @@ class _Recurrent(nn.Module):
         self.core = self.torch_cls(input_size, hidden_size, batch_first=True, bias=bias)
 
     def params(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """``(w_ih, w_hh, b_ih, b_hh)``, the tensors both forms use (biases None if absent)."""
+        """``(w_ih, w_hh, b_ih, b_hh)``, the tensors both forms use (biases None if
+        absent)."""
         c = self.core
         return (
             c.weight_ih_l0,
@@ -112,15 +123,17 @@ class _Recurrent(nn.Module):
     def forward(
         self, x: Tensor, state: Tensor | None = None, *, impl: str = "reference"
     ) -> tuple[Tensor, Tensor]:
-        """``x (B, T, E)``, ``state h (B, H)`` -> ``(out (B, T, H), h (B, H))``, for a cell
-        whose state is one tensor (the RNN's and the GRU's)."""
+        """``x (B, T, E)``, ``state h (B, H)`` -> ``(out (B, T, H), h (B, H))``, for a
+        cell whose state is one tensor (the RNN's and the GRU's)."""
         h = self._zeros(x) if state is None else state
         self._check(x, (h,), impl)
         if impl == "torch":
             out, h_n = self.core(x, h[None])
             return out, h_n[0]
         outs = []
-        for t in range(x.shape[1]):  # step t cannot start before step t - 1 has finished
+        for t in range(
+            x.shape[1]
+        ):  # step t cannot start before step t - 1 has finished
             h = self.cell(x[:, t], h, *self.params())
             outs.append(h)
         return torch.stack(outs, dim=1), h  # (B, T, H), (B, H)
@@ -151,7 +164,8 @@ class RNN(_Recurrent):
 
 
 class LSTM(_Recurrent):
-    """Long short-term memory (Hochreiter and Schmidhuber, 1997): a gated, additive cell state."""
+    """Long short-term memory (Hochreiter and Schmidhuber, 1997): a gated, additive cell
+    state."""
 
     torch_cls = nn.LSTM
 
@@ -162,14 +176,17 @@ class LSTM(_Recurrent):
         *,
         impl: str = "reference",
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """``x (B, T, E)``, ``state (h, c)`` each (B, H) -> ``(out (B, T, H), (h, c))``."""
+        """``x (B, T, E)``, ``state (h, c)`` each (B, H) -> ``(out (B, T, H), (h,
+        c))``."""
         h, c = (self._zeros(x), self._zeros(x)) if state is None else state
         self._check(x, (h, c), impl)
         if impl == "torch":
             out, (h_n, c_n) = self.core(x, (h[None], c[None]))
             return out, (h_n[0], c_n[0])
         outs = []
-        for t in range(x.shape[1]):  # step t cannot start before step t - 1 has finished
+        for t in range(
+            x.shape[1]
+        ):  # step t cannot start before step t - 1 has finished
             h, c = lstm_cell(x[:, t], h, c, *self.params())
             outs.append(h)
         return torch.stack(outs, dim=1), (h, c)  # (B, T, H), ((B, H), (B, H))
@@ -186,7 +203,8 @@ _LAYERS: dict[str, type[_Recurrent]] = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
 
 
 class RecurrentLM(nn.Module):
-    """Embedding -> one recurrent layer -> linear head: ``input_ids (B, T) -> logits (B, T, V)``.
+    """Embedding -> one recurrent layer -> linear head: ``input_ids (B, T) -> logits (B,
+    T, V)``.
 
     ``kind`` is ``"rnn"``, ``"lstm"`` or ``"gru"``; ``impl`` picks the form used by
     ``forward`` (it can be changed on the instance at any time).
@@ -236,7 +254,9 @@ def autograd_depth(output: Tensor) -> int:
         return 0
     depth: dict[object, int] = {}
     stack: list[tuple[object, bool]] = [(output.grad_fn, False)]
-    while stack:  # iterative post-order walk: chains can be far deeper than Python's stack
+    while (
+        stack
+    ):  # iterative post-order walk: chains can be far deeper than Python's stack
         node, expanded = stack.pop()
         if node in depth:
             continue
@@ -259,11 +279,11 @@ def distant_recall(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One signal hidden among distractors; the last token asks which signal it was.
 
-    Vocabulary: query ``0``, signals ``1 .. n_signals``, distractors after them. The signal
-    sits ``distance`` steps before the query: an int, a ``(B,)`` tensor, or ``None`` for
-    distances drawn log-uniformly from ``1 .. length - 1`` (each scale gets an equal share).
-    Returns ``x (B, length)``, ``y (B, length)`` scored only at the last position (others
-    ``-100``) and the distances ``(B,)``.
+    Vocabulary: query ``0``, signals ``1 .. n_signals``, distractors after them. The
+    signal sits ``distance`` steps before the query: an int, a ``(B,)`` tensor, or
+    ``None`` for distances drawn log-uniformly from ``1 .. length - 1`` (each scale gets
+    an equal share). Returns ``x (B, length)``, ``y (B, length)`` scored only at the
+    last position (others ``-100``) and the distances ``(B,)``.
     """
     if length < 2 or n_signals < 1 or n_distractors < 1:
         raise ValueError(
@@ -274,11 +294,15 @@ def distant_recall(
     x = torch.randint(lo, lo + n_distractors, (batch_size, length), generator=generator)
     if distance is None:
         u = torch.rand(batch_size, generator=generator) * math.log(length)
-        dist = u.exp().floor().long().clamp(1, length - 1)  # log-uniform in [1, length - 1]
+        dist = (
+            u.exp().floor().long().clamp(1, length - 1)
+        )  # log-uniform in [1, length - 1]
     else:
         dist = torch.as_tensor(distance, dtype=torch.long).expand(batch_size).clone()
     if dist.min() < 1 or dist.max() > length - 1:
-        raise ValueError(f"distance must lie in [1, length - 1 = {length - 1}], got {distance}")
+        raise ValueError(
+            f"distance must lie in [1, length - 1 = {length - 1}], got {distance}"
+        )
     signal = torch.randint(1, lo, (batch_size,), generator=generator)
     rows = torch.arange(batch_size)
     x[rows, length - 1 - dist] = signal

@@ -19,11 +19,11 @@ class RotaryEmbedding(nn.Module):
     ``(cos, sin)``, each ``(T, F)`` in fp32.
 
     The table of all ``max_len`` positions is computed once per device (bit-identical to
-    :func:`companion.ops.rope.rope_cos_sin` of the positions) and indexed, so a decode step
-    reads one row.
-    ``dynamic`` scaling depends on the sequence length and is computed at each call. The
-    module holds no parameters and no buffers: casting a model to bf16 leaves it in fp32,
-    and one instance can serve every layer that shares the setting.
+    :func:`companion.ops.rope.rope_cos_sin` of the positions) and indexed, so a decode
+    step reads one row. ``dynamic`` scaling depends on the sequence length and is
+    computed at each call. The module holds no parameters and no buffers: casting a
+    model to bf16 leaves it in fp32, and one instance can serve every layer that shares
+    the setting.
     """
 
     def __init__(
@@ -60,7 +60,9 @@ class RotaryEmbedding(nn.Module):
         device = positions.device
         if device not in self._tables:
             every = torch.arange(self.max_len, device=device)
-            self._tables[device] = rope_cos_sin(every, self.inv_freq, self.attention_scale)
+            self._tables[device] = rope_cos_sin(
+                every, self.inv_freq, self.attention_scale
+            )
         cos, sin = self._tables[device]
         return cos.index_select(0, positions), sin.index_select(0, positions)
 

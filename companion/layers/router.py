@@ -1,8 +1,10 @@
-"""The MoE router: top-k expert choice per token, and the balancing signals (chapter 10).
+"""The MoE router: top-k expert choice per token, and the balancing signals (chapter
+10).
 
-Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per token,
-G router groups. :class:`TopKRouter` has ``weight (E, d)``, plus ``bias (E,)`` when
-``bias=True`` (gpt-oss); ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is a buffer.
+Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per
+token, G router groups. :class:`TopKRouter` has ``weight (E, d)``, plus ``bias (E,)``
+when ``bias=True`` (gpt-oss); ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is
+a buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ SCORINGS = ("softmax", "sigmoid")
 
 
 class Routing(NamedTuple):
-    """One routing decision: ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``."""
+    """One routing decision: ``weights (N, k)``, ``indices (N, k)``, ``scores (N,
+    E)``."""
 
     weights: torch.Tensor
     indices: torch.Tensor
@@ -46,9 +49,10 @@ def check_routing(
     names: dict[str, str] | None = None,
     error: type[ValueError] = ValueError,
 ) -> None:
-    """Raise ``error`` unless top-``top_k`` routing over ``n_experts`` experts in ``n_groups``
-    groups, of which ``topk_groups`` are searched, can choose its experts. ``names`` renames
-    the arguments in the message (a config calls ``top_k`` ``experts_per_token``)."""
+    """Raise ``error`` unless top-``top_k`` routing over ``n_experts`` experts in
+    ``n_groups`` groups, of which ``topk_groups`` are searched, can choose its experts.
+    ``names`` renames the arguments in the message (a config calls ``top_k``
+    ``experts_per_token``)."""
     name = {"top_k": "top_k", "n_groups": "n_groups", "topk_groups": "topk_groups"}
     name |= names or {}
     k, g, tg = name["top_k"], name["n_groups"], name["topk_groups"]
@@ -58,7 +62,9 @@ def check_routing(
         raise error(f"{g} must divide n_experts={n_experts}, got {n_groups}")
     if not 1 <= topk_groups <= n_groups:
         raise error(f"{tg} must be in [1, {g}={n_groups}], got {topk_groups}")
-    if n_groups > 1 and (n_experts // n_groups < 2 or top_k > topk_groups * n_experts // n_groups):
+    if n_groups > 1 and (
+        n_experts // n_groups < 2 or top_k > topk_groups * n_experts // n_groups
+    ):
         raise error(
             f"group-limited routing needs >= 2 experts per group and {k} <= "
             f"{tg} * n_experts / {g}, got n_experts={n_experts}, "
@@ -67,12 +73,14 @@ def check_routing(
 
 
 class TopKRouter(nn.Module):
-    """Scores E experts per token and keeps the k best: softmax (Mixtral, Qwen) or sigmoid (V3).
+    """Scores E experts per token and keeps the k best: softmax (Mixtral, Qwen) or
+    sigmoid (V3).
 
-    ``selection_bias`` is added to the scores only to choose experts, never to the weights.
-    With ``n_groups > 1`` the experts form G groups, a group scores the sum of its two best
-    (biased) scores, and only the best ``topk_groups`` groups are searched. The chosen weights
-    are renormalised to sum to 1 if ``norm_topk``, then multiplied by ``scale``. In fp32.
+    ``selection_bias`` is added to the scores only to choose experts, never to the
+    weights. With ``n_groups > 1`` the experts form G groups, a group scores the sum of
+    its two best (biased) scores, and only the best ``topk_groups`` groups are searched.
+    The chosen weights are renormalised to sum to 1 if ``norm_topk``, then multiplied by
+    ``scale``. In fp32.
     """
 
     def __init__(
@@ -97,7 +105,9 @@ class TopKRouter(nn.Module):
         self.n_groups, self.topk_groups = n_groups, topk_groups
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
         self.bias = nn.Parameter(torch.zeros(n_experts)) if bias else None
-        self.register_buffer("selection_bias", torch.zeros(n_experts) if selection_bias else None)
+        self.register_buffer(
+            "selection_bias", torch.zeros(n_experts) if selection_bias else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -108,7 +118,8 @@ class TopKRouter(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``x (N, d)`` -> ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``, in fp32."""
+        """``x (N, d)`` -> ``weights (N, k)``, ``indices (N, k)``, ``scores (N, E)``, in
+        fp32."""
         dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 if x is
         bias = None if self.bias is None else self.bias.to(dtype)
         logits = F.linear(x.to(dtype), self.weight.to(dtype), bias)  # (N, E)
@@ -128,15 +139,19 @@ class TopKRouter(nn.Module):
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
         best = group_scores.topk(self.topk_groups, dim=-1).indices  # (N, topk_groups)
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-        return grouped.masked_fill(~keep[..., None], float("-inf")).view(n, -1)  # (N, E)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).view(
+            n, -1
+        )  # (N, E)
 
 
 def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int) -> Tensor:
-    """Switch/GShard auxiliary loss E·Σ_i f_i·P_i, minimal (= k) when routing is uniform.
+    """Switch/GShard auxiliary loss E·Σ_i f_i·P_i, minimal (= k) when routing is
+    uniform.
 
-    f_i is the number of assignments to expert i per token (Σ f_i = k), P_i the mean routing
-    probability of expert i. ``probs (N, E)`` rows are renormalised to sum to 1, so sigmoid
-    scores work as well as softmax probabilities (for which this equals transformers').
+    f_i is the number of assignments to expert i per token (Σ f_i = k), P_i the mean
+    routing probability of expert i. ``probs (N, E)`` rows are renormalised to sum to 1,
+    so sigmoid scores work as well as softmax probabilities (for which this equals
+    transformers').
     """
     f = expert_load(indices, n_experts).to(probs.dtype) / probs.shape[0]  # (E,)
     p = (probs / probs.sum(-1, keepdim=True)).mean(0)  # (E,)
@@ -145,10 +160,11 @@ def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int) -> Tenso
 
 @torch.no_grad()
 def update_selection_bias(bias: Tensor, load: Tensor, rate: float) -> Tensor:
-    """DeepSeek-V3's auxiliary-loss-free balancing, in place: b_i += rate·sign(mean − load_i).
+    """DeepSeek-V3's auxiliary-loss-free balancing, in place: b_i += rate·sign(mean −
+    load_i).
 
-    Under-loaded experts become easier to choose and over-loaded ones harder; the routing
-    weights never see ``bias``. Returns ``bias``.
+    Under-loaded experts become easier to choose and over-loaded ones harder; the
+    routing weights never see ``bias``. Returns ``bias``.
     """
     load = load.to(bias.dtype)
     return bias.add_(rate * torch.sign(load.mean() - load))

@@ -1,10 +1,10 @@
 """Greedy decoding and beam search for an encoder-decoder model (chapter 03).
 
 Shape legend: B batch, S source tokens, L generated tokens, K beam width, V vocabulary.
-Any model with ``encode(src, src_mask) -> memory`` and
-``decode(tgt_in, memory, src_mask) -> logits (B, T, V)`` works (e.g.
-:class:`companion.models.seq2seq.Seq2SeqTransformer`). The source is encoded once; without a KV
-cache (chapter 08) each step runs the decoder over the whole prefix again.
+Any model with ``encode(src, src_mask) -> memory`` and ``decode(tgt_in, memory,
+src_mask) -> logits (B, T, V)`` works (e.g.
+:class:`companion.models.seq2seq.Seq2SeqTransformer`). The source is encoded once;
+without a KV cache (chapter 08) each step runs the decoder over the whole prefix again.
 
 Both functions return a :class:`Decoded`: tokens without the leading BOS, EOS included,
 PAD after it; ``scores`` are summed log-probabilities of those tokens (EOS included).
@@ -22,23 +22,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Decoded", "EncoderDecoder", "beam_search", "greedy_decode", "length_penalty"]
+__all__ = [
+    "Decoded",
+    "EncoderDecoder",
+    "beam_search",
+    "greedy_decode",
+    "length_penalty",
+]
 
 
 class EncoderDecoder(Protocol):
-    """What the decoders need from a model: ``encode`` a source, ``decode`` a target prefix."""
+    """What the decoders need from a model: ``encode`` a source, ``decode`` a target
+    prefix."""
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None
+    ) -> Tensor: ...
 
 
 @dataclass
 class Decoded:
     """``tokens (B, L)``, ``scores (B,)`` log-probabilities, ``lengths (B,)`` up to EOS.
 
-    Beam search also fills ``beams (B, K, L)`` and ``beam_scores (B, K)`` (raw log-probs,
-    best first by the length-penalised score).
+    Beam search also fills ``beams (B, K, L)`` and ``beam_scores (B, K)`` (raw
+    log-probs, best first by the length-penalised score).
     """
 
     tokens: Tensor
@@ -80,7 +89,8 @@ def greedy_decode(
     pad_id: int,
     max_len: int,
 ) -> Decoded:
-    """Take the most probable next token, ``max_len`` steps at most (stops when all end)."""
+    """Take the most probable next token, ``max_len`` steps at most (stops when all
+    end)."""
     _check(src, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
     memory = model.encode(src, src_mask)  # (B, S, d)
     b = src.shape[0]
@@ -88,9 +98,13 @@ def greedy_decode(
     scores = torch.zeros(b, device=src.device)
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
     for _ in range(max_len):
-        logp = F.log_softmax(model.decode(ys, memory, src_mask)[:, -1].float(), dim=-1)  # (B, V)
+        logp = F.log_softmax(
+            model.decode(ys, memory, src_mask)[:, -1].float(), dim=-1
+        )  # (B, V)
         nxt = torch.where(done, pad_id, logp.argmax(-1))  # (B,)
-        scores = scores + torch.where(done, 0.0, logp.gather(-1, nxt[:, None]).squeeze(-1))
+        scores = scores + torch.where(
+            done, 0.0, logp.gather(-1, nxt[:, None]).squeeze(-1)
+        )
         ys = torch.cat([ys, nxt[:, None]], dim=1)
         done = done | (nxt == eos_id)
         if done.all():
@@ -112,12 +126,13 @@ def beam_search(
     beam_size: int = 4,
     alpha: float = 0.6,
 ) -> Decoded:
-    """Keep the ``beam_size`` most probable prefixes per source; all sources in one batch.
+    """Keep the ``beam_size`` most probable prefixes per source; all sources in one
+    batch.
 
     At each step every live beam is extended by every token and the K best (by summed
-    log-probability) survive; a beam that has emitted EOS stays in the beam, extended by PAD
-    at no cost. At the end the K beams are ranked by the length-penalised score. With
-    K = 1 this is exactly :func:`greedy_decode`.
+    log-probability) survive; a beam that has emitted EOS stays in the beam, extended by
+    PAD at no cost. At the end the K beams are ranked by the length-penalised score.
+    With K = 1 this is exactly :func:`greedy_decode`.
     """
     _check(src, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
     if beam_size < 1:
@@ -126,31 +141,43 @@ def beam_search(
         raise ValueError(f"alpha must be >= 0 (0: no length penalty), got {alpha}")
     b, k, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B·K, S, d)
-    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)  # (B·K, S)
+    mask = (
+        None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    )  # (B·K, S)
     ys = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)
     scores = torch.full((b, k), float("-inf"), device=dev)
-    scores[:, 0] = 0.0  # all beams start identical: keep one, so the first step fans out
+    scores[:, 0] = (
+        0.0  # all beams start identical: keep one, so the first step fans out
+    )
     done = torch.zeros(b, k, dtype=torch.bool, device=dev)
     for _ in range(max_len):
         logp = F.log_softmax(model.decode(ys, memory, mask)[:, -1].float(), dim=-1)
         v = logp.shape[-1]
         if k > v:
-            raise ValueError(f"beam_size ({k}) must be at most the vocabulary size ({v})")
+            raise ValueError(
+                f"beam_size ({k}) must be at most the vocabulary size ({v})"
+            )
         logp = logp.view(b, k, v)
         frozen = torch.full_like(logp, float("-inf"))
-        frozen[..., pad_id] = 0.0  # a finished beam can only be extended by PAD, for free
+        frozen[..., pad_id] = (
+            0.0  # a finished beam can only be extended by PAD, for free
+        )
         logp = torch.where(done[..., None], frozen, logp)
         cand = (scores[..., None] + logp).view(b, k * v)  # (B, K·V)
         scores, idx = cand.topk(k, dim=-1)  # (B, K), best first
         src_beam, tok = idx // v, idx % v
-        ys = ys.view(b, k, -1).gather(1, src_beam[..., None].expand(-1, -1, ys.shape[-1]))
+        ys = ys.view(b, k, -1).gather(
+            1, src_beam[..., None].expand(-1, -1, ys.shape[-1])
+        )
         ys = torch.cat([ys, tok[..., None]], dim=-1).view(b * k, -1)  # (B·K, step + 1)
         done = done.gather(1, src_beam) | (tok == eos_id)
         if done.all():
             break
     beams = ys.view(b, k, -1)[..., 1:]  # (B, K, L)
     lengths = _lengths(beams, eos_id)  # (B, K)
-    order = (scores / length_penalty(lengths, alpha)).argsort(dim=-1, descending=True, stable=True)
+    order = (scores / length_penalty(lengths, alpha)).argsort(
+        dim=-1, descending=True, stable=True
+    )
     beams, scores, lengths = (
         t.gather(1, order if t.ndim == 2 else order[..., None].expand_as(t))
         for t in (beams, scores, lengths)

@@ -1,11 +1,12 @@
-"""Component builders: a :class:`~companion.models.config.ModelConfig` turned into finished parts.
+"""Component builders: a :class:`~companion.models.config.ModelConfig` turned into
+finished parts.
 
 Each builder reads the config for one layer and returns a module; :func:`build_block`
-wires them into a :class:`~companion.layers.block.TransformerBlock`, which receives its parts
-and decides nothing itself (torchtune's component builders work the same way). What is
-fixed per layer is fixed here, when the module is built: causal or not, the sliding
-window, RoPE or NoPE and the RoPE table (a local base on sliding layers if the config has
-one), the softmax scale, dense FFN or experts.
+wires them into a :class:`~companion.layers.block.TransformerBlock`, which receives its
+parts and decides nothing itself (torchtune's component builders work the same way).
+What is fixed per layer is fixed here, when the module is built: causal or not, the
+sliding window, RoPE or NoPE and the RoPE table (a local base on sliding layers if the
+config has one), the softmax scale, dense FFN or experts.
 
 Adding a mechanism (a token mixer, an FFN, a norm) means: its own module, its config
 fields, one branch here, and its entries in :mod:`companion.analysis.calculator` and
@@ -42,31 +43,47 @@ __all__ = [
 
 @functools.lru_cache(maxsize=64)
 def _shared_rope(
-    head_dim: int, theta: float, scaling: RopeScaling | None, factor: float, max_len: int
+    head_dim: int,
+    theta: float,
+    scaling: RopeScaling | None,
+    factor: float,
+    max_len: int,
 ) -> RotaryEmbedding:
     """One RoPE module per setting, shared by every layer (and model) that uses it."""
     return RotaryEmbedding(head_dim, theta, scaling, factor, max_len)
 
 
 def rotary_embedding(cfg: ModelConfig, local: bool = False) -> RotaryEmbedding | None:
-    """The RoPE table of the config's full layers, or with ``local`` of its sliding layers
-    (``rope_local_theta``, no scaling; the global table if that is unset); None without RoPE."""
+    """The RoPE table of the config's full layers, or with ``local`` of its sliding
+    layers (``rope_local_theta``, no scaling; the global table if that is unset); None
+    without RoPE."""
     if cfg.position != "rope":
         return None
     if local and cfg.rope_local_theta is not None:
         return _shared_rope(
-            cfg.rope_dim, cfg.rope_local_theta, None, cfg.partial_rotary_factor, cfg.max_seq_len
+            cfg.rope_dim,
+            cfg.rope_local_theta,
+            None,
+            cfg.partial_rotary_factor,
+            cfg.max_seq_len,
         )
     return _shared_rope(
-        cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor, cfg.max_seq_len
+        cfg.rope_dim,
+        cfg.rope_theta,
+        cfg.rope_scaling,
+        cfg.partial_rotary_factor,
+        cfg.max_seq_len,
     )
 
 
 def build_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
-    """(norm before or around a sublayer, norm of its output) for ``cfg.norm_placement``."""
+    """(norm before or around a sublayer, norm of its output) for
+    ``cfg.norm_placement``."""
 
     def make() -> nn.Module:
-        return build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
+        return build_norm(
+            cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset
+        )
 
     into = make() if cfg.norm_placement in ("pre", "post", "sandwich") else None
     out = make() if cfg.norm_placement in ("sandwich", "post_branch") else None
@@ -139,7 +156,8 @@ def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.
 
 
 def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
-    """Layer ``layer``'s feed-forward sublayer: a mixture of experts or a dense MLP/GLU."""
+    """Layer ``layer``'s feed-forward sublayer: a mixture of experts or a dense
+    MLP/GLU."""
     if cfg.is_moe_layer(layer):
         return MoEFeedForward(
             cfg.d_model,
@@ -162,7 +180,11 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
 
 
 def build_block(
-    cfg: ModelConfig, layer: int = 0, *, causal: bool = True, cross_attention: bool = False
+    cfg: ModelConfig,
+    layer: int = 0,
+    *,
+    causal: bool = True,
+    cross_attention: bool = False,
 ) -> TransformerBlock:
     """Layer ``layer`` of a stack: its norms, token mixer, optional cross-attention (the
     2017 decoder; no RoPE, never causal) and FFN, built in that order."""

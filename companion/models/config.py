@@ -1,4 +1,5 @@
-"""The model configuration: one typed dataclass that checks itself (chapters 02, 03, 13).
+"""The model configuration: one typed dataclass that checks itself (chapters 02, 03,
+13).
 
 Later chapters add fields (RoPE, RMSNorm, GQA, experts...). Each field's allowed values
 live in ``CHOICES`` (the mechanism's own tuple) or in a check in
@@ -8,7 +9,8 @@ the field, what it got, and what it accepts.
 One name per quantity: a field that defaults from others (``d_ff``, ``head_dim``,
 ``n_kv_heads``, ``qkv_bias``, ``expert_d_ff``, ``layer_types``) is given as None and
 filled in when the config is built, so ``cfg.d_ff`` is always the width the model uses.
-``replace`` derives such a field again from the changed fields; a value the user set stays.
+``replace`` derives such a field again from the changed fields; a value the user set
+stays.
 """
 
 from __future__ import annotations
@@ -71,17 +73,20 @@ _DERIVED: dict[str, Callable[[ModelConfig], object]] = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a Transformer: the 2017 block by default, a 2026 one by choice.
+    """Hyper-parameters of a Transformer: the 2017 block by default, a 2026 one by
+    choice.
 
-    Shapes are named in the chapters as: V ``vocab_size``, d ``d_model``, L ``n_layers``,
-    H ``n_heads``, H_kv ``n_kv_heads``, D ``head_dim``, d_ff ``d_ff``, S_max ``max_seq_len``.
+    Shapes are named in the chapters as: V ``vocab_size``, d ``d_model``, L
+    ``n_layers``, H ``n_heads``, H_kv ``n_kv_heads``, D ``head_dim``, d_ff ``d_ff``,
+    S_max ``max_seq_len``.
 
     Placements (chapter 06): ``pre`` x + f(norm(x)); ``post`` norm(x + f(x)) (2017);
-    ``sandwich`` x + norm(f(norm(x))) (Gemma); ``post_branch`` x + norm(f(x)) (Olmo 2/3).
-    ``qk_norm``: ``head`` normalises each head's q and k (Qwen3, Gemma 3), ``full`` the whole
-    q and k projections (Olmo). ``layer_types`` gives each layer ``"full"`` or ``"sliding"``
-    attention; sliding layers see the last ``sliding_window`` keys (the query's own included)
-    and use ``rope_local_theta`` when set (Gemma 3). ``nope_layers`` skip RoPE.
+    ``sandwich`` x + norm(f(norm(x))) (Gemma); ``post_branch`` x + norm(f(x)) (Olmo
+    2/3). ``qk_norm``: ``head`` normalises each head's q and k (Qwen3, Gemma 3),
+    ``full`` the whole q and k projections (Olmo). ``layer_types`` gives each layer
+    ``"full"`` or ``"sliding"`` attention; sliding layers see the last
+    ``sliding_window`` keys (the query's own included) and use ``rope_local_theta`` when
+    set (Gemma 3). ``nope_layers`` skip RoPE.
     """
 
     vocab_size: int
@@ -111,12 +116,16 @@ class ModelConfig:
     norm_offset: float = 0.0  # 1.0: RMSNorm gain stored as 1 + w (Gemma)
     qk_norm: str = "none"
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None  # linear, dynamic, yarn or llama3; None: plain
+    rope_scaling: RopeScaling | None = (
+        None  # linear, dynamic, yarn or llama3; None: plain
+    )
     rope_local_theta: float | None = None
     partial_rotary_factor: float = 1.0
     rope_layout: str = "half"
     sliding_window: int | None = None
-    layer_types: tuple[str, ...] | None = None  # None: all "full" ("sliding" if a window is set)
+    layer_types: tuple[str, ...] | None = (
+        None  # None: all "full" ("sliding" if a window is set)
+    )
     nope_layers: tuple[int, ...] = ()
     attn_scale: float | None = None  # None: 1 / √head_dim
     # --- experts, latent attention, sinks, gates, linear attention (chapters 10-13) ---
@@ -124,23 +133,31 @@ class ModelConfig:
     experts_per_token: int = 0  # k of the top-k routing
     expert_d_ff: int | None = None  # hidden width of one routed expert (None: d_ff)
     expert_kind: str = "glu"  # "gpt_oss": biased experts with the clamped SwiGLU
-    dense_layers: int = 0  # the first N layers keep a dense FFN of width d_ff (DeepSeek-V3)
+    dense_layers: int = (
+        0  # the first N layers keep a dense FFN of width d_ff (DeepSeek-V3)
+    )
     shared_d_ff: int = 0  # hidden width of the always-on shared expert; 0: none
     shared_expert_gate: bool = False  # a sigmoid gate on the shared expert (Qwen3-Next)
     router: str = "softmax"  # how expert scores are made from the router logits
     router_norm_topk: bool = True  # renormalise the k chosen weights to sum to 1
-    router_groups: int = 1  # DeepSeek-V3's group-limited routing: experts in G groups...
+    router_groups: int = (
+        1  # DeepSeek-V3's group-limited routing: experts in G groups...
+    )
     router_topk_groups: int = 1  # ...of which the best few are searched for the top-k
     router_scale: float = 1.0  # routed_scaling_factor: multiplies the routed weights
     router_bias: bool = False  # a learned bias on the router logits (gpt-oss)
-    router_selection_bias: bool = False  # DeepSeek-V3's balancing bias: a buffer, selection only
+    router_selection_bias: bool = (
+        False  # DeepSeek-V3's balancing bias: a buffer, selection only
+    )
     kv_lora_rank: int = 0  # > 0: multi-head latent attention with this latent width
     q_lora_rank: int = 0  # > 0 (with MLA): queries through a low-rank latent too
     qk_nope_head_dim: int = 0  # MLA: per-head query/key width without RoPE
     qk_rope_head_dim: int = 0  # MLA: width of the decoupled RoPE query/key
     v_head_dim: int = 0  # MLA: per-head value width
     mla_form: str = "naive"  # "absorbed": W_UK folded into q, W_UV into the output
-    attn_sinks: bool = False  # a learned per-head logit in the softmax denominator (gpt-oss)
+    attn_sinks: bool = (
+        False  # a learned per-head logit in the softmax denominator (gpt-oss)
+    )
     attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
     linear_key_heads: int = 0  # Gated DeltaNet ("linear" layers): query/key heads
     linear_value_heads: int = 0  # ... value heads (a multiple of the key heads)
@@ -164,7 +181,8 @@ class ModelConfig:
 
     @property
     def rope_dim(self) -> int:
-        """The channels per head that RoPE's tables are built for (under MLA, the RoPE part)."""
+        """The channels per head that RoPE's tables are built for (under MLA, the RoPE
+        part)."""
         return self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
@@ -175,12 +193,14 @@ class ModelConfig:
         """A copy with some fields changed (validated again)."""
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; known: {self.field_names()}")
+            raise ConfigError(
+                f"unknown config field(s) {unknown}; known: {self.field_names()}"
+            )
         return ModelConfig(**{**self.settings(), **changes})
 
     def settings(self) -> dict[str, object]:
-        """The fields as the user set them: a derived field (left None) is None again, so
-        ``ModelConfig(**cfg.settings()) == cfg`` and a ``replace`` re-derives it."""
+        """The fields as the user set them: a derived field (left None) is None again,
+        so ``ModelConfig(**cfg.settings()) == cfg`` and a ``replace`` re-derives it."""
         return {
             name: None if name in self._derived else getattr(self, name)
             for name in self.field_names()
@@ -196,5 +216,7 @@ class ModelConfig:
         """Build from a plain dict, rejecting keys that are not fields."""
         unknown = sorted(set(data) - set(cls.field_names()))
         if unknown:
-            raise ConfigError(f"unknown config field(s) {unknown}; known: {cls.field_names()}")
+            raise ConfigError(
+                f"unknown config field(s) {unknown}; known: {cls.field_names()}"
+            )
         return cls(**data)  # type: ignore[arg-type]

@@ -1,11 +1,12 @@
-"""A decoder-only language model built from ``companion`` parts (chapters 02, 04, 05-09).
+"""A decoder-only language model built from ``companion`` parts (chapters 02, 04,
+05-09).
 
-Shape legend: B batch, T tokens, V vocabulary, d model width, L blocks, F RoPE frequencies.
-``forward(input_ids (B, T)) -> logits (B, T, V)``. Every model family in later chapters
-keeps this interface and :meth:`DecoderLM.generate`'s. Decoding uses a
-:class:`DecodeCache` (one cache per layer, made by that layer's token mixer): the prompt is
-read in one batched forward (prefill), then each new token costs one small step with the
-same shapes at every position (:mod:`companion.models.generation`).
+Shape legend: B batch, T tokens, V vocabulary, d model width, L blocks, F RoPE
+frequencies. ``forward(input_ids (B, T)) -> logits (B, T, V)``. Every model family in
+later chapters keeps this interface and :meth:`DecoderLM.generate`'s. Decoding uses a
+:class:`DecodeCache` (one cache per layer, made by that layer's token mixer): the prompt
+is read in one batched forward (prefill), then each new token costs one small step with
+the same shapes at every position (:mod:`companion.models.generation`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class DecodeCache(nn.Module):
         self.max_len, self.length = max_len, 0
 
     def positions(self, t: int, device: torch.device | str | None = None) -> Tensor:
-        """The positions ``(T,)`` of the next ``t`` tokens; a ValueError if they do not fit."""
+        """The positions ``(T,)`` of the next ``t`` tokens; a ValueError if they do not
+        fit."""
         if self.length + t > self.max_len:
             raise ValueError(
                 f"the cache is full: {self.length} + {t} tokens exceed max_len={self.max_len}; "
@@ -52,7 +54,8 @@ class DecodeCache(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """Embeddings (+ absolute positions), L causal blocks, a final norm, tied output head."""
+    """Embeddings (+ absolute positions), L causal blocks, a final norm, tied output
+    head."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -69,18 +72,24 @@ class DecoderLM(nn.Module):
         self.final_norm = (
             nn.Identity()
             if cfg.norm_placement == "post"
-            else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset)
+            else build_norm(
+                cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_offset
+            )
         )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(functools.partial(normal_init, std=cfg.init_std))
-        for name, p in self.named_parameters():  # scale the residual writes by depth (GPT-2)
+        for (
+            name,
+            p,
+        ) in self.named_parameters():  # scale the residual writes by depth (GPT-2)
             if name.endswith(("out_proj.weight", "down.weight")):
                 nn.init.normal_(p, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
 
     def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameters, counting tied weights once; optionally without the embedding tables."""
+        """Parameters, counting tied weights once; optionally without the embedding
+        tables."""
         n = sum(p.numel() for p in self.parameters())
         if not include_embeddings:
             n -= embedding_params(self.tok_emb, self.pos_emb)
@@ -88,18 +97,21 @@ class DecoderLM(nn.Module):
 
     def check_input_ids(self, input_ids: Tensor, start: int = 0) -> None:
         """Raise a ValueError that names what is wrong with ``input_ids``."""
-        check_token_ids(input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len, start)
+        check_token_ids(
+            input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len, start
+        )
 
     def embed(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Token embeddings (scaled by √d if configured) plus absolute positions: (B, T, d).
-        ``positions`` default to 0..T-1; the ids are not checked (``forward`` checks them)."""
+        """Token embeddings (scaled by √d if configured) plus absolute positions: (B, T,
+        d). ``positions`` default to 0..T-1; the ids are not checked (``forward`` checks
+        them)."""
         scale = math.sqrt(self.cfg.d_model) if self.cfg.scale_embeddings else None
         x = embed_tokens(self.tok_emb, self.pos_emb, input_ids, positions, scale=scale)
         return self.dropout(x)
 
     def rope_tables(self, positions: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-        """cos/sin ``(T, F)`` for the positions: ``"global"`` and, if set, ``"local"`` base
-        (the tables the layers were built with)."""
+        """cos/sin ``(T, F)`` for the positions: ``"global"`` and, if set, ``"local"``
+        base (the tables the layers were built with)."""
         tables = {}
         if self.cfg.position == "rope":
             tables["global"] = rotary_embedding(self.cfg)(positions)
@@ -115,11 +127,13 @@ class DecoderLM(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> DecodeCache:
-        """Empty caches for ``batch`` sequences of up to ``max_len`` positions, one per layer,
-        each made by its token mixer (default: the weights' dtype and device)."""
+        """Empty caches for ``batch`` sequences of up to ``max_len`` positions, one per
+        layer, each made by its token mixer (default: the weights' dtype and device)."""
         ref = self.tok_emb.weight
         kw = {"dtype": dtype or ref.dtype, "device": device or ref.device}
-        return DecodeCache([b.attn.new_cache(batch, max_len, **kw) for b in self.blocks], max_len)
+        return DecodeCache(
+            [b.attn.new_cache(batch, max_len, **kw) for b in self.blocks], max_len
+        )
 
     def forward(
         self,
@@ -130,8 +144,9 @@ class DecoderLM(nn.Module):
     ) -> Tensor:
         """Logits ``(B, T, V)``; ``attention_mask (B, T)`` marks real tokens with 1.
 
-        With a ``cache`` the tokens continue the cached positions and their keys are stored.
-        ``last_only`` computes the logits of the last position only, ``(B, 1, V)``.
+        With a ``cache`` the tokens continue the cached positions and their keys are
+        stored. ``last_only`` computes the logits of the last position only, ``(B, 1,
+        V)``.
         """
         if cache is not None and attention_mask is not None:
             raise ValueError(
@@ -144,7 +159,9 @@ class DecoderLM(nn.Module):
         else:
             positions = cache.positions(t, input_ids.device)
         mask = None if attention_mask is None else padding_mask(attention_mask)
-        logits = self.forward_at(input_ids, positions, cache, mask=mask, last_only=last_only)
+        logits = self.forward_at(
+            input_ids, positions, cache, mask=mask, last_only=last_only
+        )
         if cache is not None:
             cache.length += t
         return logits
@@ -163,7 +180,9 @@ class DecoderLM(nn.Module):
         (``T = 1``) has the same shapes at every position and compiles once."""
         x = self.embed(input_ids, positions)  # (B, T, d)
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, None if cache is None else cache.layers[i], mask=mask)
+            x = block(
+                x, positions, None if cache is None else cache.layers[i], mask=mask
+            )
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.final_norm(x))  # (B, T, V)
@@ -197,14 +216,15 @@ class DecoderLM(nn.Module):
         eos_token_id: int | None = None,
         compile: bool = False,
     ) -> Tensor:
-        """Prompt plus up to ``max_new_tokens`` sampled ids, ``(B, T + new)``; temperature 0
-        is greedy. Generation stops early once every sequence has produced ``eos_token_id``
-        (sequences that finished first are padded with it).
+        """Prompt plus up to ``max_new_tokens`` sampled ids, ``(B, T + new)``;
+        temperature 0 is greedy. Generation stops early once every sequence has produced
+        ``eos_token_id`` (sequences that finished first are padded with it).
 
         With the cache: one prefill forward over the prompt, then one step per token
-        (:func:`companion.models.generation.generate`); ``compile=True`` compiles that step with
-        ``torch.compile``. A model with absolute positions asked to go past ``max_seq_len``
-        instead re-reads the last ``max_seq_len`` tokens at each step (no cache).
+        (:func:`companion.models.generation.generate`); ``compile=True`` compiles that
+        step with ``torch.compile``. A model with absolute positions asked to go past
+        ``max_seq_len`` instead re-reads the last ``max_seq_len`` tokens at each step
+        (no cache).
         """
         return generate(
             self,

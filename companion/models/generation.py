@@ -1,8 +1,9 @@
 """Generation from a decoder-only model: prefill, one decode step, the loop, sampling
 (chapters 02, 08).
 
-Shape legend: B batch, T prompt tokens, V vocabulary. The functions work on any model with
-``DecoderLM``'s interface (``forward_at``, ``new_cache``, ``check_input_ids``, ``cfg``):
+Shape legend: B batch, T prompt tokens, V vocabulary. The functions work on any model
+with ``DecoderLM``'s interface (``forward_at``, ``new_cache``, ``check_input_ids``,
+``cfg``):
 
 - :func:`prefill` reads the prompt in one batched forward and fills the cache;
 - :func:`decode_one_token` runs the model's own blocks on one token at a position
@@ -13,8 +14,8 @@ Shape legend: B batch, T prompt tokens, V vocabulary. The functions work on any 
 
 ``compile=True`` is opt-in. The compiled step's guards (the checks that its inputs still
 have the shapes and dtypes it was compiled for) are evaluated on the first step only and
-skipped on the rest, where the installed torch can (``skip_guard_eval_unsafe``; about 1 ms a
-step for a 30-layer model): the loop changes nothing but the values.
+skipped on the rest, where the installed torch can (``skip_guard_eval_unsafe``; about 1
+ms a step for a 30-layer model): the loop changes nothing but the values.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def sample(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Next ids ``(B, 1)`` from logits ``(B, V)``: argmax at temperature 0, else sampled
-    from the softmax of ``logits / temperature`` (over the ``top_k`` largest, if given)."""
+    from the softmax of ``logits / temperature`` (over the ``top_k`` largest, if
+    given)."""
     if temperature == 0.0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
@@ -55,7 +57,8 @@ def decode_one_token(
     model: nn.Module, token: Tensor, input_pos: Tensor, cache: nn.Module
 ) -> Tensor:
     """Logits ``(B, V)`` of one token per sequence, ``token (B, 1)`` at position
-    ``input_pos (1,)``, through the model's own blocks; its keys are written into the cache."""
+    ``input_pos (1,)``, through the model's own blocks; its keys are written into the
+    cache."""
     return model.forward_at(token, input_pos, cache, last_only=True)[:, -1]
 
 
@@ -72,7 +75,8 @@ def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_tok
 
 
 def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
-    """Skip ``torch.compile``'s guard checks for the compiled step, if this torch can."""
+    """Skip ``torch.compile``'s guard checks for the compiled step, if this torch
+    can."""
     stance = getattr(torch.compiler, "set_stance", None)
     if not compile or stance is None:
         return contextlib.nullcontext()
@@ -81,8 +85,11 @@ def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
     return stance(skip_guard_eval_unsafe=True)
 
 
-def _mark_finished(token: Tensor, done: Tensor | None, eos_token_id: int | None) -> Tensor:
-    """Sequences already finished keep writing ``eos_token_id``; ``done`` is updated in place."""
+def _mark_finished(
+    token: Tensor, done: Tensor | None, eos_token_id: int | None
+) -> Tensor:
+    """Sequences already finished keep writing ``eos_token_id``; ``done`` is updated in
+    place."""
     if done is None:
         return token
     token = token.masked_fill(done, eos_token_id)
@@ -102,8 +109,9 @@ def decode_n_tokens(
     eos_token_id: int | None = None,
     compile: bool = False,
 ) -> list[Tensor]:
-    """Up to ``n`` more ids, each ``(B, 1)``, continuing from ``token`` (the last id chosen,
-    not yet in the cache). Stops early once every sequence has produced ``eos_token_id``."""
+    """Up to ``n`` more ids, each ``(B, 1)``, continuing from ``token`` (the last id
+    chosen, not yet in the cache). Stops early once every sequence has produced
+    ``eos_token_id``."""
     step = _step(compile)
     out: list[Tensor] = []
     done = token == eos_token_id if eos_token_id is not None else None
@@ -137,7 +145,8 @@ def generate(
 ) -> Tensor:
     """Prompt plus up to ``max_new_tokens`` ids ``(B, T + new)``: :func:`prefill`, then
     :func:`decode_n_tokens`. Without the cache (or past ``max_seq_len`` with absolute
-    positions) each step re-reads the whole sequence (its last ``max_seq_len`` tokens)."""
+    positions) each step re-reads the whole sequence (its last ``max_seq_len``
+    tokens)."""
     cfg = model.cfg
     model.check_input_ids(input_ids)
     if max_new_tokens < 0:
@@ -145,7 +154,9 @@ def generate(
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and not 1 <= top_k <= cfg.vocab_size:
-        raise ValueError(f"top_k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}")
+        raise ValueError(
+            f"top_k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}"
+        )
     total = input_ids.shape[1] + max_new_tokens
     sliding_context = cfg.position in ("learned", "sinusoidal")
     if total > cfg.max_seq_len and not sliding_context:
@@ -159,7 +170,9 @@ def generate(
     with torch.no_grad():
         if use_cache and total <= cfg.max_seq_len:
             cache = model.new_cache(input_ids.shape[0], total)
-            first = sample(prefill(model, input_ids, cache).float(), **kw).to(input_ids.dtype)
+            first = sample(prefill(model, input_ids, cache).float(), **kw).to(
+                input_ids.dtype
+            )
             rest = decode_n_tokens(
                 model,
                 first,

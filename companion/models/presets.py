@@ -1,13 +1,14 @@
-"""Real model configurations, as :class:`~companion.models.config.ModelConfig` presets (chapter 13).
+"""Real model configurations, as :class:`~companion.models.config.ModelConfig` presets
+(chapter 13).
 
-Each preset copies the released ``config.json`` of a model (hidden size, heads, KV heads,
-head width, FFN and expert widths, vocabulary, layers, windows and layer pattern, RoPE base
-and scaling, tied embeddings, biases), so that
-:func:`companion.analysis.calculator.count_params` gives the
-published parameter count and a ``DecoderLM`` built from it on the meta device has the
-shapes of the real checkpoint. ``max_seq_len`` is the config's ``max_position_embeddings``.
-Text towers only: Gemma 3's vision encoder and DeepSeek-V3's multi-token-prediction module
-are left out. :func:`spec_row` writes a preset as one row of the chapter's spec sheet.
+Each preset copies the released ``config.json`` of a model (hidden size, heads, KV
+heads, head width, FFN and expert widths, vocabulary, layers, windows and layer pattern,
+RoPE base and scaling, tied embeddings, biases), so that
+:func:`companion.analysis.calculator.count_params` gives the published parameter count
+and a ``DecoderLM`` built from it on the meta device has the shapes of the real
+checkpoint. ``max_seq_len`` is the config's ``max_position_embeddings``. Text towers
+only: Gemma 3's vision encoder and DeepSeek-V3's multi-token-prediction module are left
+out. :func:`spec_row` writes a preset as one row of the chapter's spec sheet.
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ import math
 from companion.models.config import ModelConfig
 from companion.ops.rope import RopeScaling
 
-__all__ = ["GLU_NAMES", "PRESETS", "head_sharing", "preset", "rope_base", "spec_row", "tiny"]
+__all__ = [
+    "GLU_NAMES",
+    "PRESETS",
+    "head_sharing",
+    "preset",
+    "rope_base",
+    "spec_row",
+    "tiny",
+]
 
 
 def _gpt2(**fields: object) -> ModelConfig:
-    """The 2019 block: learned positions, pre-LayerNorm with biases, a GELU MLP of width 4d."""
+    """The 2019 block: learned positions, pre-LayerNorm with biases, a GELU MLP of width
+    4d."""
     base = {
         "vocab_size": 50257,
         "max_seq_len": 1024,
@@ -38,7 +48,8 @@ def _gpt2(**fields: object) -> ModelConfig:
 
 
 def _modern(**fields: object) -> ModelConfig:
-    """The 2023+ block: pre-RMSNorm, RoPE, SwiGLU, no biases, untied head (unless set)."""
+    """The 2023+ block: pre-RMSNorm, RoPE, SwiGLU, no biases, untied head (unless
+    set)."""
     base = {
         "norm": "rmsnorm",
         "norm_placement": "pre",
@@ -310,20 +321,27 @@ _TINY = ModelConfig(
 
 
 def tiny(**changes: object) -> ModelConfig:
-    """A small modern decoder for tests and exercises: pre-RMSNorm, RoPE, SwiGLU, 4 query
-    heads sharing 2 K/V heads, d = 32, 2 layers, 64 tokens; ``changes`` replace fields."""
+    """A small modern decoder for tests and exercises: pre-RMSNorm, RoPE, SwiGLU, 4
+    query heads sharing 2 K/V heads, d = 32, 2 layers, 64 tokens; ``changes`` replace
+    fields."""
     return _TINY.replace(**changes)
 
 
 def preset(name: str) -> ModelConfig:
-    """The :class:`~companion.models.config.ModelConfig` of a released model, by name."""
+    """The :class:`~companion.models.config.ModelConfig` of a released model, by
+    name."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid names: {sorted(PRESETS)}")
     return PRESETS[name]
 
 
 GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU", "relu": "ReGLU"}
-_PLACEMENTS = {"pre": "pre", "post": "post", "sandwich": "sandwich", "post_branch": "post-branch"}
+_PLACEMENTS = {
+    "pre": "pre",
+    "post": "post",
+    "sandwich": "sandwich",
+    "post_branch": "post-branch",
+}
 
 
 def rope_base(theta: float) -> str:
@@ -333,16 +351,20 @@ def rope_base(theta: float) -> str:
 
 
 def head_sharing(n_heads: int, n_kv_heads: int) -> str:
-    """``"MHA"``, ``"GQA"`` or ``"MQA"``: how many query heads share a key/value head."""
+    """``"MHA"``, ``"GQA"`` or ``"MQA"``: how many query heads share a key/value
+    head."""
     if n_heads == n_kv_heads:
         return "MHA"
     return "MQA" if n_kv_heads == 1 else "GQA"
 
 
 def _period(kinds: tuple[str, ...]) -> tuple[str, ...]:
-    """The shortest prefix whose repetition gives the layer pattern (cut at the last layer)."""
+    """The shortest prefix whose repetition gives the layer pattern (cut at the last
+    layer)."""
     n = len(kinds)
-    repeats = (p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
+    repeats = (
+        p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n))
+    )
     return kinds[: next(repeats)]
 
 
@@ -350,10 +372,13 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     """One spec-sheet row: ``norm``, ``position``, ``ffn``, ``attention``, ``vocab``,
     ``context``, each a short string derived from the config."""
     norm = f"{'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'}, "
-    norm += _PLACEMENTS[cfg.norm_placement] + (" + QK-norm" if cfg.qk_norm != "none" else "")
-    position = {"sinusoidal": "sinusoidal, additive", "learned": "learned absolute"}.get(
-        cfg.position, "none"
+    norm += _PLACEMENTS[cfg.norm_placement] + (
+        " + QK-norm" if cfg.qk_norm != "none" else ""
     )
+    position = {
+        "sinusoidal": "sinusoidal, additive",
+        "learned": "learned absolute",
+    }.get(cfg.position, "none")
     if cfg.position == "rope":
         position = f"RoPE, b={rope_base(cfg.rope_theta)}"
         if cfg.partial_rotary_factor < 1:
@@ -386,7 +411,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
         if "full" in unit:
             attention += f" at {unit.count('sliding')}:{unit.count('full')}"
     if "linear" in unit:
-        attention = f"Gated DeltaNet : {attention}, {unit.count('linear')}:{unit.count('full')}"
+        attention = (
+            f"Gated DeltaNet : {attention}, {unit.count('linear')}:{unit.count('full')}"
+        )
     if cfg.attn_sinks:
         attention += ", sinks"
     return {

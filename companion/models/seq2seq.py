@@ -1,13 +1,14 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (chapter 03).
 
-Shape legend: B batch, S source tokens, T target tokens, V shared vocabulary, d model width,
-L blocks per stack, H heads. ``forward(src (B, S), tgt_in (B, T)) -> logits (B, T, V)``.
+Shape legend: B batch, S source tokens, T target tokens, V shared vocabulary, d model
+width, L blocks per stack, H heads. ``forward(src (B, S), tgt_in (B, T)) -> logits (B,
+T, V)``.
 
-The parts come from ``companion``: an encoder stack of ``build_block(cfg, causal=False)``,
-a decoder stack of ``build_block(cfg, cross_attention=True)`` (causal), sinusoidal (or
-learned) positions and one embedding table that serves the source, the target and, with
-``cfg.tie_embeddings``, the pre-softmax projection. Masks are 1/0 (or bool) ``(B, S)`` and
-``(B, T)`` tensors, 1 on real tokens.
+The parts come from ``companion``: an encoder stack of ``build_block(cfg,
+causal=False)``, a decoder stack of ``build_block(cfg, cross_attention=True)`` (causal),
+sinusoidal (or learned) positions and one embedding table that serves the source, the
+target and, with ``cfg.tie_embeddings``, the pre-softmax projection. Masks are 1/0 (or
+bool) ``(B, S)`` and ``(B, T)`` tensors, 1 on real tokens.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ __all__ = [
     "transformer_base_config",
 ]
 
-PAPER_BASE_PARAMS = 65_000_000  # Table 3 of Vaswani et al. (2017): "65 × 10^6" for the base model
+PAPER_BASE_PARAMS = (
+    65_000_000  # Table 3 of Vaswani et al. (2017): "65 × 10^6" for the base model
+)
 
 
 def transformer_base_config(vocab_size: int = 37_000, **changes: object) -> ModelConfig:
-    """The 2017 base model: d 512, 6 + 6 layers, 8 heads, d_ff 2048, shared 37k vocabulary.
+    """The 2017 base model: d 512, 6 + 6 layers, 8 heads, d_ff 2048, shared 37k
+    vocabulary.
 
     Post-LN, ReLU, sinusoidal positions, embeddings scaled by √d and tied to the output
     projection, dropout 0.1 on every sublayer output and on embeddings + positions.
@@ -60,32 +64,42 @@ def transformer_base_config(vocab_size: int = 37_000, **changes: object) -> Mode
 
 
 class Seq2SeqTransformer(nn.Module):
-    """Shared embeddings (+ positions), an encoder stack, a decoder stack, an output head.
+    """Shared embeddings (+ positions), an encoder stack, a decoder stack, an output
+    head.
 
-    ``n_layers`` blocks in each stack. Init: Glorot-uniform matrices and zero biases (the
-    paper names no init; this is what common re-implementations use); the embedding table
-    is N(0, 1/d) when ``scale_embeddings`` (so √d·E has unit-variance entries, like the
-    sinusoids), else N(0, ``init_std`` squared).
+    ``n_layers`` blocks in each stack. Init: Glorot-uniform matrices and zero biases
+    (the paper names no init; this is what common re-implementations use); the embedding
+    table is N(0, 1/d) when ``scale_embeddings`` (so √d·E has unit-variance entries,
+    like the sinusoids), else N(0, ``init_std`` squared).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # source, target (and head)
+        self.tok_emb = nn.Embedding(
+            cfg.vocab_size, cfg.d_model
+        )  # source, target (and head)
         self.pos_emb: nn.Module | None = None
         if cfg.position == "sinusoidal":
             self.pos_emb = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
         elif cfg.position == "learned":
             self.pos_emb = LearnedPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(build_block(cfg, causal=False) for _ in range(cfg.n_layers))
+        self.encoder = nn.ModuleList(
+            build_block(cfg, causal=False) for _ in range(cfg.n_layers)
+        )
         self.decoder = nn.ModuleList(
-            build_block(cfg, causal=True, cross_attention=True) for _ in range(cfg.n_layers)
+            build_block(cfg, causal=True, cross_attention=True)
+            for _ in range(cfg.n_layers)
         )
         # Post-LN blocks end in a norm; Pre-LN stacks need one after the last block.
         pre = cfg.norm_placement == "pre"
-        self.enc_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if pre else None
-        self.dec_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if pre else None
+        self.enc_norm = (
+            build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if pre else None
+        )
+        self.dec_norm = (
+            build_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if pre else None
+        )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
         if cfg.tie_embeddings:
@@ -103,14 +117,16 @@ class Seq2SeqTransformer(nn.Module):
             nn.init.normal_(self.pos_emb.table.weight, std=self.cfg.init_std)
 
     def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameters, counting the tied table once; optionally without embedding tables."""
+        """Parameters, counting the tied table once; optionally without embedding
+        tables."""
         n = sum(p.numel() for p in self.parameters())
         if not include_embeddings:
             n -= embedding_params(self.tok_emb, self.pos_emb)
         return n
 
     def param_breakdown(self) -> dict[str, int]:
-        """Parameter counts by part: embeddings, encoder, decoder, head (untied only), norms."""
+        """Parameter counts by part: embeddings, encoder, decoder, head (untied only),
+        norms."""
 
         def count(*mods: nn.Module | None) -> int:
             return sum(p.numel() for m in mods if m is not None for p in m.parameters())
@@ -119,14 +135,17 @@ class Seq2SeqTransformer(nn.Module):
             "embeddings": count(self.tok_emb, self.pos_emb),
             "encoder": count(self.encoder),
             "decoder": count(self.decoder),
-            "output head (untied)": 0 if self.cfg.tie_embeddings else count(self.lm_head),
+            "output head (untied)": 0
+            if self.cfg.tie_embeddings
+            else count(self.lm_head),
             "final norms (Pre-LN)": count(self.enc_norm, self.dec_norm),
         }
         assert sum(parts.values()) == self.num_params()
         return parts
 
     def check_ids(self, ids: Tensor, name: str) -> None:
-        """Raise a ValueError that names what is wrong with ``ids`` (``src`` or ``tgt_in``)."""
+        """Raise a ValueError that names what is wrong with ``ids`` (``src`` or
+        ``tgt_in``)."""
         check_token_ids(ids, name, self.cfg.vocab_size, self.cfg.max_seq_len)
 
     @staticmethod
@@ -140,7 +159,8 @@ class Seq2SeqTransformer(nn.Module):
         return padding_mask(mask)  # (B, 1, 1, length)
 
     def embed(self, ids: Tensor, name: str = "ids") -> Tensor:
-        """Shared token embeddings, times √d if configured, plus positions: (B, length, d)."""
+        """Shared token embeddings, times √d if configured, plus positions: (B, length,
+        d)."""
         self.check_ids(ids, name)
         scale = math.sqrt(self.cfg.d_model) if self.cfg.scale_embeddings else None
         return self.dropout(embed_tokens(self.tok_emb, self.pos_emb, ids, scale=scale))
@@ -160,10 +180,12 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
-        """Logits ``(B, T, V)`` for each next target token, reading ``memory (B, S, d)``."""
+        """Logits ``(B, T, V)`` for each next target token, reading ``memory (B, S,
+        d)``."""
         if memory.ndim != 3 or memory.shape[-1] != self.cfg.d_model:
             raise ValueError(
-                f"memory must have shape (B, S, {self.cfg.d_model}), got {tuple(memory.shape)}"
+                f"memory must have shape (B, S, {self.cfg.d_model}), "
+                f"got {tuple(memory.shape)}"
             )
         if memory.shape[0] != tgt_in.shape[0]:
             raise ValueError(
@@ -191,7 +213,8 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
-        """Teacher forcing: logits ``(B, T, V)``, position t predicting target token t + 1."""
+        """Teacher forcing: logits ``(B, T, V)``, position t predicting target token t +
+        1."""
         if src.ndim == 2 and tgt_in.ndim == 2 and src.shape[0] != tgt_in.shape[0]:
             raise ValueError(
                 f"src and tgt_in must share the batch size, got {src.shape[0]} and "
@@ -205,8 +228,8 @@ class Seq2SeqTransformer(nn.Module):
     ) -> list[Tensor]:
         """Each decoder block's cross-attention weights: L tensors ``(B, H, T, S)``.
 
-        Hooks record exactly what each cross-attention sublayer receives during one forward
-        pass; the reference attention then recomputes its softmax weights.
+        Hooks record exactly what each cross-attention sublayer receives during one
+        forward pass; the reference attention then recomputes its softmax weights.
         """
         was_training = self.training
         self.eval()  # no dropout: the maps of the model as it translates
@@ -216,17 +239,21 @@ class Seq2SeqTransformer(nn.Module):
         finally:
             self.train(was_training)
         return [
-            block.cross_attn.attention_weights(args[0], context=kw["context"], mask=kw["mask"])
+            block.cross_attn.attention_weights(
+                args[0], context=kw["context"], mask=kw["mask"]
+            )
             for block, (args, kw) in zip(self.decoder, calls, strict=True)
         ]
 
 
 def base_param_breakdown(vocab_size: int = 37_000) -> dict[str, int]:
-    """:meth:`Seq2SeqTransformer.param_breakdown` of the base model, built on the meta device.
+    """:meth:`Seq2SeqTransformer.param_breakdown` of the base model, built on the meta
+    device.
 
-    Counted: the shared (V, d) embedding table once (it is also the output projection), every
-    attention projection (q, k, v, out, with biases), every FFN matrix and bias, every
-    LayerNorm gain and bias. Not counted: the sinusoids (a fixed buffer, not a parameter).
+    Counted: the shared (V, d) embedding table once (it is also the output projection),
+    every attention projection (q, k, v, out, with biases), every FFN matrix and bias,
+    every LayerNorm gain and bias. Not counted: the sinusoids (a fixed buffer, not a
+    parameter).
     """
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         model = Seq2SeqTransformer(transformer_base_config(vocab_size))

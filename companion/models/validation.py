@@ -1,4 +1,5 @@
-"""The checks a :class:`companion.models.config.ModelConfig` runs on itself (chapters 02-13).
+"""The checks a :class:`companion.models.config.ModelConfig` runs on itself (chapters
+02-13).
 
 Each error names the field, what it got and what it accepts.
 """
@@ -32,7 +33,8 @@ def _probability(cfg: ModelConfig, name: str) -> None:
 
 
 def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
-    """Raise a ConfigError naming the first field of ``cfg`` that cannot be built from."""
+    """Raise a ConfigError naming the first field of ``cfg`` that cannot be built
+    from."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
         check_int(name, getattr(cfg, name), 1, ConfigError)
     if cfg.d_ff is not None:
@@ -47,7 +49,9 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
         raise ConfigError(f"qkv_bias must be None, True or False, got {cfg.qkv_bias!r}")
     for name in ("fused_qkv", "bias", "tie_embeddings", "scale_embeddings"):
         if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+            raise ConfigError(
+                f"{name} must be True or False, got {getattr(cfg, name)!r}"
+            )
     if cfg.head_dim is not None:
         check_int("head_dim", cfg.head_dim, 1, ConfigError)
     elif cfg.kv_lora_rank == 0 and cfg.d_model % cfg.n_heads != 0:
@@ -67,7 +71,9 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
     for name in ("layer_types", "nope_layers"):
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, tuple):
-            raise ConfigError(f"{name} must be a tuple, got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                f"{name} must be a tuple, got {type(value).__name__} {value!r}"
+            )
     if cfg.layer_types is not None:
         if len(cfg.layer_types) != cfg.n_layers:
             raise ConfigError(
@@ -75,9 +81,13 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             )
         bad = sorted(set(cfg.layer_types) - set(LAYER_TYPES))
         if bad:
-            raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}, got {bad}")
+            raise ConfigError(
+                f"layer_types entries must be one of {LAYER_TYPES}, got {bad}"
+            )
         if "sliding" in cfg.layer_types and cfg.sliding_window is None:
-            raise ConfigError("layer_types has 'sliding' layers but sliding_window is None")
+            raise ConfigError(
+                "layer_types has 'sliding' layers but sliding_window is None"
+            )
         if "linear" in cfg.layer_types:
             _validate_linear(cfg)
     bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
@@ -99,11 +109,14 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
 
 
 def validate_rope(cfg: ModelConfig) -> None:
-    """Raise a ConfigError if RoPE's tables cannot be built for ``cfg`` (resolved widths)."""
+    """Raise a ConfigError if RoPE's tables cannot be built for ``cfg`` (resolved
+    widths)."""
     if cfg.position != "rope":
         return
     try:
-        rope_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor)
+        rope_frequencies(
+            cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+        )
     except ValueError as err:
         raise ConfigError(f"rope settings: {err}") from None
 
@@ -128,7 +141,9 @@ def _validate_moe(cfg: ModelConfig) -> None:
         "attn_output_gate",
     ):
         if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+            raise ConfigError(
+                f"{name} must be True or False, got {getattr(cfg, name)!r}"
+            )
     if cfg.n_experts == 0:
         return
     if cfg.expert_d_ff is not None:
@@ -144,7 +159,9 @@ def _validate_moe(cfg: ModelConfig) -> None:
         error=ConfigError,
     )
     if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
-        raise ConfigError("shared_expert_gate needs a shared expert: set shared_d_ff > 0")
+        raise ConfigError(
+            "shared_expert_gate needs a shared expert: set shared_d_ff > 0"
+        )
 
 
 def _validate_mla(cfg: ModelConfig) -> None:
@@ -158,7 +175,9 @@ def _validate_mla(cfg: ModelConfig) -> None:
         check_int(name, getattr(cfg, name), 0, ConfigError)
     if not cfg.is_mla:
         if cfg.q_lora_rank:
-            raise ConfigError("q_lora_rank needs multi-head latent attention: set kv_lora_rank")
+            raise ConfigError(
+                "q_lora_rank needs multi-head latent attention: set kv_lora_rank"
+            )
         return
     for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         check_int(name, getattr(cfg, name), 1, ConfigError)
@@ -197,8 +216,8 @@ def _validate_linear(cfg: ModelConfig) -> None:
 def check_token_ids(
     ids: torch.Tensor, name: str, vocab_size: int, max_len: int, start: int = 0
 ) -> None:
-    """Raise a ValueError naming ``name`` if ``ids`` is not a (B, T) integer tensor of ids in
-    [0, vocab_size) whose last position (``start`` + T) fits in ``max_len``."""
+    """Raise a ValueError naming ``name`` if ``ids`` is not a (B, T) integer tensor of
+    ids in [0, vocab_size) whose last position (``start`` + T) fits in ``max_len``."""
     if ids.ndim != 2:
         raise ValueError(f"{name} must have shape (B, T), got {tuple(ids.shape)}")
     if ids.dtype not in (torch.int64, torch.int32):

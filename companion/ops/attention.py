@@ -1,13 +1,14 @@
-"""Scaled dot-product attention, the 2017 form: the reference and the SDPA path (chapter 02).
+"""Scaled dot-product attention, the 2017 form: the reference and the SDPA path (chapter
+02).
 
 Shape legend: B batch, H heads, T queries, S keys, D query/key width, Dv value width.
 Masks are bool, ``True`` where a query may attend, broadcastable to ``(B, H, T, S)``
 (see :mod:`companion.ops.masks`). ``causal=True`` aligns the triangle to the end of the
 keys, so T new queries after S - T cached keys see the whole prefix.
 
-Every form of attention in :mod:`companion.ops` has this signature,
-``(q, k, v, *, mask, causal, scale, dropout_p) -> out (B, H, T, Dv)``:
-:func:`naive_attention` (the reference), :func:`sdpa_attention` (PyTorch's fused kernels),
+Every form of attention in :mod:`companion.ops` has this signature, ``(q, k, v, *, mask,
+causal, scale, dropout_p) -> out (B, H, T, Dv)``: :func:`naive_attention` (the
+reference), :func:`sdpa_attention` (PyTorch's fused kernels),
 :func:`companion.ops.tiled.tiled_attention` (online softmax over tiles) and
 :func:`companion.ops.flex.flex_attention_forward`. The weights a figure draws come from
 :func:`attention_weights`. Later mechanisms wrap these forms in their own modules:
@@ -44,25 +45,37 @@ def check_qkv(
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
-            raise ValueError(f"{name} must have shape (B, H, T, D), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must have shape (B, H, T, D), got {tuple(x.shape)}"
+            )
     heads_fit = q.shape[1] % k.shape[1] == 0 if grouped else q.shape[1] == k.shape[1]
     if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or not heads_fit:
-        heads = "q's H must be a multiple of H_kv" if grouped else "q, k, v must share H"
+        heads = (
+            "q's H must be a multiple of H_kv" if grouped else "q, k, v must share H"
+        )
         raise ValueError(
             f"q, k, v must share B, k and v must share their heads, and {heads}; "
             f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share D; got q D={q.shape[-1]}, k D={k.shape[-1]}")
+        raise ValueError(
+            f"q and k must share D; got q D={q.shape[-1]}, k D={k.shape[-1]}"
+        )
     if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must share S; got k S={k.shape[2]}, v S={v.shape[2]}")
+        raise ValueError(
+            f"k and v must share S; got k S={k.shape[2]}, v S={v.shape[2]}"
+        )
     if mask is not None:
         if mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a bool tensor (True = attend), got dtype {mask.dtype}")
+            raise ValueError(
+                f"mask must be a bool tensor (True = attend), got dtype {mask.dtype}"
+            )
         target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         # each trailing dimension equal or 1 (torch.broadcast_shapes costs ~40 µs a call)
         shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
-        if len(shape) > 4 or not all(m in (1, t) for m, t in zip(shape, target, strict=True)):
+        if len(shape) > 4 or not all(
+            m in (1, t) for m, t in zip(shape, target, strict=True)
+        ):
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} does not broadcast to (B, H, T, S) = {target}"
             )
@@ -82,9 +95,9 @@ def masked_scores(
     causal: bool = False,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """The scores q kᵀ · scale ``(B, H, T, S)``, ``-inf`` where a key is hidden, and which
-    rows have a visible key at all (``(..., T, 1)``; None without a mask). ``scale``
-    defaults to 1/√D; a row with no visible key keeps finite scores (see
+    """The scores q kᵀ · scale ``(B, H, T, S)``, ``-inf`` where a key is hidden, and
+    which rows have a visible key at all (``(..., T, 1)``; None without a mask).
+    ``scale`` defaults to 1/√D; a row with no visible key keeps finite scores (see
     :func:`companion.ops.masks.guard_empty_rows`)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, S)
@@ -103,8 +116,9 @@ def attention_weights(
     causal: bool = False,
     scale: float | None = None,
 ) -> Tensor:
-    """softmax over the keys of :func:`masked_scores`: ``(B, H, T, S)``, rows summing to 1
-    (rows with no visible key are 0). The softmax runs in fp32 for bf16 (fp64 stays)."""
+    """softmax over the keys of :func:`masked_scores`: ``(B, H, T, S)``, rows summing to
+    1 (rows with no visible key are 0). The softmax runs in fp32 for bf16 (fp64
+    stays)."""
     scores, has_key = masked_scores(q, k, mask=mask, causal=causal, scale=scale)
     acc = torch.promote_types(scores.dtype, torch.float32)
     weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)

@@ -1,16 +1,16 @@
 """Cross-entropy over a large vocabulary without the full logits tensor (chapter 12).
 
-Shape legend: N tokens (batch × sequence, flattened), d model width, V vocabulary, C rows per
-chunk. ``hidden (N, d)`` is the final-normed residual stream, ``weight (V, d)`` the output
-head (the embedding, if tied), ``targets (N,)`` the next-token ids.
+Shape legend: N tokens (batch × sequence, flattened), d model width, V vocabulary, C
+rows per chunk. ``hidden (N, d)`` is the final-normed residual stream, ``weight (V, d)``
+the output head (the embedding, if tied), ``targets (N,)`` the next-token ids.
 
-:func:`naive_cross_entropy` is the reference: it builds the ``(N, V)`` logits in fp32 and
-calls ``F.cross_entropy``; autograd keeps that tensor (and makes its gradient, the same size)
-for the backward pass. :func:`chunked_cross_entropy` gives the same loss and the same
-gradients, but only ever holds ``(C, V)`` logits: the forward keeps one log-sum-exp per row,
-and the backward recomputes each chunk's logits, turns them into softmax − one-hot, and
-accumulates the gradients of ``hidden`` and ``weight`` before moving on. Both return the mean
-loss over the rows whose target is not ``ignore_index``.
+:func:`naive_cross_entropy` is the reference: it builds the ``(N, V)`` logits in fp32
+and calls ``F.cross_entropy``; autograd keeps that tensor (and makes its gradient, the
+same size) for the backward pass. :func:`chunked_cross_entropy` gives the same loss and
+the same gradients, but only ever holds ``(C, V)`` logits: the forward keeps one
+log-sum-exp per row, and the backward recomputes each chunk's logits, turns them into
+softmax − one-hot, and accumulates the gradients of ``hidden`` and ``weight`` before
+moving on. Both return the mean loss over the rows whose target is not ``ignore_index``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["ChunkedCrossEntropy", "chunked_cross_entropy", "logits_bytes", "naive_cross_entropy"]
+__all__ = [
+    "ChunkedCrossEntropy",
+    "chunked_cross_entropy",
+    "logits_bytes",
+    "naive_cross_entropy",
+]
 
 
-def logits_bytes(batch: int, seq_len: int, vocab_size: int, dtype_bytes: int = 4) -> int:
+def logits_bytes(
+    batch: int, seq_len: int, vocab_size: int, dtype_bytes: int = 4
+) -> int:
     """Bytes of one ``(B, S, V)`` logits tensor: B·S·V·dtype_bytes (fp32 by default)."""
     for name, value in (
         ("batch", batch),
@@ -41,7 +48,10 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
             f"hidden must be (N, d) and weight (V, d) with the same d; got hidden "
             f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}"
         )
-    if targets.shape != (hidden.shape[0],) or targets.dtype not in (torch.int64, torch.int32):
+    if targets.shape != (hidden.shape[0],) or targets.dtype not in (
+        torch.int64,
+        torch.int32,
+    ):
         raise ValueError(
             f"targets must be integer ids of shape (N,) = ({hidden.shape[0]},); got "
             f"{tuple(targets.shape)} of dtype {targets.dtype}"
@@ -51,14 +61,16 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
 def naive_cross_entropy(
     hidden: Tensor, weight: Tensor, targets: Tensor, *, ignore_index: int = -100
 ) -> Tensor:
-    """Mean cross-entropy of ``hidden @ weightᵀ`` against ``targets``, full ``(N, V)`` logits."""
+    """Mean cross-entropy of ``hidden @ weightᵀ`` against ``targets``, full ``(N, V)``
+    logits."""
     _check(hidden, weight, targets)
     logits = hidden.float() @ weight.float().T  # (N, V), all of it at once
     return F.cross_entropy(logits, targets.long(), ignore_index=ignore_index)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
-    """Forward and backward over chunks of C rows; saves only hidden, weight and (N,) stats."""
+    """Forward and backward over chunks of C rows; saves only hidden, weight and (N,)
+    stats."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, ignore_index):  # noqa: ANN001
@@ -71,7 +83,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, n, chunk_size):
             rows = slice(start, start + chunk_size)
-            logits = hidden[rows].float() @ w.T  # (C, V): the only vocabulary-wide tensor
+            logits = (
+                hidden[rows].float() @ w.T
+            )  # (C, V): the only vocabulary-wide tensor
             lse[rows] = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, safe[rows, None]).squeeze(1)  # (C,)
             total += ((lse[rows] - picked) * keep[rows]).sum()
@@ -107,8 +121,13 @@ def chunked_cross_entropy(
     ignore_index: int = -100,
     chunk_size: int = 1024,
 ) -> Tensor:
-    """The same loss as :func:`naive_cross_entropy`, never holding more than ``(C, V)`` logits."""
+    """The same loss as :func:`naive_cross_entropy`, never holding more than ``(C, V)``
+    logits."""
     _check(hidden, weight, targets)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, int)
+        or chunk_size < 1
+    ):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     return ChunkedCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index)

@@ -1,11 +1,11 @@
-"""The delta rule and the gated delta rule (DeltaNet, Gated DeltaNet): recurrent and chunkwise
-forms (chapter 11).
+"""The delta rule and the gated delta rule (DeltaNet, Gated DeltaNet): recurrent and
+chunkwise forms (chapter 11).
 
 Shapes, orientation, dtypes and the shared signature are those of
 :mod:`companion.ops.linear_attention`; per head and token
 
-* delta rule:        ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ``
-  (one step of online regression: the state's prediction for ``k_t`` moves toward ``v_t``)
+* delta rule: ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ`` (one step of online
+  regression: the state's prediction for ``k_t`` moves toward ``v_t``)
 * gated delta rule:  ``P = exp(g_t) S_{t-1};  S_t = P + β_t k_t (v_t − Pᵀ k_t)ᵀ``,
   ``g_t ≤ 0`` a log-decay.
 """
@@ -15,7 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from companion.ops.linear_attention import check_chunk_size, heads_first, heads_last, split_chunks
+from companion.ops.linear_attention import (
+    check_chunk_size,
+    heads_first,
+    heads_last,
+    split_chunks,
+)
 
 __all__ = [
     "chunk_delta_rule",
@@ -38,7 +43,9 @@ def delta_rule_loop(
         if g is not None:
             s = s * g[:, :, t, None, None].exp()
         k_t = k[:, :, t]  # (B, H, D_k)
-        delta = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", s, k_t))
+        delta = beta[:, :, t, None] * (
+            v[:, :, t] - torch.einsum("bhkv,bhk->bhv", s, k_t)
+        )
         s = s + k_t[..., :, None] * delta[..., None, :]  # (B, H, D_k, D_v)
         outs.append(torch.einsum("bhkv,bhk->bhv", s, q[:, :, t]))
     return torch.stack(outs, dim=2), s
@@ -47,16 +54,17 @@ def delta_rule_loop(
 def delta_rule_chunks(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, s: Tensor, c: int
 ) -> tuple[Tensor, Tensor]:
-    """Chunkwise delta rule on ``(B, H, T, D)`` working-dtype tensors (``g`` None: no decay).
+    """Chunkwise delta rule on ``(B, H, T, D)`` working-dtype tensors (``g`` None: no
+    decay).
 
     Within a chunk (positions r, s; γ_r the cumulative log-decay since the chunk start,
-    S_0 the state at the start), the corrections ``δ_r = β_r (v_r − P_rᵀ k_r)`` written to
-    the state satisfy a unit-lower-triangular system (the UT / WY representation):
+    S_0 the state at the start), the corrections ``δ_r = β_r (v_r − P_rᵀ k_r)`` written
+    to the state satisfy a unit-lower-triangular system (the UT / WY representation):
 
         (I + L) δ = β v − diag(β e^γ) K S_0,   L_rs = β_r e^{γ_r − γ_s} k_r·k_s  (s < r)
 
-    so ``δ = u − w S_0`` with ``[u | w] = (I + L)⁻¹ [β v | β e^γ k]``: one batched triangular
-    solve for all chunks at once. Across chunks only a short loop remains,
+    so ``δ = u − w S_0`` with ``[u | w] = (I + L)⁻¹ [β v | β e^γ k]``: one batched
+    triangular solve for all chunks at once. Across chunks only a short loop remains,
     ``δ = u − w S_0``, ``S_C = e^{γ_C} S_0 + Σ_s e^{γ_C − γ_s} k_s δ_sᵀ``; the outputs
     ``o_r = e^{γ_r} S_0ᵀ q_r + Σ_{s≤r} e^{γ_r−γ_s} (q_r·k_s) δ_s`` are again batched.
     """
@@ -112,7 +120,8 @@ def recurrent_delta_rule(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Reference: ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ``, ``o_t = S_tᵀ q_t``."""
+    """Reference: ``S_t = S_{t-1} + β_t k_t (v_t − S_{t-1}ᵀ k_t)ᵀ``, ``o_t = S_tᵀ
+    q_t``."""
     dtype = q.dtype
     q, k, v, (beta,), s = heads_first(
         q, k, v, {"beta": beta}, initial_state, scale, use_qk_l2norm_in_kernel
@@ -133,7 +142,8 @@ def chunk_delta_rule(
     chunk_size: int = 64,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Chunkwise delta rule (DeltaNet): UT-transform inside chunks, recurrence across them."""
+    """Chunkwise delta rule (DeltaNet): UT-transform inside chunks, recurrence across
+    them."""
     check_chunk_size(chunk_size)
     dtype, t = q.dtype, q.shape[1]
     q, k, v, (beta,), s = heads_first(
@@ -155,7 +165,8 @@ def recurrent_gated_delta_rule(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Reference: decay ``S`` by ``exp(g_t)``, then one delta-rule step; ``o_t = S_tᵀ q_t``."""
+    """Reference: decay ``S`` by ``exp(g_t)``, then one delta-rule step; ``o_t = S_tᵀ
+    q_t``."""
     dtype = q.dtype
     q, k, v, (g, beta), s = heads_first(
         q, k, v, {"g": g, "beta": beta}, initial_state, scale, use_qk_l2norm_in_kernel
@@ -177,7 +188,8 @@ def chunk_gated_delta_rule(
     chunk_size: int = 64,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Chunkwise gated delta rule (Gated DeltaNet, Qwen3-Next); ``g ≤ 0`` is a log-decay."""
+    """Chunkwise gated delta rule (Gated DeltaNet, Qwen3-Next); ``g ≤ 0`` is a
+    log-decay."""
     check_chunk_size(chunk_size)
     dtype, t = q.dtype, q.shape[1]
     q, k, v, (g, beta), s = heads_first(

@@ -1,8 +1,8 @@
 """Attention by name: one entry point over every form in :mod:`companion.ops`.
 
 ``impl`` is one of ``IMPLS``; each name is a form with the shared signature of
-:mod:`companion.ops.attention`. Grouped K/V heads are repeated for the forms that need one
-K/V head per query head (``reference``, ``tiled``); sinks (chapter 12) exist in the
+:mod:`companion.ops.attention`. Grouped K/V heads are repeated for the forms that need
+one K/V head per query head (``reference``, ``tiled``); sinks (chapter 12) exist in the
 ``reference`` and ``sdpa`` forms, and any other form asked for them raises.
 """
 
@@ -43,7 +43,9 @@ def attention(
             return sink_naive_attention(q, k, v, sinks, **kw)
         if impl == "sdpa":
             return sink_sdpa_attention(q, k, v, sinks, **kw)
-        raise ValueError(f"impl={impl!r} has no attention sinks; use 'reference' or 'sdpa'")
+        raise ValueError(
+            f"impl={impl!r} has no attention sinks; use 'reference' or 'sdpa'"
+        )
     if impl == "sdpa":
         return sdpa_attention(q, k, v, **kw)
     if impl == "flex":

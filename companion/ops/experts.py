@@ -1,10 +1,11 @@
-"""The experts' computation, on tensors: a loop over experts and the grouped form (chapter 10).
+"""The experts' computation, on tensors: a loop over experts and the grouped form
+(chapter 10).
 
-Shape legend: N tokens, d model width, E experts, k experts per token, F hidden width of one
-expert, S = N·k (token, expert) pairs. Both forms have one signature:
+Shape legend: N tokens, d model width, E experts, k experts per token, F hidden width of
+one expert, S = N·k (token, expert) pairs. Both forms have one signature:
 :func:`experts_reference`, a loop over experts with ``index_add``, and
-:func:`experts_grouped`, the (token, expert) pairs sorted by expert and multiplied segment by
-segment in one grouped matmul (:func:`grouped_matmul`).
+:func:`experts_grouped`, the (token, expert) pairs sorted by expert and multiplied
+segment by segment in one grouped matmul (:func:`grouped_matmul`).
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ GROUPED_KERNELS = ("segments", "grouped_mm")
 
 
 def expert_load(indices: Tensor, n_experts: int) -> Tensor:
-    """How many (token, slot) pairs each expert received: ``indices (N, k)`` -> ``(E,)`` int64."""
+    """How many (token, slot) pairs each expert received: ``indices (N, k)`` -> ``(E,)``
+    int64."""
     flat = indices.reshape(-1)
     return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
         0, flat, torch.ones_like(flat)
     )
-
 
 
 def swiglu(h: Tensor) -> Tensor:
@@ -67,7 +68,8 @@ def experts_reference(
     gate_up_bias: Tensor | None = None,
     down_bias: Tensor | None = None,
 ) -> Tensor:
-    """Σ_j weights[n, j]·expert_{indices[n, j]}(x[n]): one plain loop over the E experts.
+    """Σ_j weights[n, j]·expert_{indices[n, j]}(x[n]): one plain loop over the E
+    experts.
 
     ``x (N, d)``, ``weights (N, k)``, ``indices (N, k)``, ``gate_up (E, 2F, d)``,
     ``down (E, d, F)``, biases ``(E, 2F)`` and ``(E, d)``; returns ``(N, d)``.
@@ -78,14 +80,19 @@ def experts_reference(
         token, slot = torch.where(indices == e)  # (n_e,) each
         if token.numel() == 0:
             continue
-        h = F.linear(x[token], gate_up[e], None if gate_up_bias is None else gate_up_bias[e])
-        y = F.linear(act(h), down[e], None if down_bias is None else down_bias[e])  # (n_e, d)
+        h = F.linear(
+            x[token], gate_up[e], None if gate_up_bias is None else gate_up_bias[e]
+        )
+        y = F.linear(
+            act(h), down[e], None if down_bias is None else down_bias[e]
+        )  # (n_e, d)
         out = out.index_add(0, token, y * weights[token, slot, None].to(y.dtype))
     return out
 
 
 class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous (``_grouped_mm`` needs it)."""
+    """Identity whose backward makes the incoming gradient contiguous (``_grouped_mm``
+    needs it)."""
 
     @staticmethod
     def forward(ctx: object, x: Tensor) -> Tensor:
@@ -114,7 +121,8 @@ def _grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def grouped_mm_available(x: Tensor, weight: Tensor) -> bool:
-    """True if ``torch._grouped_mm`` runs on this device and dtype and the data are aligned."""
+    """True if ``torch._grouped_mm`` runs on this device and dtype and the data are
+    aligned."""
     size = x.element_size()
     aligned = (
         x.dtype == weight.dtype
@@ -128,11 +136,13 @@ def grouped_mm_available(x: Tensor, weight: Tensor) -> bool:
 def grouped_matmul(
     x: Tensor, weight: Tensor, counts: Tensor, kernel: str = "segments"
 ) -> Tensor:
-    """Rows of ``x (S, in)`` sorted by expert, segment e times ``weight[e].T``: ``(S, out)``.
+    """Rows of ``x (S, in)`` sorted by expert, segment e times ``weight[e].T``: ``(S,
+    out)``.
 
     ``weight (E, out, in)``, ``counts (E,)`` rows per expert, in order. ``kernel``:
-    ``"segments"`` one matmul per non-empty segment (runs everywhere), ``"grouped_mm"`` one
-    ``torch._grouped_mm`` call, which raises where it cannot run (nothing falls back).
+    ``"segments"`` one matmul per non-empty segment (runs everywhere), ``"grouped_mm"``
+    one ``torch._grouped_mm`` call, which raises where it cannot run (nothing falls
+    back).
     """
     check_choice("kernel", kernel, GROUPED_KERNELS)
     if kernel == "grouped_mm":
@@ -165,8 +175,8 @@ def experts_grouped(
 ) -> Tensor:
     """:func:`experts_reference`, fast: sort the S pairs by expert, two grouped matmuls.
 
-    The pairs' outputs are summed back per token with ``index_add`` (atomic, so not bitwise
-    reproducible, on GPUs).
+    The pairs' outputs are summed back per token with ``index_add`` (atomic, so not
+    bitwise reproducible, on GPUs).
     """
     n, k = indices.shape
     flat = indices.reshape(-1)  # (S,)

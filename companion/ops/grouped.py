@@ -17,18 +17,24 @@ __all__ = ["expand_kv", "grouped_attention"]
 
 
 def expand_kv(k: Tensor, n_heads: int) -> Tensor:
-    """Repeat each of the H_kv heads H / H_kv times: ``(B, H_kv, S, D) -> (B, H, S, D)``."""
+    """Repeat each of the H_kv heads H / H_kv times: ``(B, H_kv, S, D) -> (B, H, S,
+    D)``."""
     groups = n_heads // k.shape[1]
     return k if groups == 1 else k.repeat_interleave(groups, dim=1)
 
 
 def grouped_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """softmax(q kᵀ · scale) v for grouped heads, without repeating K/V.
 
-    The G = H / H_kv query heads that share a K/V head become G·T rows of one product:
-    q ``(B, H, T, D)`` is viewed as ``(B, H_kv, G·T, D)``, so each cached key and value is
+    The G = H / H_kv query heads that share a K/V head become G·T rows of one product: q
+    ``(B, H, T, D)`` is viewed as ``(B, H_kv, G·T, D)``, so each cached key and value is
     read once per K/V head, not once per query head. This is why GQA speeds up decoding,
     where reading the cache is the cost. ``mask`` must leave every query a visible key.
     """
@@ -42,4 +48,6 @@ def grouped_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     acc = torch.promote_types(scores.dtype, torch.float32)
     weights = torch.softmax(scores.to(acc), dim=-1).to(q.dtype)
-    return (weights.view(b, h_kv, -1, s) @ v).view(b, h, t, v.shape[-1])  # (B, H, T, Dv)
+    return (weights.view(b, h_kv, -1, s) @ v).view(
+        b, h, t, v.shape[-1]
+    )  # (B, H, T, Dv)

@@ -12,7 +12,9 @@ from torch import Tensor
 __all__ = ["causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"]
 
 
-def causal_mask(t: int, s: int | None = None, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    t: int, s: int | None = None, device: torch.device | str | None = None
+) -> Tensor:
     """Lower-triangular ``(T, S)`` mask aligned to the *end* of the keys.
 
     With ``S > T`` (queries that continue a cached prefix) query ``i`` sees keys
@@ -22,14 +24,17 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | str | None 
     if t < 1 or s < 1:
         raise ValueError(f"causal_mask needs t >= 1 and s >= 1, got t={t}, s={s}")
     if s < t:
-        raise ValueError(f"causal_mask needs s >= t (keys include the queries), got t={t}, s={s}")
+        raise ValueError(
+            f"causal_mask needs s >= t (keys include the queries), got t={t}, s={s}"
+        )
     q = torch.arange(t, device=device).unsqueeze(1) + (s - t)
     k = torch.arange(s, device=device).unsqueeze(0)
     return k <= q
 
 
 def padding_mask(attention_mask: Tensor) -> Tensor:
-    """Turn a ``(B, S)`` 1/0 (or bool) attention mask into a ``(B, 1, 1, S)`` key mask."""
+    """Turn a ``(B, S)`` 1/0 (or bool) attention mask into a ``(B, 1, 1, S)`` key
+    mask."""
     if attention_mask.ndim != 2:
         raise ValueError(
             f"attention_mask must have shape (B, S), got {tuple(attention_mask.shape)}"
@@ -51,8 +56,8 @@ def guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     """Make every query row attend somewhere, and say which rows had no key at all.
 
     A row with no visible key has no defined softmax. We let it attend everywhere (so
-    every backend computes finite numbers) and return ``has_key`` (``(..., T, 1)``) so the
-    caller can zero those rows afterwards: fully masked queries output zeros.
+    every backend computes finite numbers) and return ``has_key`` (``(..., T, 1)``) so
+    the caller can zero those rows afterwards: fully masked queries output zeros.
     """
     has_key = mask.any(dim=-1, keepdim=True)
     return mask | ~has_key, has_key

@@ -1,19 +1,20 @@
 """Rotary position embeddings and their context-extension schemes (chapter 05).
 
-Shape legend: T positions, D head width, R ≤ D rotated width (``partial_rotary_factor``),
-F = R / 2 frequencies. RoPE turns each pair of channels of q and k into a point in the
-plane and rotates it by ``position · ω_f``, so the q·k logit depends only on the offset
-between the two positions.
+Shape legend: T positions, D head width, R ≤ D rotated width
+(``partial_rotary_factor``), F = R / 2 frequencies. RoPE turns each pair of channels of
+q and k into a point in the plane and rotates it by ``position · ω_f``, so the q·k logit
+depends only on the offset between the two positions.
 
 Two pair layouts exist in released models: ``"half"`` pairs channel f with f + R/2 (HF
 Llama, Qwen, Gemma), ``"interleaved"`` pairs 2f with 2f + 1 (the RoFormer paper, GPT-J,
-Meta's original Llama code). :func:`apply_rope_reference` rotates with complex numbers and
-is the definition; :func:`apply_rope` is the fast real-valued form; tests check they agree.
+Meta's original Llama code). :func:`apply_rope_reference` rotates with complex numbers
+and is the definition; :func:`apply_rope` is the fast real-valued form; tests check they
+agree.
 
-:func:`rope_frequencies` returns ``(inv_freq (F,), attention_scale)`` for a base ``theta``
-and an optional :class:`RopeScaling` whose fields are the keys released configs use:
-``linear`` (``factor``), ``dynamic`` (``factor``; NTK base stretch once the sequence
-outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
+:func:`rope_frequencies` returns ``(inv_freq (F,), attention_scale)`` for a base
+``theta`` and an optional :class:`RopeScaling` whose fields are the keys released
+configs use: ``linear`` (``factor``), ``dynamic`` (``factor``; NTK base stretch once the
+sequence outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
 ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
 ``mscale_all_dim``, ``attention_factor``, ``truncate``) and ``llama3`` (``factor``,
 ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
@@ -48,8 +49,8 @@ class RopeScaling:
     """One context-extension setting of RoPE; frozen, so a config holding it hashes.
 
     ``rope_type`` is one of ``ROPE_TYPES``; the other fields are the keys of released
-    configs (None: the scheme's default). Checked when built: ``linear``, ``dynamic`` and
-    ``llama3`` need a positive ``factor``, ``llama3`` its three other numbers.
+    configs (None: the scheme's default). Checked when built: ``linear``, ``dynamic``
+    and ``llama3`` need a positive ``factor``, ``llama3`` its three other numbers.
     """
 
     rope_type: str
@@ -69,9 +70,15 @@ class RopeScaling:
         if kind not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {kind!r}")
         if kind in ("linear", "dynamic", "llama3") and not self.factor:
-            raise ValueError(f"rope_type {kind!r} needs a positive factor, got {self.factor!r}")
+            raise ValueError(
+                f"rope_type {kind!r} needs a positive factor, got {self.factor!r}"
+            )
         if kind == "llama3":
-            needed = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            needed = (
+                "low_freq_factor",
+                "high_freq_factor",
+                "original_max_position_embeddings",
+            )
             missing = [name for name in needed if getattr(self, name) is None]
             if missing:
                 raise ValueError(f"rope_type 'llama3' needs {missing}")
@@ -99,14 +106,16 @@ def _base_inv_freq(rotary_dim: int, theta: float) -> Tensor:
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's logit sharpening for a context stretched ``factor`` times: 0.1·m·ln(s) + 1."""
+    """YaRN's logit sharpening for a context stretched ``factor`` times: 0.1·m·ln(s) +
+    1."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _yarn(
     inv_freq: Tensor, rotary_dim: int, theta: float, p: RopeScaling, max_pos: int
 ) -> tuple[Tensor, float]:
-    """YaRN: keep fast-rotating pairs, interpolate slow ones, ramp in between; scale logits."""
+    """YaRN: keep fast-rotating pairs, interpolate slow ones, ramp in between; scale
+    logits."""
     orig = p.original_max_position_embeddings or max_pos
     factor = p.factor or max_pos / orig
     attn = p.attention_factor
@@ -117,8 +126,14 @@ def _yarn(
             attn = yarn_mscale(factor)
     beta_fast, beta_slow = p.beta_fast or 32, p.beta_slow or 1
 
-    def pair_index(n_rotations: float) -> float:  # the pair that turns n times over `orig`
-        return rotary_dim * math.log(orig / (n_rotations * 2 * math.pi)) / (2 * math.log(theta))
+    def pair_index(
+        n_rotations: float,
+    ) -> float:  # the pair that turns n times over `orig`
+        return (
+            rotary_dim
+            * math.log(orig / (n_rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low, high = pair_index(beta_fast), pair_index(beta_slow)
     if p.truncate:
@@ -126,13 +141,16 @@ def _yarn(
     low, high = max(low, 0), min(high, rotary_dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = (
+        (torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)
+    ).clamp(0, 1)
     keep = 1.0 - ramp  # 1: extrapolate (leave ω alone), 0: interpolate (ω / factor)
     return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attn)
 
 
 def _llama3(inv_freq: Tensor, p: RopeScaling) -> Tensor:
-    """Llama 3.1: divide long wavelengths by ``factor``, keep short ones, blend the middle."""
+    """Llama 3.1: divide long wavelengths by ``factor``, keep short ones, blend the
+    middle."""
     factor, orig = p.factor, p.original_max_position_embeddings
     low_f, high_f = p.low_freq_factor, p.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -151,7 +169,8 @@ def rope_frequencies(
     max_position_embeddings: int = 2048,
     seq_len: int | None = None,
 ) -> tuple[Tensor, float]:
-    """Inverse frequencies ``(F,)`` and the attention (cos/sin) scale for one RoPE setting.
+    """Inverse frequencies ``(F,)`` and the attention (cos/sin) scale for one RoPE
+    setting.
 
     ``seq_len`` matters only for ``dynamic``, whose base grows with the sequence.
     """
@@ -161,7 +180,9 @@ def rope_frequencies(
             f"rotary width head_dim * partial_rotary_factor must be even and >= 2, got {rotary_dim}"
         )
     if scaling is not None and not isinstance(scaling, RopeScaling):
-        raise TypeError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
+        raise TypeError(
+            f"scaling must be a RopeScaling or None, got {type(scaling).__name__}"
+        )
     p = RopeScaling("default") if scaling is None else scaling
     kind = p.rope_type
     if kind == "dynamic":
@@ -183,7 +204,8 @@ def rope_frequencies(
 def rope_cos_sin(
     positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0
 ) -> tuple[Tensor, Tensor]:
-    """cos and sin of ``position · ω``: each ``(..., T, F)``, times ``attention_scale``."""
+    """cos and sin of ``position · ω``: each ``(..., T, F)``, times
+    ``attention_scale``."""
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(
         positions.device
     )  # (..., T, F)
@@ -195,12 +217,17 @@ def _check(x: Tensor, cos: Tensor, layout: str) -> int:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     rotary_dim = 2 * cos.shape[-1]
     if rotary_dim > x.shape[-1]:
-        raise ValueError(f"cos/sin cover {rotary_dim} channels but x has only {x.shape[-1]}")
+        raise ValueError(
+            f"cos/sin cover {rotary_dim} channels but x has only {x.shape[-1]}"
+        )
     return rotary_dim
 
 
-def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
-    """Rotate the pairs of ``x (..., T, D)`` as complex numbers; channels past R pass through."""
+def apply_rope_reference(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half"
+) -> Tensor:
+    """Rotate the pairs of ``x (..., T, D)`` as complex numbers; channels past R pass
+    through."""
     rotary_dim = _check(x, cos, layout)
     rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     if layout == "half":
@@ -221,7 +248,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Ten
     rotary_dim = _check(x, cos, layout)
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
     if layout == "half":
-        c, s = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)  # (..., T, R)
+        c, s = (
+            torch.cat([cos, cos], dim=-1),
+            torch.cat([sin, sin], dim=-1),
+        )  # (..., T, R)
         x1, x2 = rot.chunk(2, dim=-1)
         turned = torch.cat([-x2, x1], dim=-1)
     else:

@@ -1,9 +1,9 @@
 """Attention sinks (gpt-oss, chapter 12): one learned logit per head in the softmax.
 
-``sinks (H,)`` adds exp(sink_h) to head h's softmax denominator, so a head may put weight
-on "nothing" and output less than a convex mix of the values. The reference appends the
-sink as an extra score column and drops it after the softmax; the SDPA form gives the same
-result with one more key that every query sees and whose value is zero
+``sinks (H,)`` adds exp(sink_h) to head h's softmax denominator, so a head may put
+weight on "nothing" and output less than a convex mix of the values. The reference
+appends the sink as an extra score column and drops it after the softmax; the SDPA form
+gives the same result with one more key that every query sees and whose value is zero
 (:func:`sink_as_key`). Shapes as in :mod:`companion.ops.attention`; K/V heads may be
 grouped.
 """
@@ -21,7 +21,10 @@ from companion.ops.grouped import expand_kv
 
 __all__ = [
     "check_sinks",
-    "sink_as_key", "sink_attention_weights", "sink_naive_attention", "sink_sdpa_attention",
+    "sink_as_key",
+    "sink_attention_weights",
+    "sink_naive_attention",
+    "sink_sdpa_attention",
 ]
 
 
@@ -43,7 +46,8 @@ def sink_attention_weights(
     causal: bool = False,
     scale: float | None = None,
 ) -> Tensor:
-    """The ``(B, H, T, S)`` weights with each head's sink in the denominator (rows sum < 1)."""
+    """The ``(B, H, T, S)`` weights with each head's sink in the denominator (rows sum <
+    1)."""
     check_sinks(q, sinks)
     scores, has_key = masked_scores(
         q, expand_kv(k, q.shape[1]), mask=mask, causal=causal, scale=scale
@@ -67,7 +71,8 @@ def sink_naive_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """The reference with sinks: ``sink_attention_weights(...) @ v``, ``(B, H, T, Dv)``."""
+    """The reference with sinks: ``sink_attention_weights(...) @ v``, ``(B, H, T,
+    Dv)``."""
     check_qkv(q, k, v, mask, grouped=True)
     weights = sink_attention_weights(q, k, sinks, mask=mask, causal=causal, scale=scale)
     if dropout_p > 0.0:
@@ -76,15 +81,21 @@ def sink_naive_attention(
 
 
 def sink_as_key(
-    q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, mask: Tensor | None, scale: float | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Tensor,
+    mask: Tensor | None,
+    scale: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
     """Rewrite attention with sinks as plain attention over one extra key.
 
-    Every key gains a channel holding 0 and the new last key is ``[0, ..., 0, 1]`` with a
-    zero value; each query gains a channel holding ``sink_h / scale``. The new key's score is
-    then exactly ``sink_h`` for head h, and its zero value adds nothing to the output: only
-    its share of the denominator remains. Returns ``(q', k', v', mask', scale)``, the mask
-    with the new key visible to every query (the scale is made explicit, since D grew by 1).
+    Every key gains a channel holding 0 and the new last key is ``[0, ..., 0, 1]`` with
+    a zero value; each query gains a channel holding ``sink_h / scale``. The new key's
+    score is then exactly ``sink_h`` for head h, and its zero value adds nothing to the
+    output: only its share of the denominator remains. Returns ``(q', k', v', mask',
+    scale)``, the mask with the new key visible to every query (the scale is made
+    explicit, since D grew by 1).
     """
     b, h, t, d = q.shape
     h_kv, s = k.shape[1], k.shape[2]
@@ -116,5 +127,7 @@ def sink_sdpa_attention(
     """Sinks through SDPA: :func:`sink_as_key`, then plain attention."""
     check_qkv(q, k, v, mask, grouped=True)
     check_sinks(q, sinks)
-    q2, k2, v2, visible, scale = sink_as_key(q, k, v, sinks, full_mask(q, k, mask, causal), scale)
+    q2, k2, v2, visible, scale = sink_as_key(
+        q, k, v, sinks, full_mask(q, k, mask, causal), scale
+    )
     return sdpa_attention(q2, k2, v2, mask=visible, scale=scale, dropout_p=dropout_p)

@@ -1,1 +1,2 @@
-"""Data: the Shakespeare text and its tokenizers, the translation toy, synthetic tasks."""
+"""Data: the Shakespeare text and its tokenizers, the translation toy, synthetic
+tasks."""

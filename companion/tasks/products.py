@@ -1,5 +1,5 @@
-"""Products of inputs: a task a gated FFN represents exactly and an MLP only approximates
-(chapter 07).
+"""Products of inputs: a task a gated FFN represents exactly and an MLP only
+approximates (chapter 07).
 
 Shape legend: B batch, d width (the task's inputs and outputs have the same width, as an
 FFN's do), G points per side of a plotting grid.
@@ -7,10 +7,10 @@ FFN's do), G points per side of a plotting grid.
 The task: ``x ~ N(0, I_d)`` and ``y_k = x_k · x_{k - shift}`` (indices mod d), so every
 output is the product of two inputs. A GLU ``down(act(gate(x)) * up(x))`` has a product
 built in. For ReLU, GELU and SiLU, ``act(z) = z · F(z)`` with ``F(z) + F(-z) = 1``, so
-``act(z) - act(-z) = z`` and two hidden units give one product exactly:
-``act(x_k) x_j - act(-x_k) x_j = x_k x_j``. :func:`exact_product_glu` builds those weights.
-A two-matrix MLP ``down(act(up(x)))`` adds up ridge functions ``act(w · x)``; it can only
-approximate a product (a ReLU MLP is piecewise linear).
+``act(z) - act(-z) = z`` and two hidden units give one product exactly: ``act(x_k) x_j -
+act(-x_k) x_j = x_k x_j``. :func:`exact_product_glu` builds those weights. A two-matrix
+MLP ``down(act(up(x)))`` adds up ridge functions ``act(w · x)``; it can only approximate
+a product (a ReLU MLP is piecewise linear).
 """
 
 from __future__ import annotations
@@ -38,25 +38,33 @@ __all__ = [
 def product_task(
     batch_size: int, d: int, shift: int = 1, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Gaussian inputs ``x (B, d)`` and targets ``y (B, d)`` with ``y_k = x_k · x_{k-shift}``.
+    """Gaussian inputs ``x (B, d)`` and targets ``y (B, d)`` with ``y_k = x_k ·
+    x_{k-shift}``.
 
-    Each target has mean 0 and variance 1, so predicting zero scores a mean squared error
-    of 1.
+    Each target has mean 0 and variance 1, so predicting zero scores a mean squared
+    error of 1.
     """
     if d < 2 or batch_size < 1:
-        raise ValueError(f"need d >= 2 and batch_size >= 1, got d={d}, batch_size={batch_size}")
+        raise ValueError(
+            f"need d >= 2 and batch_size >= 1, got d={d}, batch_size={batch_size}"
+        )
     if shift % d == 0:
-        raise ValueError(f"shift must not be a multiple of d={d} (that gives squares), got {shift}")
+        raise ValueError(
+            f"shift must not be a multiple of d={d} (that gives squares), got {shift}"
+        )
     x = torch.randn(batch_size, d, generator=generator)  # (B, d)
     return x, x * torch.roll(x, shift, dims=-1)  # roll: column k holds x_{k - shift}
 
 
-def exact_product_glu(d: int, shift: int = 1, activation: str = "silu") -> GatedFeedForward:
-    """A GLU with ``2d`` hidden units whose weights compute :func:`product_task` exactly.
+def exact_product_glu(
+    d: int, shift: int = 1, activation: str = "silu"
+) -> GatedFeedForward:
+    """A GLU with ``2d`` hidden units whose weights compute :func:`product_task`
+    exactly.
 
-    Unit ``2k`` computes ``act(x_k) · x_{k-shift}``, unit ``2k+1`` ``act(-x_k) · x_{k-shift}``,
-    and output ``k`` is their difference. Parameters: ``3 · d · 2d = 6d²``, fewer than the
-    ``8d²`` of an MLP with ``4d`` hidden units.
+    Unit ``2k`` computes ``act(x_k) · x_{k-shift}``, unit ``2k+1`` ``act(-x_k) ·
+    x_{k-shift}``, and output ``k`` is their difference. Parameters: ``3 · d · 2d =
+    6d²``, fewer than the ``8d²`` of an MLP with ``4d`` hidden units.
     """
     glu = GatedFeedForward(d, 2 * d, activation, bias=False)
     k = torch.arange(d)
@@ -95,11 +103,13 @@ def train_regression(
     generator: torch.Generator | None = None,
     on_step: Callable[[int, nn.Module], None] | None = None,
 ) -> RegressionHistory:
-    """Fit ``model`` to fresh :func:`product_task` batches with Adam and a cosine schedule.
+    """Fit ``model`` to fresh :func:`product_task` batches with Adam and a cosine
+    schedule.
 
-    The learning rate warms up over the first 5% of the steps, then decays to ``lr / 100``.
-    ``on_step(step, model)`` runs before each update (step 0 sees the initial model) and
-    once more after the last with ``step == steps``: use it to take snapshots.
+    The learning rate warms up over the first 5% of the steps, then decays to ``lr /
+    100``. ``on_step(step, model)`` runs before each update (step 0 sees the initial
+    model) and once more after the last with ``step == steps``: use it to take
+    snapshots.
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     hist = RegressionHistory()
@@ -109,7 +119,9 @@ def train_regression(
         if on_step is not None:
             on_step(step, model)
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, lr, warmup=warmup, total=steps, min_lr=lr / 100)
+            group["lr"] = cosine_lr(
+                step, lr, warmup=warmup, total=steps, min_lr=lr / 100
+            )
         x, y = product_task(batch_size, d, shift, generator)
         loss = F.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -123,8 +135,11 @@ def train_regression(
 
 
 @torch.no_grad()
-def product_surface(model: nn.Module, d: int, grid: Tensor, k: int = 1, shift: int = 1) -> Tensor:
-    """Output ``k`` of ``model`` over a grid of ``(x_k, x_{k-shift})``, other inputs zero.
+def product_surface(
+    model: nn.Module, d: int, grid: Tensor, k: int = 1, shift: int = 1
+) -> Tensor:
+    """Output ``k`` of ``model`` over a grid of ``(x_k, x_{k-shift})``, other inputs
+    zero.
 
     ``grid (G,)`` gives the values on both axes; returns ``(G, G)`` with rows indexed by
     ``x_{k-shift}`` and columns by ``x_k`` (the target is the product of the two).

@@ -1,15 +1,16 @@
-"""Associative recall without training: write key→value pairs into a memory, read them back
-(chapter 11).
+"""Associative recall without training: write key→value pairs into a memory, read them
+back (chapter 11).
 
 Shape legend: N pairs, D_k key width, D_v value width. Keys and values are random unit
-vectors. A *rule* says how the pairs are stored and read with the key itself as the query:
+vectors. A *rule* says how the pairs are stored and read with the key itself as the
+query:
 
-* ``"linear"``: linear attention's state ``S = Σ k_i v_iᵀ`` (a fixed ``D_k×D_v`` matrix),
-  read as ``Sᵀ k``;
+* ``"linear"``: linear attention's state ``S = Σ k_i v_iᵀ`` (a fixed ``D_k×D_v``
+  matrix), read as ``Sᵀ k``;
 * ``"delta"``: the delta rule with ``β = 1``, pairs written in order, read as ``Sᵀ k``;
 * ``"softmax"``: softmax attention over all N cached pairs, ``softmax(τ K k) V`` with
-  ``τ = √D_k`` by default (what unit keys scaled to norm ``D_k^{1/4}`` give under the usual
-  ``1/√D_k``; a sharper τ makes the read sharper).
+  ``τ = √D_k`` by default (what unit keys scaled to norm ``D_k^{1/4}`` give under the
+  usual ``1/√D_k``; a sharper τ makes the read sharper).
 
 States are written with :mod:`companion.ops.linear_attention`'s chunked forms, in fp64.
 """
@@ -32,7 +33,11 @@ def recall_pairs(
     n_pairs: int, key_dim: int, value_dim: int, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
     """``N`` random unit keys ``(N, D_k)`` and unit values ``(N, D_v)``, fp64."""
-    for name, x in (("n_pairs", n_pairs), ("key_dim", key_dim), ("value_dim", value_dim)):
+    for name, x in (
+        ("n_pairs", n_pairs),
+        ("key_dim", key_dim),
+        ("value_dim", value_dim),
+    ):
         if not isinstance(x, int) or x < 1:
             raise ValueError(f"{name} must be a positive int, got {x!r}")
     keys = torch.randn(n_pairs, key_dim, generator=generator, dtype=torch.float64)
@@ -43,7 +48,8 @@ def recall_pairs(
 def recall_read(
     keys: Tensor, values: Tensor, rule: str, softmax_scale: float | None = None
 ) -> Tensor:
-    """Store all pairs with ``rule``, then query every key: the values read back ``(N, D_v)``."""
+    """Store all pairs with ``rule``, then query every key: the values read back ``(N,
+    D_v)``."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     if keys.ndim != 2 or values.ndim != 2 or keys.shape[0] != values.shape[0]:
@@ -54,7 +60,10 @@ def recall_read(
     if rule == "softmax":
         tau = keys.shape[1] ** 0.5 if softmax_scale is None else softmax_scale
         return torch.softmax(tau * keys @ keys.T, dim=-1) @ values  # (N, D_v)
-    k, v = keys[None, :, None], values[None, :, None]  # (1, N, 1, D): one sequence, one head
+    k, v = (
+        keys[None, :, None],
+        values[None, :, None],
+    )  # (1, N, 1, D): one sequence, one head
     if rule == "linear":
         _, state = chunk_linear_attention(k, k, v, None, True)
     else:
@@ -64,7 +73,8 @@ def recall_read(
 
 
 def recall_scores(keys: Tensor, values: Tensor, read: Tensor) -> tuple[Tensor, Tensor]:
-    """Per pair: ``correct (N,)`` bool, the nearest stored value is the right one, and the
-    read error ``‖read − v‖ (N,)`` (the values have unit norm, so 1 is as large as the value)."""
+    """Per pair: ``correct (N,)`` bool, the nearest stored value is the right one, and
+    the read error ``‖read − v‖ (N,)`` (the values have unit norm, so 1 is as large as
+    the value)."""
     correct = (read @ values.T).argmax(dim=-1) == torch.arange(len(values))
     return correct, (read - values).norm(dim=-1)

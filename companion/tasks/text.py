@@ -1,8 +1,9 @@
-"""Text data shipped with the package: Shakespeare, a character tokenizer, a byte-level BPE.
+"""Text data shipped with the package: Shakespeare, a character tokenizer, a byte-level
+BPE.
 
 Used from chapter 02 on. ``data/shakespeare.txt`` holds eight public-domain plays (about
-1 MB; see ``data/README.md``). ``data/bpe.json`` is a byte-level BPE trained on it offline;
-retrain it with ``python -m companion.tasks.text train-bpe``.
+1 MB; see ``data/README.md``). ``data/bpe.json`` is a byte-level BPE trained on it
+offline; retrain it with ``python -m companion.tasks.text train-bpe``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         unknown = sorted(set(text) - set(self.stoi))
         if unknown:
-            raise ValueError(f"characters {unknown} are not in the tokenizer's vocabulary")
+            raise ValueError(
+                f"characters {unknown} are not in the tokenizer's vocabulary"
+            )
         return [self.stoi[c] for c in text]
 
     def decode(self, ids: list[int] | Tensor) -> str:
@@ -57,7 +60,8 @@ class CharTokenizer:
 
 
 class BPETokenizer:
-    """A thin wrapper around a HF ``tokenizers`` byte-level BPE with ``encode``/``decode``."""
+    """A thin wrapper around a HF ``tokenizers`` byte-level BPE with
+    ``encode``/``decode``."""
 
     def __init__(self, tokenizer: object) -> None:
         self._tok = tokenizer
@@ -99,11 +103,14 @@ def load_bpe() -> BPETokenizer:
     """The shipped BPE (vocabulary 2048) trained on :func:`load_shakespeare`."""
     from tokenizers import Tokenizer
 
-    return BPETokenizer(Tokenizer.from_str((_DATA / "bpe.json").read_text(encoding="utf-8")))
+    return BPETokenizer(
+        Tokenizer.from_str((_DATA / "bpe.json").read_text(encoding="utf-8"))
+    )
 
 
 def split_tokens(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
-    """Split a 1-D token tensor into train and validation parts (the tail is validation)."""
+    """Split a 1-D token tensor into train and validation parts (the tail is
+    validation)."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n = int(len(ids) * (1.0 - val_fraction))
@@ -117,7 +124,8 @@ def sample_windows(
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor]:
-    """Random windows ``x (B, T)`` and their next tokens ``y (B, T)`` from a 1-D token tensor."""
+    """Random windows ``x (B, T)`` and their next tokens ``y (B, T)`` from a 1-D token
+    tensor."""
     if len(ids) <= seq_len:
         raise ValueError(f"need more than seq_len={seq_len} tokens, got {len(ids)}")
     start = torch.randint(0, len(ids) - seq_len, (batch_size,), generator=generator)

@@ -1,12 +1,12 @@
 """A small translation task with real structure: digits to English words (chapter 03).
 
-Shape legend: B batch, S source tokens, T target tokens.
-``"40302"`` → ``"forty thousand three hundred and two"``. The source is a digit string, the
-target a sequence of number words (British "and"); both use one shared vocabulary, as the
-2017 model shares one BPE vocabulary between English and German. The output is longer than
-the input and what a digit becomes depends on where it stands ("4" is "forty" in the tens
-place, "four" in the units, part of "fourteen" before a "4" in the teens), so a model has to
-read the whole number, count places and align.
+Shape legend: B batch, S source tokens, T target tokens. ``"40302"`` → ``"forty thousand
+three hundred and two"``. The source is a digit string, the target a sequence of number
+words (British "and"); both use one shared vocabulary, as the 2017 model shares one BPE
+vocabulary between English and German. The output is longer than the input and what a
+digit becomes depends on where it stands ("4" is "forty" in the tens place, "four" in
+the units, part of "fourteen" before a "4" in the teens), so a model has to read the
+whole number, count places and align.
 
 A fixed, seeded set of numbers is held out: training batches never contain them, and the
 test set is drawn only from them, so exact match on the test set measures generalisation
@@ -42,7 +42,9 @@ _ONES = (
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 
-Aligned = list[tuple[str, tuple[int, ...]]]  # (word, indices of the digits it translates)
+Aligned = list[
+    tuple[str, tuple[int, ...]]
+]  # (word, indices of the digits it translates)
 
 
 def _below_100(n: int, tens_at: int) -> Aligned:
@@ -51,7 +53,9 @@ def _below_100(n: int, tens_at: int) -> Aligned:
         return [(_ONES[n], (units_at,))]
     if n < 20:
         return [(_ONES[n], (tens_at, units_at))]  # a teen reads two digits
-    return [(_TENS[n // 10 - 2], (tens_at,))] + ([(_ONES[n % 10], (units_at,))] if n % 10 else [])
+    return [(_TENS[n // 10 - 2], (tens_at,))] + (
+        [(_ONES[n % 10], (units_at,))] if n % 10 else []
+    )
 
 
 def _below_1000(n: int, hundreds_at: int) -> Aligned:
@@ -90,7 +94,8 @@ def number_to_words(n: int) -> list[str]:
 
 
 class NumberVocab:
-    """One vocabulary for both sides: PAD, BOS, EOS, the ten digits, then the 31 words."""
+    """One vocabulary for both sides: PAD, BOS, EOS, the ten digits, then the 31
+    words."""
 
     def __init__(self) -> None:
         self.tokens = ["<pad>", "<bos>", "<eos>", *"0123456789", *_ONES, *_TENS]
@@ -110,7 +115,8 @@ class NumberVocab:
         return [self.stoi[w] for w in number_to_words(n)] + [EOS]
 
     def decode(self, ids: list[int] | Tensor) -> str:
-        """Tokens up to the first EOS, without PAD/BOS, joined by spaces (digits glued)."""
+        """Tokens up to the first EOS, without PAD/BOS, joined by spaces (digits
+        glued)."""
         out: list[str] = []
         for i in [int(i) for i in ids]:
             if i == EOS:
@@ -118,7 +124,9 @@ class NumberVocab:
             if i in (PAD, BOS):
                 continue
             if not 0 <= i < self.vocab_size:
-                raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"id {i} is outside the vocabulary [0, {self.vocab_size})"
+                )
             out.append(self.tokens[i])
         glue = "" if out and all(t.isdigit() for t in out) else " "
         return glue.join(out)
@@ -129,9 +137,9 @@ class TranslationBatch:
     """One padded batch, ready for teacher forcing.
 
     ``src (B, S)`` digits padded with PAD; ``src_mask (B, S)`` True on real tokens;
-    ``tgt_in (B, T)`` BOS + words (the decoder's input); ``tgt_out (B, T)`` words + EOS, with
-    IGNORE (-100) on padding (the loss's targets); ``tgt_mask (B, T)`` True on real tokens;
-    ``numbers (B,)`` the integers themselves.
+    ``tgt_in (B, T)`` BOS + words (the decoder's input); ``tgt_out (B, T)`` words + EOS,
+    with IGNORE (-100) on padding (the loss's targets); ``tgt_mask (B, T)`` True on real
+    tokens; ``numbers (B,)`` the integers themselves.
     """
 
     src: Tensor
@@ -142,29 +150,40 @@ class TranslationBatch:
     numbers: Tensor
 
     def to(self, device: torch.device | str) -> TranslationBatch:
-        return TranslationBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        return TranslationBatch(
+            *(getattr(self, f).to(device) for f in self.__dataclass_fields__)
+        )
 
 
 class NumberTranslation:
-    """Digits → words for numbers below ``10 ** max_digits``, with held-out test numbers.
+    """Digits → words for numbers below ``10 ** max_digits``, with held-out test
+    numbers.
 
     Numbers are drawn by first picking a length (1 to ``max_digits`` digits, uniformly)
     then a number of that length, so short numbers are not drowned out by long ones. A
     seeded fraction ``test_fraction`` of all numbers is held out of training.
     """
 
-    def __init__(self, max_digits: int = 6, test_fraction: float = 0.1, seed: int = 0) -> None:
+    def __init__(
+        self, max_digits: int = 6, test_fraction: float = 0.1, seed: int = 0
+    ) -> None:
         if isinstance(max_digits, bool) or not isinstance(max_digits, int):
-            raise ValueError(f"max_digits must be an integer in [1, 6], got {max_digits!r}")
+            raise ValueError(
+                f"max_digits must be an integer in [1, 6], got {max_digits!r}"
+            )
         if not 1 <= max_digits <= 6:
-            raise ValueError(f"max_digits must be an integer in [1, 6], got {max_digits!r}")
+            raise ValueError(
+                f"max_digits must be an integer in [1, 6], got {max_digits!r}"
+            )
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
         self.vocab = NumberVocab()
         self.max_digits = max_digits
         self.max_number = 10**max_digits - 1
         g = torch.Generator().manual_seed(seed)
-        self.held_out = torch.rand(self.max_number + 1, generator=g) < test_fraction  # (N,)
+        self.held_out = (
+            torch.rand(self.max_number + 1, generator=g) < test_fraction
+        )  # (N,)
 
     @property
     def max_source_len(self) -> int:
@@ -185,7 +204,9 @@ class NumberTranslation:
         u = torch.rand(count, generator=generator, dtype=torch.float64)
         return (low + (u * (high - low)).long()).clamp(max=self.max_number)  # (count,)
 
-    def sample_numbers(self, count: int, generator: torch.Generator | None = None) -> Tensor:
+    def sample_numbers(
+        self, count: int, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``count`` training numbers (never a held-out one)."""
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
@@ -197,7 +218,8 @@ class NumberTranslation:
         return out
 
     def test_numbers(self, per_length: int, seed: int = 1) -> Tensor:
-        """Sorted held-out numbers: ``per_length`` of each length (all, where fewer exist).
+        """Sorted held-out numbers: ``per_length`` of each length (all, where fewer
+        exist).
 
         With 6 digits and ``per_length=100``: 1 + 9 + 90 + 100 + 100 + 100 = 400 numbers
         (about a tenth of the 1- to 3-digit numbers are held out).
@@ -224,7 +246,9 @@ class NumberTranslation:
         s, t = max(map(len, srcs)), max(map(len, tgts))
         # pad as Python lists and build each tensor once (much faster than row by row)
         src = torch.tensor([a + [PAD] * (s - len(a)) for a in srcs])  # (B, S)
-        tgt_in = torch.tensor([[BOS, *b[:-1]] + [PAD] * (t - len(b)) for b in tgts])  # (B, T)
+        tgt_in = torch.tensor(
+            [[BOS, *b[:-1]] + [PAD] * (t - len(b)) for b in tgts]
+        )  # (B, T)
         tgt_out = torch.tensor([b + [IGNORE] * (t - len(b)) for b in tgts])  # (B, T)
         return TranslationBatch(
             src, src != PAD, tgt_in, tgt_out, tgt_out != IGNORE, torch.tensor(nums)

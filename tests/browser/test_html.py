@@ -101,8 +101,15 @@ def _markdown_sources(doc: str) -> tuple[list[str], list[dict]]:
     nb_path = ROOT / f"{doc}.ipynb"
     if nb_path.is_file():
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
-        texts = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
-        outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+        texts = [
+            "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"
+        ]
+        outputs = [
+            o
+            for c in nb["cells"]
+            if c["cell_type"] == "code"
+            for o in c.get("outputs", [])
+        ]
         return texts, outputs
     return [(ROOT / f"{doc}.md").read_text(encoding="utf-8")], []
 
@@ -117,15 +124,70 @@ def _has_math(doc: str) -> bool:
     return False
 
 
+# A glued output is shown where a {glue:figure}/{glue:any} directive pastes it; a paste
+# from another page names that page's notebook with :doc:.
+_PASTE = re.compile(
+    r"```\{glue(?::figure|:any)?\}[ \t]+(\S+)[ \t]*\n(?::doc:[ \t]*(\S+))?"
+)
+_HIDDEN = {"remove-cell", "remove-output"}
+
+
+def _has(out: dict, needle: str) -> bool:
+    data = out.get("data", {})
+    blobs = ["".join(v) if isinstance(v, list) else str(v) for v in data.values()]
+    return any(needle in b for b in blobs) or needle in data
+
+
+def _glued(nb_path: Path) -> dict[str, dict]:
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    return {
+        out["metadata"]["scrapbook"]["name"]: out
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for out in c.get("outputs", [])
+        if "scrapbook" in out.get("metadata", {})
+    }
+
+
+def _shown_outputs(doc: str) -> list[dict]:
+    """The stored outputs the page shows: those of cells the book does not hide, and the
+    glued outputs its paste directives name (from this notebook or, with :doc:, another)."""
+    texts, _ = _markdown_sources(doc)
+    nb_path = ROOT / f"{doc}.ipynb"
+    shown: list[dict] = []
+    if nb_path.is_file():
+        nb = json.loads(nb_path.read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            tags = set(cell["metadata"].get("tags", []))
+            if cell["cell_type"] == "code" and not _HIDDEN & tags:
+                shown += cell.get("outputs", [])
+    for text in texts:
+        for key, other in _PASTE.findall(text):
+            source = (ROOT / doc).parent / other if other else nb_path
+            shown.append(_glued(source.resolve())[key])
+    return shown
+
+
 def _count_outputs(doc: str, needle: str) -> int:
-    """How many stored outputs contain ``needle`` in one of their representations."""
-    _, outputs = _markdown_sources(doc)
-    count = 0
-    for out in outputs:
-        data = out.get("data", {})
-        blobs = ["".join(v) if isinstance(v, list) else str(v) for v in data.values()]
-        count += any(needle in b for b in blobs) or needle in data
-    return count
+    """How many outputs the page shows contain ``needle`` in one of their forms."""
+    return sum(_has(out, needle) for out in _shown_outputs(doc))
+
+
+# The book's labelled figures: label -> (page, least number of frames; 0: a still).
+FIGURES: dict[str, tuple[str, int]] = {
+    "fig-morph": ("chapters/14_the_morph", 14),
+    "fig-residual-stream": ("chapters/06_normalization", 13),
+    "fig-rope": ("chapters/05_position", 12),
+    "fig-norm-placement": ("chapters/06_normalization", 11),
+    "fig-gated-ffn": ("chapters/07_gated_ffn", 9),
+    "fig-kv-cache": ("chapters/08_kv_cache", 11),
+    "fig-masks": ("chapters/09_sliding_windows", 12),
+    "fig-moe": ("chapters/10_mixture_of_experts", 12),
+    "fig-beyond-softmax": ("chapters/11_linear_attention", 10),
+    "fig-calculator": ("chapters/13_build_a_model", 0),
+}
+# Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
+MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
 
 
 # --- fixtures --------------------------------------------------------------------------
@@ -198,9 +260,11 @@ _ANIMATIONS_JS = """() => {
   return Array.from(document.querySelectorAll("div.animation")).map(a => {
     const img = a.querySelector("img");
     const buttons = Array.from(a.querySelectorAll("button"));
+    const slider = a.querySelector("input[type=range]");
     return {
       loaded: !!img && img.complete && img.naturalWidth > 0,
-      slider: !!a.querySelector("input[type=range]"),
+      slider: !!slider,
+      frames: slider ? Number(slider.max) + 1 : 0,
       buttons: buttons.length,
       drawn_icons: buttons.filter(drawn).length,
     };
@@ -216,6 +280,24 @@ _STEP_JS = """async () => {
   await new Promise(r => setTimeout(r, 100));
   return before !== img.src;
 }"""
+
+# A labelled figure: its frame count if it holds an animation, 0 if it is not
+# animated, null if no element has that id.
+_FIGURE_JS = """(label) => {
+  const el = document.getElementById(label);
+  if (!el) return null;
+  const slider = el.querySelector("div.animation input[type=range]");
+  return slider ? Number(slider.max) + 1 : 0;
+}"""
+
+# Code blocks (cells, outputs, literal blocks) whose text is wider than their box.
+_OVERFLOW_JS = """() => Array.from(document.querySelectorAll(".bd-article pre"))
+  .filter(p => p.scrollWidth > p.clientWidth + 1)
+  .map(p => {
+    const lines = p.textContent.split("\\n");
+    const widest = lines.reduce((a, l) => (l.length > a.length ? l : a), "");
+    return `${widest.length} chars, ${p.clientWidth}px: ${widest.trim().slice(0, 50)}`;
+  })"""
 
 _MATHJAX_READY_JS = """async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
@@ -265,7 +347,9 @@ def test_page(browser, base_url: str, doc: str) -> None:
     page.route("**/*", route)
     try:
         response = page.goto(f"{base_url}/{doc}.html", wait_until="load")
-        assert response is not None and response.status == 200, f"{doc}.html: HTTP error"
+        assert response is not None and response.status == 200, (
+            f"{doc}.html: HTTP error"
+        )
         page.wait_for_load_state("networkidle")
         mathjax = page.evaluate(_MATHJAX_READY_JS)
 
@@ -277,7 +361,9 @@ def test_page(browser, base_url: str, doc: str) -> None:
             assert n_mjx > 0, f"{doc}: the source has math but nothing was typeset"
             assert n_mjx >= n_math, f"{doc}: {n_math} math nodes but {n_mjx} typeset"
         visible = page.evaluate(_VISIBLE_TEXT_JS)
-        raw = [tex for tex in (r"\frac", r"\sqrt", "$$", r"\(", r"\[") if tex in visible]
+        raw = [
+            tex for tex in (r"\frac", r"\sqrt", "$$", r"\(", r"\[") if tex in visible
+        ]
         assert not raw, f"{doc}: raw TeX visible in the page text: {raw}"
 
         # Images, including the frames of animations.
@@ -291,18 +377,36 @@ def test_page(browser, base_url: str, doc: str) -> None:
             f"{doc}: {expected} jshtml animations in the notebook, {len(animations)} on the page"
         )
         for i, anim in enumerate(animations):
-            assert anim["loaded"] and anim["slider"], f"{doc}: animation {i} did not start: {anim}"
-            assert anim["drawn_icons"] == anim["buttons"], f"{doc}: animation {i} icons: {anim}"
+            assert anim["loaded"] and anim["slider"], (
+                f"{doc}: animation {i} did not start: {anim}"
+            )
+            assert anim["drawn_icons"] == anim["buttons"], (
+                f"{doc}: animation {i} icons: {anim}"
+            )
         if animations:
-            assert page.evaluate(_STEP_JS), f"{doc}: 'Next frame' did not change the frame"
+            assert page.evaluate(_STEP_JS), (
+                f"{doc}: 'Next frame' did not change the frame"
+            )
 
-        # ipywidgets: the saved widget state is rendered by the local html-manager.
+        # No inert widget: an ipywidgets control needs a kernel, so the book hides every
+        # widget cell (remove-cell) and shows an animation or the static calculator.
         n_widgets = _count_outputs(doc, "application/vnd.jupyter.widget-view+json")
-        if n_widgets:
-            try:
-                page.wait_for_selector(".jupyter-widgets", state="attached", timeout=10_000)
-            except Exception:  # playwright's TimeoutError; say what it means
-                pytest.fail(f"{doc}: {n_widgets} widget outputs stored, none rendered in 10 s")
+        assert n_widgets == 0, f"{doc}: {n_widgets} ipywidgets outputs in the book"
+        assert page.locator(".jupyter-widgets").count() == 0, f"{doc}: a widget shows"
+
+        # Labelled figures: each under its name, with at least its frames.
+        for label, (where, frames) in FIGURES.items():
+            if where == doc:
+                found = page.evaluate(_FIGURE_JS, label)
+                assert found is not None, f"{doc}: no figure with id {label!r}"
+                assert found >= frames, f"{doc}: {label}: {found} frames, not {frames}"
+        for need in MIN_FRAMES.get(doc, ()):
+            counts = [a["frames"] for a in animations]
+            assert any(n >= need for n in counts), f"{doc}: no {need}-frame animation"
+
+        # Code fits its column: no code block or printed output scrolls sideways.
+        wide = page.evaluate(_OVERFLOW_JS)
+        assert not wide, f"{doc}: {len(wide)} code blocks overflow: {wide[:5]}"
 
         # Nothing fetched from elsewhere, no JavaScript errors beyond the allowlist.
         unexpected_ext = [
@@ -312,8 +416,170 @@ def test_page(browser, base_url: str, doc: str) -> None:
         unexpected = [
             f"{message} [{where[:200]}]"
             for message, where in errors
-            if not any(re.search(m, message) and re.search(w, where) for m, w, _ in ALLOWED_ERRORS)
+            if not any(
+                re.search(m, message) and re.search(w, where)
+                for m, w, _ in ALLOWED_ERRORS
+            )
         ]
         assert not unexpected, f"{doc}: JavaScript errors: {unexpected}"
+    finally:
+        context.close()
+
+
+# --- the calculator of chapter 13 -------------------------------------------------------
+
+_OUTPUTS = ("total", "active", "kv-per-token", "kv-total", "flops-per-token")
+_READ_JS = (
+    """(ids) => ids.map(i => document.querySelector("#calc-" + i).dataset.value)"""
+)
+_SET_JS = """(values) => {
+  for (const [name, value] of Object.entries(values)) {
+    const el = document.querySelector("#calc-" + name);
+    if (el.type === "checkbox") el.checked = value; else el.value = String(value);
+  }
+  document.querySelector("#calc-d_model").dispatchEvent(new Event("change"));
+}"""
+
+
+def _expected(values: dict, usage: dict) -> list[int]:
+    """companion.calc's five numbers for the configuration the dials describe."""
+    from companion.analysis.calculator import (
+        count_params,
+        flops_per_token,
+        kv_cache_bytes,
+        kv_cache_bytes_per_token,
+    )
+    from companion.analysis.calculator_page import config_from_dials
+
+    cfg = config_from_dials(values)
+    pc = count_params(cfg)
+    return [
+        pc.total,
+        pc.active,
+        kv_cache_bytes_per_token(cfg, usage["dtype_bytes"]),
+        kv_cache_bytes(
+            cfg,
+            usage["context"],
+            usage["dtype_bytes"],
+            batch=usage["batch"],
+            state_dtype_bytes=usage["state_dtype_bytes"],
+        ),
+        flops_per_token(cfg, usage["context"]),
+    ]
+
+
+def _random_dials(rng, values: dict) -> dict:
+    """Turn a random subset of a preset's dials to other values a model can have."""
+    from companion.models.config import CHOICES
+
+    v = dict(values)
+    pick = rng.random
+    if pick() < 0.5:
+        v["vocab_size"] = rng.randint(1000, 300_000)
+    if pick() < 0.5:
+        v["d_model"] = 64 * rng.randint(1, 128)
+    if pick() < 0.5:
+        v["n_layers"] = rng.randint(1, 96)
+    if pick() < 0.4:
+        letters = "FSL" if v["linear_key_heads"] else "FS"
+        v["layer_types"] = "".join(
+            rng.choice(letters) for _ in range(rng.randint(1, 6))
+        )
+    if "S" in v["layer_types"] and (not v["sliding_window"] or pick() < 0.5):
+        v["sliding_window"] = rng.randint(16, 8192)
+    if not v["kv_lora_rank"] and pick() < 0.5:
+        v["n_heads"] = rng.choice([4, 8, 16, 32, 64, 128])
+        v["n_kv_heads"] = rng.choice([h for h in (1, 2, 4, 8) if v["n_heads"] % h == 0])
+        v["head_dim"] = rng.choice([64, 80, 128, 256])
+    if v["kv_lora_rank"] and pick() < 0.5:
+        v["kv_lora_rank"] = rng.randint(64, 1024)
+        v["q_lora_rank"] = rng.choice([0, rng.randint(64, 2048)])
+        v["qk_rope_head_dim"] = rng.choice([32, 64])
+        v["qk_nope_head_dim"] = rng.choice([64, 128])
+        v["head_dim"] = v["qk_rope_head_dim"] + v["qk_nope_head_dim"]
+        v["v_head_dim"] = rng.choice([64, 128])
+    if pick() < 0.5:
+        v["d_ff"] = rng.randint(64, 50_000)
+    if v["n_experts"] and pick() < 0.7:
+        v["n_experts"] = rng.randint(2, 512)
+        v["experts_per_token"] = rng.randint(1, min(16, v["n_experts"]))
+        v["expert_d_ff"] = rng.randint(64, 4096)
+        v["shared_d_ff"] = rng.choice([0, rng.randint(64, 8192)])
+        v["dense_layers"] = rng.randint(0, 3)
+    if v["linear_key_heads"] and pick() < 0.5:
+        v["linear_key_heads"] = rng.choice([4, 8, 16])
+        v["linear_value_heads"] = v["linear_key_heads"] * rng.choice([1, 2])
+        v["linear_key_dim"] = rng.choice([64, 128])
+        v["linear_value_dim"] = rng.choice([64, 128])
+        v["linear_conv_kernel"] = rng.randint(2, 6)
+    for flag in (
+        "bias",
+        "qkv_bias",
+        "tie_embeddings",
+        "attn_output_gate",
+        "attn_sinks",
+    ):
+        if pick() < 0.3:
+            v[flag] = not v[flag]
+    for field in ("ffn", "norm", "norm_placement", "qk_norm", "position"):
+        if pick() < 0.3:
+            v[field] = rng.choice(CHOICES[field])
+    return v
+
+
+def test_calculator(browser, base_url: str) -> None:
+    """The static calculator gives companion.calc's numbers: every preset as loaded, then
+    random dial settings (layers, widths, heads, experts, ranks, pattern, usage)."""
+    import random
+
+    from companion.analysis.calculator_page import USAGE, config_from_dials, dial_values
+    from companion.models.presets import PRESETS
+    from companion.models.validation import ConfigError
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(exc.message))
+    page.route(
+        "**/*",
+        lambda r: (
+            r.continue_()
+            if urlsplit(r.request.url).hostname == "127.0.0.1"
+            else r.abort()
+        ),
+    )
+    try:
+        page.goto(f"{base_url}/chapters/13_build_a_model.html", wait_until="load")
+        assert page.locator("#fig-calculator #calc-preset").count() == 1
+        options = page.eval_on_selector_all(
+            "#calc-preset option", "els => els.map(e => e.value)"
+        )
+        assert options == list(PRESETS)
+        usage = {name: default for name, (_, default) in USAGE.items()}
+        for name, cfg in PRESETS.items():
+            page.select_option("#calc-preset", name)
+            got = [int(x) for x in page.evaluate(_READ_JS, list(_OUTPUTS))]
+            assert got == _expected(dial_values(cfg), usage), name
+        rng = random.Random(2026)
+        checked = 0
+        while checked < 30:
+            name = rng.choice(list(PRESETS))
+            values = _random_dials(rng, dial_values(PRESETS[name]))
+            try:
+                config_from_dials(values)
+            except ConfigError:
+                continue  # not a model the config accepts: draw again
+            turned = {
+                "context": rng.randint(1, 1_000_000),
+                "batch": rng.randint(1, 64),
+                "dtype_bytes": rng.choice([1, 2, 4]),
+                "state_dtype_bytes": rng.choice([2, 4]),
+            }
+            page.select_option("#calc-preset", name)
+            page.evaluate(_SET_JS, {**values, **turned})
+            got = [int(x) for x in page.evaluate(_READ_JS, list(_OUTPUTS))]
+            assert got == _expected(values, turned), (name, values, turned)
+            checked += 1
+        assert not errors, f"JavaScript errors: {errors}"
     finally:
         context.close()
