@@ -5,8 +5,8 @@
 (``calculator_page.js``, next to this file) that repeats the calculator's arithmetic in
 exact integers. The page's contract, which the browser test relies on:
 
-- ``<select id="calc-preset">``: its option values are :data:`~companion.PRESETS` keys;
-- a dial per field in :data:`DIALS`, id ``calc-<field>``: ``<input>`` for numbers and
+- ``<select id="calc-preset">``: its option values are ``PRESETS`` keys;
+- a dial per field in ``DIALS``, id ``calc-<field>``: ``<input>`` for numbers and
   the
   layer pattern, checkbox for flags, ``<select>`` for a field with fixed choices; plus
   ``calc-context``, ``calc-batch``, ``calc-dtype_bytes`` and ``calc-state_dtype_bytes``;
@@ -142,7 +142,7 @@ def dial_values(cfg: ModelConfig) -> dict[str, object]:
 
 
 def config_from_dials(values: Mapping[str, object]) -> ModelConfig:
-    """The :class:`ModelConfig` the panel's dials describe (other fields at their
+    """The ``ModelConfig`` the panel's dials describe (other fields at their
     defaults)."""
     fields = dict(values)
     pattern = str(fields.pop("layer_types"))
