@@ -597,9 +597,9 @@ for s in LENGTHS:
         k = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         v = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         if "repeated" in name:  # copy each K/V head to its 4 query heads, then attend
-            fn = lambda k=k, v=v: grouped_attention(
+            fn = lambda k=k, v=v: grouped_attention(  # noqa: E731
                 q_step, expand_kv(k, 32), expand_kv(v, 32)
-            )  # noqa: E731
+            )
         else:
             fn = lambda k=k, v=v: grouped_attention(q_step, k, v)  # noqa: E731
         ms[name].append(median_seconds(fn, DEVICE, 5) * 1e3)

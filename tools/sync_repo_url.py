@@ -23,7 +23,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toc_notebooks import ROOT, toc_notebooks  # noqa: E402
 
-REPO_LINE = re.compile(r'^(?P<indent>[ \t]*)REPO = "(?P<url>[^"]*)"[ \t]*$', re.MULTILINE)
+REPO_LINE = re.compile(
+    r'^(?P<indent>[ \t]*)REPO = "(?P<url>[^"]*)"[ \t]*$', re.MULTILINE
+)
 
 
 def config_url(root: Path = ROOT) -> str:
@@ -88,7 +90,9 @@ def sync_percent(path: Path, url: str, write: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if stale"
+    )
     args = parser.parse_args(argv)
     url = config_url()
     stale: list[str] = []

@@ -56,7 +56,9 @@ def toc_notebooks(root: Path = ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="print every page, not only notebooks")
+    parser.add_argument(
+        "--all", action="store_true", help="print every page, not only notebooks"
+    )
     args = parser.parse_args(argv)
     for line in toc_files() if args.all else toc_notebooks():
         print(line)
