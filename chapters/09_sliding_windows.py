@@ -65,7 +65,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import HTML, Code
+from matplotlib.colors import to_rgba
+from matplotlib.patches import Rectangle
 
+from companion import COLORS
 from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.analysis.extrapolation import per_position_loss
 from companion.analysis.receptive_fields import (
@@ -80,7 +83,7 @@ from companion.layers.kv_cache import SlidingWindowCache, position_mask
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, spec_row, tiny
-from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.plotting import PALETTE, animate, glue, heatmap, use_style
 from companion.tasks.text import (
     CharTokenizer,
     load_shakespeare,
@@ -89,13 +92,13 @@ from companion.tasks.text import (
 )
 from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
 
-FULL = False  # True: a deeper, wider model on longer windows, more steps and seeds (use a GPU)
+# True: a deeper, wider model on longer windows, more steps and seeds (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
-torch.set_num_threads(
-    1
-)  # tiny models: one thread is as fast as two, and shares the machine
+# tiny models: one thread is as fast as two, and shares the machine
+torch.set_num_threads(1)
 print(describe(DEVICE))
 GiB = 2**30
 
@@ -155,7 +158,8 @@ print(f"{'s':>8} {'w':>6} {'causal pairs':>16} {'window pairs':>14} {'ratio':>7}
 for s, w in ((8192, 4096), (65536, 4096), (131072, 1024), (131072, 128)):
     full_pairs, band_pairs = visible_pairs(s), visible_pairs(s, w)
     print(
-        f"{s:>8,} {w:>6,} {full_pairs:>16,} {band_pairs:>14,} {full_pairs / band_pairs:>6.1f}×"
+        f"{s:>8,} {w:>6,} {full_pairs:>16,} {band_pairs:>14,}"
+        f" {full_pairs / band_pairs:>6.1f}×"
     )
 assert (
     visible_pairs(65536) == 2_147_516_416 and visible_pairs(65536, 4096) == 260_048_896
@@ -209,7 +213,7 @@ assert [receptive_field_size(n, W_RF) for n in (1, 2, 3)] == [4, 7, 10]
 
 # %%
 def local_model(kinds: tuple[str, ...], window: int = W_RF) -> DecoderLM:
-    """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with the given layer kinds."""
+    """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with these layer kinds."""
     torch.manual_seed(0)
     cfg = tiny(
         n_layers=len(kinds),
@@ -236,7 +240,8 @@ for name, kinds in PATTERNS.items():
     grads[name] = g
     reached = (g > 0).nonzero().flatten().tolist()
     print(
-        f"{name:<19} non-zero gradient at {len(reached):>2} positions: {reached[0]}–{reached[-1]}"
+        f"{name:<19} non-zero gradient at {len(reached):>2} positions:"
+        f" {reached[0]}–{reached[-1]}"
     )
 for n, name in enumerate(list(PATTERNS)[:3], start=1):
     expected = torch.arange(T_RF) >= T_RF - receptive_field_size(n, W_RF)
@@ -294,73 +299,149 @@ print(
 assert reach == 131_041 and mistral.n_layers * mistral.sliding_window == 131_072
 
 # %% [markdown]
-# The animation shows both halves of the picture for eight layers over 32 tokens with a
-# window of 4. On top, the mask of the layer being added; below, the positions whose input
-# can reach the last token after that many layers (the cone, growing upwards). On the left
-# every layer is local and the cone widens by $w - 1 = 3$ positions per layer. On the right
-# every fourth layer is global (3:1, the Olmo 3 pattern): the cone creeps for three layers
-# and then, at the first global layer, spans the whole sequence.
+# {numref}`fig-masks` puts both halves of the picture together, for twelve layers over 48
+# tokens with a window of 4 and four ways of interleaving the layers: all full, all local,
+# 3:1 (the Olmo 3 pattern) and 5:1 (Gemma 3's). On top is the mask of the layer being added,
+# the causal triangle or the sliding band, straight from `layer_masks`. Below are the input
+# positions that can reach the last token after that many layers (the cone, growing
+# upwards), with the bound $L(w-1)+1$ of an all-local stack as a dashed staircase. The
+# cones are not drawn from the formula: they are the positions where a random-weight
+# `DecoderLM` with that layer pattern has a non-zero gradient of the last position's hidden
+# state after each block, and they are asserted to equal the composed masks exactly.
+
 
 # %%
-T_AN, W_AN, L_AN = 32, 4, 8
-SCHEMES = {
-    "all local": ("sliding",) * L_AN,
-    "3 local : 1 global": tuple(
-        "full" if (i + 1) % 4 == 0 else "sliding" for i in range(L_AN)
-    ),
-}
-an_masks = {name: layer_masks(kinds, W_AN, T_AN) for name, kinds in SCHEMES.items()}
-cones = {
-    name: receptive_fields(m)[:, -1].float().numpy() for name, m in an_masks.items()
-}
-widths = {name: c.sum(1).astype(int).tolist() for name, c in cones.items()}
-print({name: w for name, w in widths.items()})
-assert widths["all local"] == [1] + [
-    receptive_field_size(n, W_AN) for n in range(1, L_AN + 1)
-]
-assert widths["3 local : 1 global"] == [1, 4, 7, 10, 32, 32, 32, 32, 32]
+def gradient_cones(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
+    """(L + 1, T) bool: the inputs with a non-zero gradient on the last position's
+    hidden state after each block (row 0, before any block: the token itself)."""
+    inputs, outputs = [], []
 
-fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), height_ratios=[1.25, 1])
+    def leaf(module, args, out):  # the embeddings become the leaf of the graph
+        inputs.append(out.detach().requires_grad_())
+        return inputs[-1]
+
+    hooks = [model.tok_emb.register_forward_hook(leaf)]
+    hooks += [
+        b.register_forward_hook(lambda m, a, out: outputs.append(out))
+        for b in model.blocks
+    ]
+    try:
+        model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    r = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    rows = [torch.arange(ids.shape[1]) == ids.shape[1] - 1]
+    for out in outputs:
+        (g,) = torch.autograd.grad(out[0, -1] @ r, inputs[0], retain_graph=True)
+        rows.append(g[0].norm(dim=-1) > 0)
+    return torch.stack(rows)
+
+
+T_AN, W_AN, L_AN = 48, 4, 12
+
+
+def interleave(n_local: int) -> tuple[str, ...]:
+    """n_local local layers, then one global, repeated over L_AN layers."""
+    return tuple(
+        "full" if (i + 1) % (n_local + 1) == 0 else "sliding" for i in range(L_AN)
+    )
+
+
+SCHEMES = {
+    "all full": ("full",) * L_AN,
+    "all local": ("sliding",) * L_AN,
+    "3 local : 1 global": interleave(3),
+    "5 local : 1 global": interleave(5),
+}
+ids_an = torch.randint(0, 64, (1, T_AN), generator=torch.Generator().manual_seed(1))
+an_masks, cones = {}, {}
+for name, kinds in SCHEMES.items():
+    an_masks[name] = layer_masks(kinds, W_AN, T_AN)  # (L, T, T)
+    cones[name] = gradient_cones(local_model(kinds, W_AN), ids_an)  # (L + 1, T)
+    # measured through the model = composed from the masks, layer by layer
+    assert torch.equal(cones[name], receptive_fields(an_masks[name])[:, -1]), name
+widths = {name: c.sum(1).tolist() for name, c in cones.items()}
+bound = [1] + [receptive_field_size(n, W_AN) for n in range(1, L_AN + 1)]
+print(f"positions that reach the last of {T_AN} tokens, after 0 … {L_AN} layers:")
+for name, w in widths.items():
+    print(f"{name:<19}" + "".join(f"{n:>4}" for n in w))
+assert widths["all local"] == bound and bound[-1] < T_AN  # the bound, to the position
+assert bool(cones["all full"][1, 0])  # one full layer already reaches position 0
+for name, kinds in SCHEMES.items():  # up to the first global layer, the local bound;
+    first = kinds.index("full") + 1 if "full" in kinds else L_AN + 1
+    assert widths[name][:first] == bound[:first]  # from it on, every position
+    assert all(n == T_AN for n in widths[name][first:])
+
+# %% tags=["remove-output"]
+WHITE = np.array(to_rgba("white"))
+KIND_RGBA = {kind: np.array(to_rgba(COLORS[kind])) for kind in ("full", "sliding")}
+fig, axes = plt.subplots(2, 4, figsize=(9, 5.4))
 mask_imgs, cone_imgs = {}, {}
 for j, name in enumerate(SCHEMES):
-    mask_imgs[name] = axes[0, j].imshow(
-        np.zeros((T_AN, T_AN)), vmin=0, vmax=1, cmap="Blues"
-    )
-    axes[0, j].set(xlabel="key", ylabel="query")
-    cone_imgs[name] = axes[1, j].imshow(
-        np.full((L_AN + 1, T_AN), np.nan), vmin=0, vmax=1, cmap="Oranges", origin="lower",
-        aspect="auto",
+    top, bottom = axes[0, j], axes[1, j]
+    mask_imgs[name] = top.imshow(np.ones((T_AN, T_AN, 4)), interpolation="nearest")
+    # the query whose cone is drawn below
+    top.add_patch(Rectangle((-0.5, T_AN - 1.5), T_AN, 1, fill=False, ec="black", lw=1))
+    top.set(xlabel="key", xticks=[0, T_AN - 1], yticks=[0, T_AN - 1])
+    cone_imgs[name] = bottom.imshow(
+        np.zeros((L_AN + 1, T_AN, 4)), origin="lower", aspect="auto",
+        interpolation="nearest",
     )  # fmt: skip
-    axes[1, j].set(
-        xlabel="input position", ylabel="after layer", yticks=range(0, L_AN + 1, 2)
+    edge = T_AN - np.array(bound) - 0.5  # the bound's left edge, layer by layer
+    bottom.step(edge, np.arange(L_AN + 1), where="mid", color="black", ls="--", lw=1)
+    bottom.set(
+        xlabel="input position", xticks=[0, T_AN - 1], yticks=range(0, L_AN + 1, 2)
     )
-    for ax in axes[:, j]:
+    for ax in (top, bottom):
         ax.grid(False)
+axes[0, 0].set_ylabel("query")
+axes[1, 0].set_ylabel("after layer")
 
 
-def draw_cone(step: int) -> None:
-    for name, kinds in SCHEMES.items():
-        if step > 0:
-            mask_imgs[name].set_data(an_masks[name][step - 1].float().numpy())
-        kind = "—" if step == 0 else f"layer {step}: {kinds[step - 1]}"
-        axes[0, list(SCHEMES).index(name)].set_title(f"{name}\n{kind}")
-        shown = np.full((L_AN + 1, T_AN), np.nan)
-        shown[: step + 1] = cones[name][: step + 1]
-        cone_imgs[name].set_data(shown)
-        axes[1, list(SCHEMES).index(name)].set_title(
-            f"last token reaches {widths[name][step]} of {T_AN} positions"
+def draw_masks(step: int) -> None:
+    for j, (name, kinds) in enumerate(SCHEMES.items()):
+        img = np.tile(WHITE, (T_AN, T_AN, 1))
+        if step:
+            img[an_masks[name][step - 1].numpy()] = KIND_RGBA[kinds[step - 1]]
+        mask_imgs[name].set_data(img)
+        layer = "input" if step == 0 else f"layer {step}: {kinds[step - 1]}"
+        axes[0, j].set_title(f"{name}\n{layer}", fontsize=10)
+        cone = np.zeros((L_AN + 1, T_AN, 4))  # transparent: not reached (yet)
+        for row in range(step + 1):  # each row in the colour of the layer just added
+            colour = to_rgba("#999999") if row == 0 else KIND_RGBA[kinds[row - 1]]
+            cone[row, cones[name][row].numpy()] = colour
+        cone_imgs[name].set_data(cone)
+        axes[1, j].set_title(
+            f"reach {widths[name][step]} of {T_AN}, bound {bound[step]}", fontsize=10
         )
 
 
-fig.suptitle("Holes in the mask, cones through the depth (w = 4)")
-HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
+draw_masks(L_AN)  # lay the figure out once, at its widest titles, then keep it
+fig.canvas.draw()
+fig.set_layout_engine("none")
+glue("fig-masks", HTML(animate(fig, draw_masks, L_AN + 1, interval_ms=700)))
 
 # %% [markdown]
-# After eight local layers the last token reaches 25 of the 32 positions; with the 3:1
-# pattern it reaches all of them from layer 4 on. In a real model the local cone is far
-# wider (131,041 tokens for Mistral), but it is a path of many hops, each diluting the
-# signal, as the fading gradients showed. A global layer is a direct line, and every model
-# in the table below that came after Mistral 7B has some.
+# ```{glue:figure} fig-masks
+# :name: fig-masks
+#
+# The mask of each layer and the cone of the last token, layer by layer, for twelve layers
+# over 48 tokens with a window of 4. Top: the mask of the layer just added (dark blue: full
+# causal attention; light blue: the sliding band; the outlined row is the last query).
+# Bottom: the input positions with a non-zero gradient on the last token after that many
+# layers, each row in the colour of the layer that produced it; the dashed staircase is
+# the bound $L(w-1)+1$ of an all-local stack. Step through it and watch the all-local cone
+# follow the staircase exactly, 3 positions per layer, while one full layer reaches
+# position 0 at once: at layer 1 for all full, at layer 4 for 3:1 and at layer 6 for 5:1.
+# ```
+#
+# After twelve local layers the last token reaches 37 of the 48 positions, exactly
+# $12 \cdot 3 + 1$; the first global layer of the 3:1 and 5:1 stacks (layer 4 and layer 6)
+# reaches all of them, and until it arrives both follow the local bound. In a real model
+# the local cone is far wider (131,041 tokens for Mistral), but it is a path of many hops,
+# each diluting the signal, as the fading gradients showed. A global layer is a direct
+# line, and every model in the table below that came after Mistral 7B has some.
 #
 # ## What the released models do
 #
@@ -370,25 +451,20 @@ HTML(animate(fig, draw_cone, L_AN + 1, interval_ms=900))
 # table; the other rows come from the papers.
 
 # %%
-TABLE = [  # model, local : global, window, note, preset (None: not in companion.models.presets)
-    (
-        "GPT-3 (2020)",
-        "1:1",
-        "banded",
-        "alternating dense and banded sparse layers",
-        None,
-    ),
+# model, local : global, window, note, preset (None: not in companion.models.presets)
+TABLE = [
+    ("GPT-3 (2020)", "1:1", "banded", "dense and banded, alternating", None),
     ("Mistral 7B (2023)", "all local", "4096", "no global layer", "mistral-7b"),
     ("Gemma 2 (2024)", "1:1", "4096", "", None),
     ("Gemma 3 (2025)", "5:1", "1024", "RoPE base 1e4 local, 1e6 global", "gemma3-27b"),
     ("gpt-oss (2025)", "1:1", "128", "an unusually small window", "gpt-oss-120b"),
-    ("Olmo 3 (2025)", "3:1", "4096", "full attention in the final layer", "olmo3-32b"),
+    ("Olmo 3 (2025)", "3:1", "4096", "its last layer is global", "olmo3-32b"),
     ("Trinity Large (2026)", "3:1", "4096", "NoPE in the global layers", None),
 ]
 
 
 def layer_pattern(cfg: ModelConfig) -> tuple[str, str]:
-    """(local : global ratio, window) as the table writes them, from the preset's config."""
+    """(local : global ratio, window) as the table writes them, from the preset."""
     unit = re.search(r"SWA (\d+)(?: at (\d+):(\d+))?", spec_row(cfg)["attention"])
     kinds = cfg.layer_types
     n_local, n_global = kinds.count("sliding"), kinds.count("full")
@@ -399,17 +475,15 @@ def layer_pattern(cfg: ModelConfig) -> tuple[str, str]:
     return ratio, unit[1]
 
 
-print(
-    f"{'model':<21} {'local:global':>12} {'window':>7}  {'layers (local/global, last)':<28} note"
-)
+print(f"{'model':<20} {'loc:glob':>9} {'window':>6}  {'loc/glob, last':<16}  note")
 for model, ratio, window, note, name in TABLE:
     layers = ""
     if name is not None:
         cfg = preset(name)
         assert layer_pattern(cfg) == (ratio, window), name
         kinds = cfg.layer_types
-        layers = f"{kinds.count('sliding')}/{kinds.count('full')}, last {kinds[-1]}"
-    print(f"{model:<21} {ratio:>12} {window:>7}  {layers:<28} {note}")
+        layers = f"{kinds.count('sliding')}/{kinds.count('full')}, {kinds[-1]}"
+    print(f"{model:<20} {ratio:>9} {window:>6}  {layers:<16}  {note}".rstrip())
 
 olmo, gemma, gpt_oss = preset("olmo3-32b"), preset("gemma3-27b"), preset("gpt-oss-120b")
 assert olmo.layer_types[-1] == "full" and olmo.layer_types.count("full") == 16
@@ -455,7 +529,8 @@ per_layer = kv_cache_bytes_per_token(olmo) // olmo.n_layers
 cache_full, cache_swa = kv_cache_bytes(olmo_full, 65536), kv_cache_bytes(olmo, 65536)
 print(f"Olmo 3 32B: {per_layer:,} B per layer per token")
 print(
-    f"  full attention: {cache_full / GiB:.2f} GiB; 3:1 with w = 4096: {cache_swa / GiB:.2f} GiB"
+    f"  full attention: {cache_full / GiB:.2f} GiB;"
+    f" 3:1 with w = 4096: {cache_swa / GiB:.2f} GiB"
 )
 print(f"  saving {cache_full / cache_swa:.2f}×")
 assert per_layer == 2 * 8 * 128 * 2 == 4096
@@ -579,7 +654,8 @@ with torch.no_grad():
 decoded = torch.cat(pieces, dim=1)
 err = (decoded - reference).abs().max().item()
 print(
-    f"max |cached − full forward| over {decoded.numel():,} logits: below 1e-5? {err < 1e-5}"
+    f"max |cached − full forward| over {decoded.numel():,} logits:"
+    f" below 1e-5? {err < 1e-5}"
 )
 assert [type(c).__name__ for c in cache.layers] == ["SlidingWindowCache"] * 3 + [
     "KVCache"
@@ -611,8 +687,8 @@ with torch.no_grad():
     cut = {n: local_ring(ids_ring[:, -n:])[:, -1] for n in (W_RING, field - 1, field)}
 diffs = {n: (c - last).abs().max().item() for n, c in cut.items()}
 for n, d in diffs.items():  # float rounding alone is about 1e-6 here
-    print(f"last {n:>2} tokens only: max change of the last logits {d:.1e}" if d > 1e-5
-          else f"last {n:>2} tokens only: max change of the last logits below 1e-5")  # fmt: skip
+    change = f"{d:.1e}" if d > 1e-5 else "below 1e-5"
+    print(f"last {n:>2} tokens only: max change of the last logits {change}")
 assert field == 29 and diffs[field] < 1e-5  # the field is everything the model uses...
 assert (
     diffs[field - 1] > 1e-3 and diffs[W_RING] > 0.1
@@ -704,7 +780,8 @@ full_val = np.array(val_loss["full"])
 assert all(
     v < unigram_loss - 0.8 for losses in val_loss.values() for v in losses
 )  # all learn
-# the local models are never worse than full attention by more than 0.03 nats, seed by seed
+# the local models are never worse than full attention by more than 0.03 nats,
+# seed by seed
 assert all((np.array(v) - full_val < 0.03).all() for v in val_loss.values())
 if not FULL:  # what this small run measured (not a claim about windows in general)
     assert all(
@@ -747,7 +824,8 @@ axes[1].set(
 )
 axes[0].legend()
 fig.suptitle(
-    f"The small models use only a few characters of context (dotted: w − 1 = {W_LM - 1})"
+    "The small models use only a few characters of context"
+    f" (dotted: w − 1 = {W_LM - 1})"
 )
 plt.show()
 print(f"{'attention':<20}" + "".join(f"{label:>8}" for label in labels))

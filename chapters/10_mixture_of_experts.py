@@ -67,12 +67,16 @@ pin_cpu_path()
 # %%
 import inspect
 import math
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import HTML, Code
+from matplotlib.colors import LinearSegmentedColormap
+from matplotlib.patches import Rectangle
 
+from companion import COLORS
 from companion.analysis.calculator import count_params, flops_per_token
 from companion.device import default_device, describe
 from companion.layers.moe import MoEFeedForward
@@ -85,7 +89,7 @@ from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, tiny
 from companion.ops.experts import expert_load, experts_grouped
-from companion.plotting import PALETTE, animate, use_style
+from companion.plotting import animate, glue, use_style
 from companion.tasks.text import (
     CharTokenizer,
     load_shakespeare,
@@ -138,7 +142,8 @@ for name, cfg in MODELS.items():
     )
 gpt_oss = counts["gpt-oss-120b"]
 print(
-    f"gpt-oss-120b active without the embedding table: {gpt_oss.active_without_embeddings:,}"
+    "gpt-oss-120b active without the embedding table:"
+    f" {gpt_oss.active_without_embeddings:,}"
 )
 # the published figures, to the last parameter
 assert counts["Mixtral 8×7B"].total == 46_702_792_704
@@ -180,7 +185,8 @@ for name, cfg in MODELS.items():
     )  # every skipped expert weight runs too
     ratios[name] = dense_flops / moe_flops
     print(
-        f"{name:<16} {moe_flops / 1e9:>15.1f} {dense_flops / 1e9:>15.1f} {ratios[name]:>5.1f}×"
+        f"{name:<16} {moe_flops / 1e9:>15.1f} {dense_flops / 1e9:>15.1f}"
+        f" {ratios[name]:>5.1f}×"
     )
 assert (
     3 < ratios["Mixtral 8×7B"] < 4
@@ -220,7 +226,8 @@ w_soft, i_soft, s_soft = soft(x_tok)
 w_sig, i_sig, s_sig = sig(x_tok)
 w_raw, _, _ = raw(x_tok)
 print(
-    "token  softmax: experts, weights        sigmoid: experts, weights   unnormalised sum"
+    "token  softmax: experts, weights        "
+    "sigmoid: experts, weights   unnormalised sum"
 )
 for n in range(6):
     print(
@@ -278,7 +285,8 @@ print(
     f"max |reference - grouped|: output < 1e-12: {diff_out < 1e-12}, "
     f"gradients < 1e-10: {diff_grad < 1e-10}"
 )
-print(f"gradient tensors compared: {sorted(grad_ref)}")
+print("gradient tensors compared:")
+print(textwrap.indent(textwrap.fill(", ".join(sorted(grad_ref)), 80), "  "))
 assert diff_out < 1e-12 and diff_grad < 1e-10
 
 # %% [markdown]
@@ -379,6 +387,8 @@ STEPS, SEQ, BATCH, LR = (1000, 128, 64, 3e-3) if FULL else (160, 32, 32, 1e-2)
 SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
 ALPHA, GAMMA = 0.01, 3e-3
 MODES = ("no balancing", "auxiliary loss", "selection bias")
+PROBE, PROBE_EVERY = "my lord,", 10  # a line whose routing we record every 10 steps
+probe_ids = torch.tensor([chars.encode(PROBE)], device=DEVICE)
 
 
 def moe_config(selection_bias: bool) -> ModelConfig:
@@ -398,18 +408,26 @@ def moe_config(selection_bias: bool) -> ModelConfig:
     )
 
 
-def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float]]:
-    """Train one model; returns each step's load of the first MoE layer (steps, E) and losses."""
+Probe = tuple[torch.Tensor, torch.Tensor]  # scores (n, T, E), chosen experts (n, T, K)
+
+
+def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
+    """Train one model; returns each step's load of the first MoE layer (steps, E),
+    the losses, and the probe line's routing before every PROBE_EVERY-th step."""
     seed_everything(seed)
     model = DecoderLM(moe_config(mode == "selection bias")).to(DEVICE)
     moe = model.blocks[0].ffn
-    loads, lm = [], []
+    loads, lm, probed = [], [], []
 
     def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if len(loads) % PROBE_EVERY == PROBE_EVERY - 1:  # the probe, before this step
+            with torch.no_grad():
+                m(probe_ids)
+            routing = moe.last_routing  # (T, E) and (T, K): the line's T characters
+            probed.append((routing.scores.cpu(), routing.indices.cpu()))
         loss = lm_loss(m, x, y)
-        lm.append(
-            loss.item()
-        )  # the language-model loss alone, without the auxiliary term
+        # the language-model loss alone, without the auxiliary term
+        lm.append(loss.item())
         routing = moe.last_routing
         load = expert_load(routing.indices, E)
         loads.append(load.cpu())
@@ -417,15 +435,13 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float]]:
             loss = loss + ALPHA * load_balancing_loss(
                 routing.scores, routing.indices, E
             )
-        elif (
-            mode == "selection bias"
-        ):  # between steps in DeepSeek-V3; here right after routing
+        elif mode == "selection bias":
+            # between steps in DeepSeek-V3; here right after routing
             update_selection_bias(moe.router.selection_bias, load, GAMMA)
         return loss
 
-    batches = torch.Generator().manual_seed(
-        1000 + seed
-    )  # the same batches for every mode
+    # the same batches for every mode
+    batches = torch.Generator().manual_seed(1000 + seed)
     train(
         model,
         lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
@@ -433,13 +449,14 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float]]:
         make_adamw(model, lr=LR),
         loss_fn=loss_fn,
     )
-    return torch.stack(loads).double(), lm
+    scores, chosen = (torch.stack(t) for t in zip(*probed, strict=True))
+    return torch.stack(loads).double(), lm, (scores, chosen)
 
 
-loads, losses = {}, {}
+loads, losses, probes = {}, {}, {}
 for seed in SEEDS:
     for mode in MODES:
-        loads[mode, seed], losses[mode, seed] = run(mode, seed)
+        loads[mode, seed], losses[mode, seed], probes[mode, seed] = run(mode, seed)
 
 
 def imbalance(load: torch.Tensor) -> torch.Tensor:
@@ -471,37 +488,113 @@ for seed in SEEDS:
         assert final[mode, seed] < 1.8
         assert abs(tail_loss[mode, seed] - tail_loss["no balancing", seed]) < 0.05
 
+# %% [markdown]
+# {numref}`fig-moe` follows seed 0 through training in both halves of the picture. On top,
+# the routing of one real line, `my lord,`, through each run's MoE layer: the router's
+# probability for each of the 8 experts, with the two experts chosen for each character
+# outlined. Below, the load: each expert's share of all the assignments of the batches,
+# averaged over ten steps.
+
 # %%
-SHOW_SEED, EVERY, SMOOTH = 0, 10, 10
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+SHOW_SEED, EVERY, SMOOTH = 0, PROBE_EVERY, PROBE_EVERY
 shares = {}  # mode -> (steps, E): each expert's share of the assignments, 10-step mean
-bars = {}
-for j, (ax, mode) in enumerate(zip(axes, MODES, strict=True)):
+for mode in MODES:
     load = loads[mode, SHOW_SEED]
     share = load / load.sum(-1, keepdim=True)
     kernel = np.ones(SMOOTH) / SMOOTH
     shares[mode] = np.stack(
         [np.convolve(share[:, e], kernel, mode="valid") for e in range(E)], axis=1
     )
-    bars[mode] = ax.bar(range(E), shares[mode][0], color=PALETTE[j])
-    ax.axhline(1 / E, color="black", lw=1, ls="--", label="uniform 1/E")
-    ax.set(xlabel="expert", title=mode, ylim=(0, 0.5), xticks=range(E))
-axes[0].set_ylabel("share of token assignments")
-axes[0].legend(fontsize=8, loc="upper right")
 n_frames = len(shares[MODES[0]]) // EVERY + 1
+LAST = len(shares[MODES[0]]) - 1
+assert all(len(probes[mode, SHOW_SEED][0]) == n_frames for mode in MODES)
+top_share = {mode: shares[mode][LAST].max() for mode in MODES}
+print("largest expert share over the last 10 steps:")
+print("  " + ", ".join(f"{mode} {v:.2f}" for mode, v in top_share.items()))
+# collapse: the busiest expert of the unbalanced run holds far more than either remedy's
+assert all(top_share["no balancing"] > top_share[m] + 0.1 for m in MODES[1:])
+for seed in SEEDS:  # step 1: the same weights and batch, so the same load in every mode
+    assert all(torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES)
+# the outlined experts are the k most probable ones, except where the selection bias
+# chooses: there at least one character of the line goes elsewhere at the last probe
+is_top = {
+    mode: (s.topk(K, -1).indices.sort(-1).values == c.sort(-1).values).all(-1)
+    for mode, (s, c) in ((m, probes[m, SHOW_SEED]) for m in MODES)
+}
+assert is_top["no balancing"].all() and is_top["auxiliary loss"].all()
+assert not is_top["selection bias"][-1].all()
+
+# %% tags=["remove-output"]
+MOE = COLORS["moe"]
+score_cmap = LinearSegmentedColormap.from_list("router", ["white", MOE])
+labels = ["sp" if c == " " else c for c in PROBE]
+fig, axes = plt.subplots(2, 3, figsize=(9, 5.6), height_ratios=[1.05, 1])
+grids, boxes, bars = {}, {}, {}
+for j, mode in enumerate(MODES):
+    top, bottom = axes[0, j], axes[1, j]
+    grids[mode] = top.imshow(
+        np.zeros((len(PROBE), E + 1)), cmap=score_cmap, vmin=0, vmax=1, aspect="auto"
+    )
+    top.axvline(E - 0.5, color="black", lw=1.5)  # routed experts | shared expert
+    boxes[mode] = [
+        top.add_patch(Rectangle((0, 0), 1, 1, fill=False, ec="black", lw=1.6))
+        for _ in range(len(PROBE) * K)
+    ]
+    top.set_xticks(range(E + 1), [str(e) for e in range(E)] + ["S"])
+    top.set_yticks(range(len(PROBE)), labels if j == 0 else [])
+    top.set(xlabel="expert (S: shared)", title=mode)
+    top.grid(False)
+    bars[mode] = bottom.bar(range(E), shares[mode][0], color=MOE)
+    bottom.axhline(1 / E, color="black", lw=1, ls="--", label="uniform 1/E")
+    bottom.set(xlabel="expert", ylim=(0, 0.5), xticks=range(E))
+    if j:
+        bottom.set_yticklabels([])
+axes[0, 0].set_ylabel("character of the line")
+axes[1, 0].set_ylabel("share of assignments")
+axes[1, 0].legend(loc="upper right")
+fig.colorbar(grids[MODES[-1]], ax=axes[0, :], label="router probability", shrink=0.9)
 
 
-def draw_loads(i: int) -> None:
-    row = min(i * EVERY, len(shares[MODES[0]]) - 1)
-    for mode in MODES:
+def draw_moe(i: int) -> None:
+    row = min(i * EVERY, LAST)
+    for j, mode in enumerate(MODES):
+        scores, chosen = probes[mode, SHOW_SEED]
+        grid = np.ones((len(PROBE), E + 1))  # the shared column: always on
+        grid[:, :E] = scores[i].numpy()
+        grids[mode].set_data(grid)
+        for box, (t, n) in zip(boxes[mode], np.ndindex(len(PROBE), K), strict=True):
+            box.set_xy((chosen[i, t, n].item() - 0.5, t - 0.5))
         for bar, h in zip(bars[mode], shares[mode][row], strict=True):
             bar.set_height(h)
-    fig.suptitle(f"Expert load, seed {SHOW_SEED}, steps {row + 1}–{row + SMOOTH}")
+        busiest = shares[mode][row].max() * E
+        axes[1, j].set_title(f"busiest expert {busiest:.1f}× its share")
+    fig.suptitle(
+        f"Seed {SHOW_SEED}: routing at step {row + SMOOTH},"
+        f" load over steps {row + 1}–{row + SMOOTH}"
+    )
 
 
-HTML(animate(fig, draw_loads, n_frames, interval_ms=300))
+draw_moe(n_frames - 1)  # lay the figure out once, then keep it
+fig.canvas.draw()
+fig.set_layout_engine("none")
+glue("fig-moe", HTML(animate(fig, draw_moe, n_frames, interval_ms=400)))
 
 # %% [markdown]
+# ```{glue:figure} fig-moe
+# :name: fig-moe
+#
+# Routing and load in the three training runs of seed 0, every ten steps. Top: the
+# router's probabilities over the 8 experts for each character of the line `my lord,`
+# (darker is more probable), the two chosen experts outlined, and a shared expert S, which
+# has no score and which every token passes through (DeepSeek-V3 and Qwen3-Next have one;
+# the small model trained here does not, so the column only marks its place). Bottom: each
+# expert's share of the assignments over the last ten steps, against the uniform 1/E
+# (dashed). Watch the unbalanced run pile the line and the batches onto a few experts while
+# others starve, and the two remedies keep the bars near the line; in the selection-bias
+# run the outlined experts are not always the most probable ones, because the bias
+# chooses and the unbiased probabilities only weight.
+# ```
+#
 # At step 1 the three runs are identical (same weights, same batch), and the load is
 # already uneven: a random router does not split tokens evenly. Without balancing the
 # unevenness grows. The busiest expert ends with 2.4 to 3.3 times its fair share of the
@@ -541,10 +634,25 @@ Code(inspect.getsource(experts_grouped), language="python")
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (timings: shown, not asserted; the agreement with transformers is asserted)
-from companion.bench.moe import bench_moe, format_moe  # noqa: E402
+from companion.bench.moe import bench_moe  # noqa: E402
 
 bench_rows = bench_moe([512], repeats=3)
-print(format_moe(bench_rows))
+FORMS = {  # the row's key: what ran
+    "grouped": "ours, grouped",
+    "grouped_mm": "ours, torch._grouped_mm",
+    "reference": "ours, loop over experts",
+    "hf_eager": "transformers, loop",
+    "hf_grouped_mm": "transformers, grouped_mm",
+}
+print(f"{'tokens':>6}  {'experts run by':<26} {'ms':>8} {'÷ ours, grouped':>16}")
+for row in bench_rows:
+    for key, label in FORMS.items():
+        ms = row[f"{key}_ms"]
+        print(
+            f"{int(row['tokens']):>6}  {label:<26} {ms:>8.2f}"
+            f" {ms / row['grouped_ms']:>15.2f}×"
+        )
+    print(f"{'':>6}  max |Δ| against transformers: {row['max_abs_diff']:.1e}")
 assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 
 # %% [markdown]
