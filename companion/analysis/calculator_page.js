@@ -178,8 +178,9 @@
 
   dial("preset").addEventListener("change", (e) => load(e.target.value));
   root.querySelectorAll("input, select").forEach((el) => {
-    if (el.id !== "calc-preset") el.addEventListener("input", update);
-    if (el.id !== "calc-preset") el.addEventListener("change", update);
+    if (el.id === "calc-preset") return;
+    el.addEventListener("input", update);
+    el.addEventListener("change", update);
   });
   load(dial("preset").value);
 })();
