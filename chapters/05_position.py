@@ -55,6 +55,7 @@ pin_cpu_path()
 import copy
 import inspect
 import math
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -84,15 +85,17 @@ from companion.ops.rope import (
     rope_cos_sin,
     rope_frequencies,
 )
-from companion.plotting import PALETTE, animate, use_style
+from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.text import CharTokenizer, load_shakespeare, split_tokens
 from companion.training import seed_everything
 
-FULL = False  # True: wider, deeper models trained longer, more evaluation windows (use a GPU)
+# FULL = True: wider, deeper models trained longer, more evaluation windows (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
-# several times faster when other programs share the cores (two threads wait on each other).
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine,
+# and several times faster when other programs share the cores (two threads wait on
+# each other).
 torch.set_num_threads(1)
 seed_everything(0)
 print(describe(DEVICE))
@@ -119,7 +122,8 @@ gap = (out_shuffled - out[:, perm]).abs().max().item()
 causal_gap = (causal_shuffled - causal[:, perm]).abs().max().item()
 print(f"permutation {perm.tolist()}")
 print(
-    f"no mask:     attn(shuffled) vs shuffled attn(x): max difference < 1e-6: {gap < 1e-6}"
+    "no mask:     attn(shuffled) vs shuffled attn(x): "
+    f"max difference < 1e-6: {gap < 1e-6}"
 )
 print(f"causal mask: max difference {causal_gap:.2f}")
 assert gap < 1e-6  # order is invisible...
@@ -156,7 +160,7 @@ try:
     raise AssertionError("a 64-row table returned a vector for position 64")
 except ValueError as err:
     table_error = str(err)
-print(table_error)
+print(textwrap.fill(table_error, 88))
 assert "position 64 is past the end" in table_error
 
 # %% [markdown]
@@ -265,54 +269,126 @@ assert as_bf16 == 4016
 #
 # ### A clock with hands at many speeds
 #
-# Each pair of channels is a hand on a clock that advances by $\theta_i$ per token. Below,
-# four of the 32 pairs of a 64-wide head: the query's hand (orange) sits at position $m$,
-# the key's (blue) at $n = m - 4$. As $m$ advances, every hand turns, the fast ones quickly
-# and the slow ones barely; the angle *between* the two hands of a pair never changes, and
-# neither does the logit, which is a sum over pairs of (length × length × cosine of that
-# angle).
+# Each pair of channels is a hand on a clock that advances by $\theta_i$ per token.
+# {numref}`fig-rope` shows four of the 32 pairs of a 64-wide head: the query's hand
+# (orange) sits at position $m$, the key's (blue) at $n = m - 4$. As $m$ advances, every
+# hand turns, the fast ones quickly and the slow ones barely; the angle *between* the two
+# hands of a pair never changes, and neither does the logit, which is a sum over pairs of
+# (length × length × cosine of that angle). The bottom panel plots that logit against $m$
+# as the frames advance, next to the logit of the same query with the key held at $n = 0$,
+# whose offset grows.
 
-# %%
+# %% tags=["remove-output"]
 shown = [0, 8, 16, 24]  # pairs with wavelengths 6.3, 63, 628 and 6 283 tokens
 OFFSET = 4
 frames_m = list(range(OFFSET, OFFSET + 20))
 half = D // 2
-fig, axes = plt.subplots(1, len(shown), figsize=(8.0, 2.4))
+fig = plt.figure(figsize=(8.0, 4.2))
+grid = fig.add_gridspec(2, len(shown), height_ratios=[1.0, 0.8])
+axes = [fig.add_subplot(grid[0, j]) for j in range(len(shown))]
+ax_logit = fig.add_subplot(grid[1, :])
 
 
 def hand(x: torch.Tensor, pos: int, pair: int) -> tuple[float, float]:
-    """The (real, imaginary) point of one pair of x rotated to position pos ("half" layout)."""
+    """The (re, im) point of pair `pair` of x rotated to pos ("half" layout)."""
     r = rotated(x, pos)
     return r[pair].item(), r[pair + half].item()
 
 
-def draw_clock(i: int) -> None:
-    m = frames_m[i]
-    for ax, pair in zip(axes, shown, strict=True):
-        ax.clear()
-        radius = (
-            max(math.hypot(*hand(q, 0, pair)), math.hypot(*hand(k, 0, pair))) * 1.15
-        )
-        ax.add_patch(plt.Circle((0, 0), radius, fill=False, color="grey", lw=0.8))
-        for x_vec, pos, color in ((q, m, PALETTE[1]), (k, m - OFFSET, PALETTE[0])):
+def pair_term(m: int, n: int, pair: int) -> float:
+    """Pair `pair`'s share of the logit of a query at m and a key at n."""
+    qm, kn = hand(q, m, pair), hand(k, n, pair)
+    return qm[0] * kn[0] + qm[1] * kn[1]
+
+
+logits_along = [logit(m, m - OFFSET) for m in frames_m]  # offset fixed at 4
+logits_key0 = [logit(m, 0) for m in frames_m]  # key held at n = 0: the offset grows
+terms = np.array([[pair_term(m, m - OFFSET, p) for p in shown] for m in frames_m])
+
+
+radii = [
+    1.15 * max(math.hypot(*hand(q, 0, p)), math.hypot(*hand(k, 0, p))) for p in shown
+]
+hands = []  # (query arrow, key arrow) per clock, moved by draw_clock
+for ax, radius in zip(axes, radii, strict=True):
+    ax.add_patch(plt.Circle((0, 0), radius, fill=False, color="grey", lw=0.8))
+    hands.append(
+        [
             ax.annotate(
                 "",
-                xy=hand(x_vec, pos, pair),
+                xy=(0, 0),
                 xytext=(0, 0),
                 arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2},
             )
-        ax.set(xlim=(-radius, radius), ylim=(-radius, radius), aspect="equal")
-        ax.axis("off")
-        wavelength = 2 * math.pi / inv_freq[pair].item()
-        ax.set_title(f"pair {pair}: {wavelength:,.0f} tokens per turn", fontsize=9)
+            for color in (PALETTE[1], PALETTE[0])
+        ]
+    )
+    ax.set(xlim=(-radius, radius), ylim=(-radius, radius), aspect="equal")
+    ax.axis("off")
+(line_key0,) = ax_logit.plot(
+    [], [], "s-", ms=3, color="grey", label="key held at n = 0 (offset m)"
+)
+(line_along,) = ax_logit.plot(
+    [],
+    [],
+    "o-",
+    ms=4,
+    color=PALETTE[2],
+    label=f"key at n = m − {OFFSET} (offset {OFFSET})",
+)
+everything = logits_key0 + logits_along
+ax_logit.set(
+    xlim=(frames_m[0] - 0.5, frames_m[-1] + 0.5),
+    ylim=(min(everything) - 1, max(everything) + 1.5),
+    xlabel="query position m",
+    ylabel="logit q_m · k_n",
+)
+ax_logit.set_xticks(frames_m[::2])
+ax_logit.legend(loc="upper left", fontsize=8, ncols=2)
+
+
+def draw_clock(i: int) -> None:
+    m = frames_m[i]
+    for j, pair in enumerate(shown):
+        for arrow, x_vec, pos in zip(hands[j], (q, k), (m, m - OFFSET), strict=True):
+            arrow.xy = hand(x_vec, pos, pair)
+        turn = 2 * math.pi / inv_freq[pair].item()
+        axes[j].set_title(
+            f"pair {pair}: {turn:,.{1 if turn < 10 else 0}f} tokens/turn\n"
+            f"adds {terms[i, j]:+.2f}",
+            fontsize=9,
+        )
+    line_key0.set_data(frames_m[: i + 1], logits_key0[: i + 1])
+    line_along.set_data(frames_m[: i + 1], logits_along[: i + 1])
     fig.suptitle(
-        f"query at m = {m} (orange), key at n = {m - OFFSET} (blue): logit {logit(m, m - OFFSET):.3f}"
+        f"query at m = {m} (orange), key at n = {m - OFFSET} (blue): "
+        f"logit {logits_along[i]:.3f}"
     )
 
 
-logits_along = [logit(m, m - OFFSET) for m in frames_m]
+draw_clock(0)
+fig.canvas.draw()  # lay the figure out once; the frames only move the hands and lines
+fig.set_layout_engine("none")
+# the logit and every pair's share of it stay put while both positions move...
 assert max(logits_along) - min(logits_along) < 1e-4
-HTML(animate(fig, draw_clock, len(frames_m), interval_ms=250))
+assert (terms.max(0) - terms.min(0)).max() < 1e-4
+# ...while the same query against a key that stays behind changes its logit
+assert max(logits_key0) - min(logits_key0) > 1.0
+glue("fig-rope", HTML(animate(fig, draw_clock, len(frames_m), interval_ms=500)))
+
+# %% [markdown]
+# ```{glue:figure} fig-rope
+# :name: fig-rope
+#
+# RoPE as clock hands. Top: four of the 32 channel pairs of a 64-wide head, the query's
+# hand (orange) at position $m$ and the key's (blue) at $n = m - 4$, with each pair's share
+# of the logit. Bottom: the logit $q_m \cdot k_n$ against $m$. As the frames step $m$
+# from 4 to 23, the fast hands (pair 0 turns once every 6.3 tokens) spin and the slow ones
+# barely move, but the angle between the two hands of each pair stays fixed: each pair's
+# share (above its clock) does not change and the logit (green) is a flat line. The same
+# query against a key held at position 0 (grey), whose offset grows, gives a logit that
+# swings.
+# ```
 
 # %% [markdown]
 # The fast hands resolve small offsets: after one token pair 0 has turned by a radian,
@@ -332,7 +408,8 @@ HEAD = 128
 bases = {"Llama 2": 1e4, "Llama 3": 5e5, "Qwen3": 1e6}
 slowest, full_turns = {}, {}
 print(
-    f"{'model':<8} {'base b':>8} {'2πb':>11} {'slowest pair (D=128)':>21} {'pairs that turn in 4k':>22}"
+    f"{'model':<8} {'base b':>8} {'2πb':>11} {'slowest pair (D=128)':>21} "
+    f"{'pairs that turn in 4k':>22}"
 )
 for name, b in bases.items():
     inv, _ = rope_frequencies(HEAD, theta=b)
@@ -340,7 +417,8 @@ for name, b in bases.items():
     slowest[name] = wavelengths[-1].item()
     full_turns[name] = int((wavelengths <= 4096).sum())
     print(
-        f"{name:<8} {b:>8.0e} {2 * math.pi * b:>11,.0f} {slowest[name]:>21,.0f} {full_turns[name]:>19} / 64"
+        f"{name:<8} {b:>8.0e} {2 * math.pi * b:>11,.0f} {slowest[name]:>21,.0f} "
+        f"{full_turns[name]:>19} / 64"
     )
 assert round(2 * math.pi * 1e4) == 62_832 and round(2 * math.pi * 5e5) == 3_141_593
 assert round(2 * math.pi * 1e6) == 6_283_185
@@ -394,7 +472,8 @@ c2, s2 = rope_cos_sin(torch.tensor([1000.0 + round(period)]), inv_l2)
 c3, _ = rope_cos_sin(torch.tensor([1000.0 + round(period / 2)]), inv_l2)
 same = max(abs(c1[0, -1] - c2[0, -1]).item(), abs(s1[0, -1] - s2[0, -1]).item())
 print(
-    f"slowest pair at 1000 and {1000 + round(period):,}: max |Δcos|, |Δsin| < 1e-3: {same < 1e-3}"
+    f"slowest pair at 1000 and {1000 + round(period):,}: "
+    f"max |Δcos|, |Δsin| < 1e-3: {same < 1e-3}"
 )
 print(f"half a turn later: cos {c1[0, -1].item():.3f} -> {c3[0, -1].item():.3f}")
 assert same < 1e-3  # aliased: the slowest hand cannot tell them apart
@@ -449,7 +528,8 @@ for scheme in SCHEMES:
         models[scheme], train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2
     )
 print(
-    f"{models['rope'].num_params():,} parameters each (RoPE); {STEPS} steps of {BATCH} × {TRAIN_LEN} characters"
+    f"{models['rope'].num_params():,} parameters each (RoPE); "
+    f"{STEPS} steps of {BATCH} × {TRAIN_LEN} characters"
 )
 print(
     "final training loss:",
@@ -465,7 +545,7 @@ try:
     raise AssertionError("the learned model read 512 tokens with a 64-row table")
 except ValueError as err:
     learned_error = str(err)
-print(learned_error)
+print(textwrap.fill(learned_error, 88))
 assert "max_seq_len=64" in learned_error
 
 # %% [markdown]
@@ -512,7 +592,7 @@ print(f"bigram table: {bigram_loss:.3f} at every position")
 def plot_curves(
     ax: plt.Axes, rows: dict[str, torch.Tensor], colors: list[str], top: float = 3.1
 ) -> None:
-    """Loss against position, averaged over bins of 16 positions; the trained range shaded."""
+    """Loss against position, in bins of 16 positions; the trained range shaded."""
     bin_width = 16
     for (name, curve), color in zip(rows.items(), colors, strict=True):
         binned = curve.view(-1, bin_width).mean(1).numpy()
@@ -726,7 +806,7 @@ assert (
 
 # %%
 def toy(**fields: object) -> ModelConfig:
-    """A six-layer toy with 128-wide heads (as in Llama and Qwen), for looking at the layers."""
+    """A six-layer toy with 128-wide heads (as in Llama and Qwen), to look at layers."""
     base = {
         "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_dim": 128,
         "position": "rope", "max_seq_len": 64,
@@ -778,13 +858,13 @@ trinity_like = toy(
 received = {}
 for name, c in (("SmolLM3-like", smol_like), ("Trinity-like", trinity_like)):
     got = received[name] = rope_used_per_layer(DecoderLM(c), probe)
-    print(
-        f"{name}:",
-        " ".join(
-            f"{kind}+{'NoPE' if t == 'none' else 'RoPE'}"
-            for kind, t in zip(c.layer_types, got, strict=True)
-        ),
-    )
+    layers = [
+        f"{kind}+{'NoPE' if t == 'none' else 'RoPE'}"
+        for kind, t in zip(c.layer_types, got, strict=True)
+    ]
+    print(f"{name}:")  # four layers a line
+    for i in range(0, len(layers), 4):
+        print("   ", " ".join(layers[i : i + 4]))
 assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
 assert (
     received["Trinity-like"] == received["SmolLM3-like"]
@@ -806,7 +886,7 @@ maps = loud.attention_maps(same_char)  # L tensors (1, H, T, T)
 visible = torch.tril(torch.ones(32, 32, dtype=torch.bool))
 even = visible / visible.sum(1, keepdim=True)  # 1/(m+1) on each visible key
 spread = [(w[0] - even).abs().max().item() for w in maps]
-print("max |weight − 1/(m+1)| per layer:", [f"{s:.3f}" for s in spread])
+print("max |weight − 1/(m+1)| per layer:", " ".join(f"{s:.3f}" for s in spread))
 assert all(spread[i] < 1e-5 for i in smol_like.nope_layers)  # no position: uniform
 assert all(spread[i] > 0.05 for i in range(8) if i not in smol_like.nope_layers)
 

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
+from matplotlib.patches import FancyBboxPatch
 from matplotlib.ticker import NullFormatter
 
 from companion.analysis import diagnostics
@@ -78,6 +79,7 @@ from companion.analysis.diagnostics import (
     stream_states,
     token_cosine,
 )
+from companion.analysis.diagrams import COLORS
 from companion.analysis.op_counts import count_aten_ops, count_reductions
 from companion.checkpoints.smollm2 import load_smollm2
 from companion.device import default_device, describe
@@ -85,7 +87,7 @@ from companion.layers.block import TransformerBlock
 from companion.layers.norms import layer_norm_reference, rms_norm_reference
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.plotting import PALETTE, animate, loglog_fit, use_style
+from companion.plotting import PALETTE, animate, glue, loglog_fit, use_style
 from companion.tasks.text import (
     CharTokenizer,
     load_shakespeare,
@@ -101,11 +103,13 @@ from companion.training import (
     train,
 )
 
-FULL = False  # True: every training run on four seeds, and the QK-norm run in bf16 (use a GPU)
+# FULL = True: every training run on four seeds, and the QK-norm run in bf16 (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine, and
-# several times faster when other programs share the cores (two threads wait on each other).
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine,
+# and several times faster when other programs share the cores (two threads wait on
+# each other).
 torch.set_num_threads(1)
 print(describe(DEVICE))
 
@@ -142,8 +146,9 @@ Code(inspect.getsource(diagnostics.capture_stream), language="python")
 # %%
 smol, tok = load_smollm2()
 sentence = (
-    "The residual stream is a shared bus: every layer reads it, computes something, and "
-    "adds the result back, so what the first layer wrote is still there at the last one."
+    "The residual stream is a shared bus: every layer reads it, computes something, "
+    "and adds the result back, so what the first layer wrote is still there at the "
+    "last one."
 )
 ids = torch.tensor([tok.encode(sentence)])
 smol_states = stream_states(smol, ids)  # L + 1 tensors (1, T, d)
@@ -274,8 +279,7 @@ shift_ln = (layer_norm_reference(shifted, None, None) - ln).abs().max().item()
 shift_rms = (rms_norm_reference(shifted, None) - rms).abs().max().item()
 scale_rms = (rms_norm_reference(3.0 * x, None) - rms).abs().max().item()
 print(
-    f"3x+2 changes LayerNorm by < 1e-4: {shift_ln < 1e-4}, "
-    f"RMSNorm by {shift_rms:.2f}; "
+    f"3x+2 changes LayerNorm by < 1e-4: {shift_ln < 1e-4}, RMSNorm by {shift_rms:.2f}\n"
     f"3x changes RMSNorm by < 1e-5: {scale_rms < 1e-5}"
 )
 assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1
@@ -368,7 +372,8 @@ torch.testing.assert_close(
     rtol=1e-4,
 )
 print(
-    "W(x − μ1) = (W − W·11ᵀ/d)x, and LayerNorm + Linear = Linear' applied to x/σ: checked"
+    "W(x − μ1) = (W − W·11ᵀ/d)x, and LayerNorm + Linear = Linear' applied to x/σ: "
+    "checked"
 )
 
 # %% [markdown]
@@ -386,11 +391,12 @@ mu, rms_s = S.mean(-1), S.pow(2).mean(-1).sqrt()
 ratio = (mu.abs() / rms_s).flatten()
 factor = (1 - (mu / rms_s) ** 2).sqrt()  # σ / rms for every token and layer
 print(
-    f"|μ| / rms over {ratio.numel()} stream vectors: median {ratio.median():.3f} "
-    f"(a random vector: 1/√d = {d_smol**-0.5:.3f}), max {ratio.max():.3f}"
+    f"|μ| / rms over {ratio.numel()} stream vectors: median {ratio.median():.3f}, "
+    f"max {ratio.max():.3f}\n(a random vector: 1/√d = {d_smol**-0.5:.3f})"
 )
 print(
-    f"σ / rms: smallest {factor.min():.4f}, i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}"
+    f"σ / rms: smallest {factor.min():.4f}, "
+    f"i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}"
 )
 assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
 
@@ -446,7 +452,7 @@ NAMES = {
 def deep_model(
     placement: str, n_layers: int = DEPTH, depth_scaled: bool = False, **changes
 ):
-    """The chapter's model: n_layers blocks of width 32, LayerNorm, learned positions."""
+    """The chapter's model: n_layers blocks, width 32, LayerNorm, learned positions."""
     cfg = ModelConfig(
         vocab_size=V,
         d_model=WIDTH,
@@ -469,7 +475,8 @@ def deep_model(
 
 
 def run(placement: str, warmup: int, seed: int) -> dict:
-    """Train one model; return its loss per step, token cosine per step and layer, model."""
+    """Train one model; return its loss per step, token cosine per step and layer, and
+    the model."""
     seed_everything(seed)
     model = deep_model(placement)
     batches = torch.Generator().manual_seed(seed)
@@ -515,7 +522,8 @@ unigram = (
 )  # the loss of predicting letter frequencies
 loss = {(p, warm): mean_over_seeds(p, warm) for p in PLACEMENTS for warm in (0, WARMUP)}
 print(
-    f"held-out loss after {STEPS} steps (nats/char; letter frequencies alone: {unigram:.2f})"
+    f"held-out loss after {STEPS} steps "
+    f"(nats/char; letter frequencies alone: {unigram:.2f})"
 )
 print(f"{'':<12} {'no warmup':>10} {'warmup':>8}")
 for p in PLACEMENTS:
@@ -609,7 +617,8 @@ collapsed_by = {
 }
 print(f"first step with top-layer token cosine > 0.99: {collapsed_by}")
 print(
-    f"top-layer token cosine at the end: Post-LN {post_cos[-1, -1]:.3f}, Pre-LN {pre_cos[-1, -1]:.2f}"
+    f"top-layer token cosine at the end: Post-LN {post_cos[-1, -1]:.3f}, "
+    f"Pre-LN {pre_cos[-1, -1]:.2f}"
 )
 assert max(collapsed_by.values()) < 10  # both collapse within the first steps...
 assert (
@@ -635,27 +644,182 @@ for p in PLACEMENTS:
     seed_everything(0)
     grads[p] = block_grad_norms(deep_model(p), probe_x, probe_y)
 depths = [4, 8, 16, 32]
-last_grad = {}
+FIG_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]  # for the figure below (⊃ depths)
+profiles = {}  # (placement, L) -> gradient norm of each of the L blocks, (L,)
 for p in ("post", "pre"):
-    last_grad[p] = []
-    for n in depths:
+    for n in FIG_DEPTHS:
         seed_everything(0)
-        last_grad[p].append(
-            block_grad_norms(deep_model(p, n_layers=n), probe_x, probe_y)[-1].item()
-        )
+        profiles[(p, n)] = block_grad_norms(deep_model(p, n_layers=n), probe_x, probe_y)
+last_grad = {p: [profiles[(p, n)][-1].item() for n in depths] for p in ("post", "pre")}
 slopes = {p: loglog_fit(depths, last_grad[p])[0] for p in last_grad}
 print(f"{'L':>3}" + "".join(f" {NAMES[p] + ' last block':>20}" for p in last_grad))
 for i, n in enumerate(depths):
     print(f"{n:>3}" + "".join(f" {last_grad[p][i]:>20.3f}" for p in last_grad))
 print(
-    f"fitted: last-block gradient ∝ L^{slopes['post']:.2f} (Post-LN), L^{slopes['pre']:.2f} (Pre-LN)"
+    f"fitted: last-block gradient ∝ L^{slopes['post']:.2f} (Post-LN), "
+    f"L^{slopes['pre']:.2f} (Pre-LN)"
 )
 assert slopes["pre"] < -0.25 and slopes["post"] > -0.1  # Xiong et al.'s scaling
 assert grads["pre"][0] > 2 * grads["pre"][-1]  # Pre-LN: smaller gradients further up
 
 # %% [markdown]
-# The measurement agrees with the theory (Post-LN's last-block gradient even grows a
-# little with depth). But AdamW divides each gradient by its own
+# {numref}`fig-norm-placement` steps through the depths of that measurement (the models
+# above, from 1 to 48 blocks) and shows every block's gradient, not only the last one's.
+
+# %% tags=["remove-output"]
+# first ÷ last block, at every depth of the figure
+spread = {
+    p: np.array(
+        [(profiles[(p, n)][0] / profiles[(p, n)][-1]).item() for n in FIG_DEPTHS]
+    )
+    for p in ("post", "pre")
+}
+tilt = {p: loglog_fit(FIG_DEPTHS[1:], spread[p][1:])[0] for p in spread}
+print(f"first ÷ last block gradient, L = {FIG_DEPTHS[1]} → {FIG_DEPTHS[-1]}:")
+for p in ("post", "pre"):
+    print(
+        f"  {NAMES[p]:<8} {spread[p][1]:.1f} → {spread[p][-1]:.1f}, "
+        f"fitted ∝ L^{tilt[p]:.2f}"
+    )
+assert tilt["pre"] > 0.3  # Pre-LN: the bottom blocks' share grows with depth...
+assert tilt["post"] < tilt["pre"] - 0.3  # ...Post-LN's profile keeps its shape
+assert spread["pre"][-1] > 2 * spread["post"][-1]
+
+fig, (ax_s, ax_g, ax_l) = plt.subplots(
+    1, 3, figsize=(9.0, 3.5), width_ratios=[1.0, 1.5, 1.1]
+)
+
+
+def box(ax: plt.Axes, x: float, y: float, text: str, kind: str) -> None:
+    """A labelled box centred at (x, y) in the mechanism colour of `kind`."""
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - 0.3, y - 0.22), 0.6, 0.44, boxstyle="round,pad=0.02",
+            facecolor=COLORS[kind], edgecolor="black", lw=0.8, zorder=3,
+        )
+    )  # fmt: skip
+    white = kind in ("full", "moe", "latent")  # dark boxes get white text
+    ax.text(
+        x,
+        y,
+        text,
+        ha="center",
+        va="center",
+        fontsize=9,
+        zorder=4,
+        color="white" if white else "black",
+    )
+
+
+def schematic(ax: plt.Axes, x0: float, post: bool, color: str) -> None:
+    """One sublayer: the identity path (left, in the placement's colour), the branch
+    (grey) and the norm N where the placement puts it; f is the attention or the FFN."""
+    ax.annotate(
+        "", xy=(x0, 3.4), xytext=(x0, 0.0),
+        arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2},
+    )  # fmt: skip
+    ax.plot([x0, x0 + 0.9, x0 + 0.9, x0], [0.4, 0.4, 2.1, 2.1], color="grey", lw=1.2)
+    if post:
+        box(ax, x0 + 0.9, 1.25, "f", "full")
+        box(ax, x0, 2.75, "N", "norm")  # on the identity path: every route passes it
+    else:
+        box(ax, x0 + 0.9, 0.95, "N", "norm")  # on the branch only
+        box(ax, x0 + 0.9, 1.6, "f", "full")
+    ax.text(
+        x0,
+        2.1,
+        "+",
+        ha="center",
+        va="center",
+        fontsize=12,
+        fontweight="bold",
+        bbox={"boxstyle": "circle,pad=0.1", "fc": "white", "ec": color},
+        zorder=4,
+    )
+    ax.text(
+        x0 + 0.45,
+        -0.35,
+        "Post-LN" if post else "Pre-LN",
+        ha="center",
+        va="top",
+        color=color,
+        fontsize=10,
+    )
+
+
+schematic(ax_s, 0.0, post=True, color=PALETTE[0])
+schematic(ax_s, 1.8, post=False, color=PALETTE[1])
+ax_s.set(xlim=(-0.4, 3.0), ylim=(-0.9, 4.0))
+ax_s.axis("off")
+depth_text = ax_s.text(1.3, 3.75, "", ha="center", fontsize=10)
+lines = {}
+for j, p in enumerate(("post", "pre")):
+    (lines[p],) = ax_g.semilogy([], [], "o-", ms=2.5, color=PALETTE[j], label=NAMES[p])
+ax_g.set(
+    xlim=(0, FIG_DEPTHS[-1] + 1),
+    ylim=(0.1, 4),
+    xlabel="block ℓ",
+    ylabel="gradient norm at initialisation",
+)
+ax_g.set_yticks([0.1, 0.2, 0.5, 1, 2], ["0.1", "0.2", "0.5", "1", "2"])
+ax_g.yaxis.set_minor_formatter(NullFormatter())
+ax_g.legend(loc="upper right")
+dots = {
+    p: ax_l.loglog([], [], "o-", ms=4, color=PALETTE[j])[0]
+    for j, p in enumerate(("post", "pre"))
+}
+ax_l.set(
+    xlim=(0.8, 60),
+    ylim=(0.2, 3),
+    xlabel="depth L",
+    ylabel="last block's gradient norm",
+    title="The top block against depth",
+)
+ax_l.set_xticks([1, 4, 16, 48], ["1", "4", "16", "48"])
+ax_l.set_yticks([0.2, 0.5, 1, 2], ["0.2", "0.5", "1", "2"])
+ax_l.xaxis.set_minor_formatter(NullFormatter())
+ax_l.yaxis.set_minor_formatter(NullFormatter())
+
+
+def draw_depth(i: int) -> None:
+    n = FIG_DEPTHS[i]
+    for p in ("post", "pre"):
+        lines[p].set_data(np.arange(1, n + 1), profiles[(p, n)].numpy())
+        last = [profiles[(p, m)][-1].item() for m in FIG_DEPTHS[: i + 1]]
+        dots[p].set_data(FIG_DEPTHS[: i + 1], last)
+    depth_text.set_text(f"× {n} blocks")
+    ax_g.set_title(
+        f"L = {n}: first ÷ last block {spread['post'][i]:.1f} (Post-LN), "
+        f"{spread['pre'][i]:.1f} (Pre-LN)",
+        fontsize=9,
+    )
+
+
+draw_depth(0)
+fig.canvas.draw()  # lay out once; the frames only change the data
+fig.set_layout_engine("none")
+glue(
+    "fig-norm-placement",
+    HTML(animate(fig, draw_depth, len(FIG_DEPTHS), interval_ms=600)),
+)
+
+# %% [markdown]
+# ```{glue:figure} fig-norm-placement
+# :name: fig-norm-placement
+#
+# The identity path against the branch, at initialisation. Left: one sublayer; Post-LN's
+# norm N sits on the identity path (every route to the top passes through it), Pre-LN's on
+# the branch only. Middle: the gradient norm of each block's parameters, measured by a
+# backward pass on one batch, for a stack of L blocks. Right: the last block's gradient
+# against L. As the frames add depth (L = 1 to 48), Post-LN's profile keeps its shape (a
+# first block about twice the rest) and its top block's gradient does not shrink, while
+# Pre-LN's gradients tilt: its top blocks' gradients fall roughly like $1/\sqrt{L}$ and the
+# ratio of first to last block grows from about 1 to 7.
+# ```
+
+# %% [markdown]
+# The measurement agrees with the theory ({numref}`fig-norm-placement`, right: Post-LN's
+# last-block gradient even grows a little with depth). But AdamW divides each gradient by its own
 # running scale, so the size of a step does not follow the size of the gradient: the
 # gradient scale alone cannot be the whole story. The other half is the identity path. For
 # each block input $x_\ell$ we estimate the Jacobian $J_\ell = \partial x_L/\partial x_\ell$
@@ -763,6 +927,179 @@ for p in PLACEMENTS:
 assert abs(stream_fit["post"]) < 0.1  # Post-LN: pinned by the norm after every block
 
 # %% [markdown]
+# {numref}`fig-residual-stream` takes three of the placements to 24 blocks, at
+# initialisation, and follows one token through the stack sublayer by sublayer: what each
+# sublayer writes, the norm of the stream, and the norm of what each normalisation reads.
+
+
+# %% tags=["remove-output"]
+def sublayer_trace(model: DecoderLM, ids: torch.Tensor, token: int = -1) -> dict:
+    """One token's path through the stack, read with forward hooks (model unchanged).
+
+    stream (2L + 1,): ‖x‖ before block 0 and after every sublayer; writes (2L,): ‖what
+    each sublayer adds‖ (in Post-LN f(x), added before the norm); reads: for every norm,
+    (sublayer, 0 for N or 1 for N', ‖its input‖).
+    """
+    stream, writes, reads, handles = [], [], [], []
+
+    def input_norm(store: list, *where: int):
+        def hook(module, args):
+            value = args[0][0, token].norm().item()
+            store.append((*where, value) if where else value)
+
+        return hook
+
+    def output_norm(store: list):
+        return lambda module, args, out: store.append(out[0, token].norm().item())
+
+    handles.append(model.blocks[0].register_forward_pre_hook(input_norm(stream)))
+    for ell, b in enumerate(model.blocks):
+        for sub, out_norm in ((b.attn, b.attn_out_norm), (b.ffn, b.ffn_out_norm)):
+            writer = (
+                out_norm if out_norm is not None else sub
+            )  # what the stream receives
+            handles.append(writer.register_forward_hook(output_norm(writes)))
+        # the stream between the two sublayers is what the FFN's side reads first
+        middle = b.ffn if b.placement == "post" else b.ffn_norm
+        handles.append(middle.register_forward_pre_hook(input_norm(stream)))
+        handles.append(b.register_forward_hook(output_norm(stream)))
+        norms = (b.attn_norm, b.attn_out_norm, b.ffn_norm, b.ffn_out_norm)
+        for k, norm in enumerate(norms):
+            if norm is not None:
+                hook = input_norm(reads, 2 * ell + k // 2, k % 2)
+                handles.append(norm.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"stream": np.array(stream), "writes": np.array(writes), "reads": reads}
+
+
+STREAM_DEPTH = 24
+SHOWN = ["pre", "post", "sandwich"]
+traces = {}
+for p in SHOWN:
+    seed_everything(0)
+    traces[p] = sublayer_trace(deep_model(p, n_layers=STREAM_DEPTH), val_x[:1])
+# ‖x‖ after block 24 ÷ after block 1 (stream index 2ℓ is the output of block ℓ)
+growth = {p: t["stream"][-1] / t["stream"][2] for p, t in traces.items()}
+for p, t in traces.items():
+    print(
+        f"{NAMES[p]:<9} ‖x‖ after block 1 {t['stream'][2]:5.2f}, after block 24 "
+        f"{t['stream'][-1]:5.2f} (× {growth[p]:.1f}); writes "
+        f"{t['writes'].min():.2f} to {t['writes'].max():.2f}"
+    )
+post_stream, sandwich_writes = (
+    traces["post"]["stream"][1:],
+    traces["sandwich"]["writes"],
+)
+assert growth["pre"] > 3  # Pre-LN: the stream grows with depth...
+final = {p: t["stream"][-1] for p, t in traces.items()}
+assert (
+    final["sandwich"] > 2 * final["pre"]
+)  # ...further when every write has norm √d...
+assert sandwich_writes.max() < 1.01 * sandwich_writes.min()  # (the N' gain is 1)
+assert post_stream.max() < 1.01 * post_stream.min()  # ...Post-LN's is pinned by N
+
+FORMULAS = {
+    "pre": "Pre-LN: x + f(N(x))",
+    "post": "Post-LN: N(x + f(x))",
+    "sandwich": "sandwich: x + N′(f(N(x)))",
+}
+fig, axes = plt.subplots(3, 1, figsize=(8.6, 6.2), sharex=True, sharey=True)
+n_sub = 2 * STREAM_DEPTH
+artists = {}
+for ax, p in zip(axes, SHOWN, strict=True):
+    t = traces[p]
+    bars = ax.bar(
+        np.arange(n_sub) + 0.5,
+        t["writes"],
+        width=0.8,
+        color=[COLORS["full"], COLORS["dense"]] * STREAM_DEPTH,
+    )
+    bars.patches[0].set_label("attention writes")
+    bars.patches[1].set_label("FFN writes")
+    (line,) = ax.plot([], [], "-", color="black", lw=1.5, label="stream ‖x‖")
+    marks = {}
+    for kind, marker, name in ((0, "D", "N reads"), (1, "v", "N′ reads")):
+        (marks[kind],) = ax.plot(
+            [], [], marker, ms=4, mfc=COLORS["norm"], mec="black", mew=0.6,
+            ls="none", label=name,
+        )  # fmt: skip
+    ax.axhline(WIDTH**0.5, color="grey", ls=":", lw=1)
+    ax.text(
+        1.005, WIDTH**0.5, "√d", transform=ax.get_yaxis_transform(),
+        va="center", fontsize=8, color="grey",
+    )  # fmt: skip
+    ax.set_title(FORMULAS[p], loc="left", fontsize=10)
+    label = ax.text(0.99, 0.06, "", transform=ax.transAxes, ha="right", fontsize=9)
+    artists[p] = (bars, line, marks, label)
+axes[0].set(yscale="log", ylim=(0.02, 80), xlim=(-0.5, n_sub + 0.5))
+axes[0].set_yticks([0.1, 1, 10], ["0.1", "1", "10"])
+axes[0].yaxis.set_minor_formatter(NullFormatter())
+axes[1].set_ylabel("norm, one token")
+axes[-1].set_xticks(
+    range(0, n_sub + 1, 4), [str(b) for b in range(0, STREAM_DEPTH + 1, 2)]
+)
+axes[-1].set_xlabel("blocks done (each: attention, then FFN)")
+axes[0].legend(loc="upper left", ncols=5, fontsize=8)
+
+
+def reads_at(p: str, kind: int) -> tuple[list[float], list[float]]:
+    """Where each norm reads, at the stream point it reads (N′: on the branch)."""
+    post = p == "post"
+    spots = [
+        (j + (1 if post else 0.5 if k else 0), v)
+        for j, k, v in traces[p]["reads"]
+        if k == kind
+    ]
+    return [x for x, _ in spots], [v for _, v in spots]
+
+
+read_spots = {(p, k): reads_at(p, k) for p in SHOWN for k in (0, 1)}
+
+
+def draw_stream(i: int) -> None:
+    shown_sub = 4 * i  # frame i shows blocks 0 .. 2i - 1
+    for p in SHOWN:
+        bars, line, marks, label = artists[p]
+        for j, patch in enumerate(bars.patches):
+            patch.set_visible(j < shown_sub)
+        line.set_data(np.arange(shown_sub + 1), traces[p]["stream"][: shown_sub + 1])
+        for k, mark in marks.items():
+            xs, ys = read_spots[(p, k)]
+            keep = [j for j, x in enumerate(xs) if x <= shown_sub]
+            mark.set_data([xs[j] for j in keep], [ys[j] for j in keep])
+        label.set_text(
+            f"after {2 * i} blocks: ‖x‖ = {traces[p]['stream'][shown_sub]:.2f}"
+        )
+
+
+draw_stream(0)
+fig.canvas.draw()  # lay out once; the frames only change the data
+fig.set_layout_engine("none")
+frames = STREAM_DEPTH // 2 + 1  # frame i: blocks 0 .. 2i - 1
+glue("fig-residual-stream", HTML(animate(fig, draw_stream, frames, interval_ms=500)))
+
+# %% [markdown]
+# ```{glue:figure} fig-residual-stream
+# :name: fig-residual-stream
+#
+# One token's residual stream through 24 blocks at initialisation (the chapter's model,
+# full-size writes, forward hooks), one panel per placement, on a log scale. Bars: the
+# norm of what each sublayer writes (attention, then FFN; in Post-LN the $f(x)$ added
+# before the norm). Black line: the norm of the stream. Markers: the norm of the vector
+# each normalisation reads, N before the branch (or, in Post-LN, on the sum) and N′ on the
+# branch's output. Each frame adds two blocks. Under Pre-LN the norm reads the stream
+# itself, which grows about fivefold from block 1 to 24; under Post-LN it reads
+# $x + f(x)$ and puts the stream back to $\sqrt d$ after every sublayer, so the stream
+# never grows; under sandwich N′ scales every write to $\sqrt d$ and the stream grows
+# furthest.
+# ```
+
+# %% [markdown]
 # ## Depth-scaled initialisation
 #
 # In Pre-LN nothing bounds what the branches write, so at initialisation $L$ blocks of
@@ -795,12 +1132,12 @@ for n in depth_grid:
                         norm.weight.fill_(1.0 if gain == 1.0 else n**-0.5)
         final_norm[name].append(residual_norms(model, probe)[-1].median().item())
 growth = {name: loglog_fit(depth_grid, v)[0] for name, v in final_norm.items()}
-print(f"{'':<38}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid) + "   exponent")
+print(f"{'':<36}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid) + "  exponent")
 for name, values in final_norm.items():
     print(
-        f"{name:<38}"
+        f"{name:<36}"
         + "".join(f" {v:>6.1f}" for v in values)
-        + f"   {growth[name]:>8.2f}"
+        + f"  {growth[name]:>8.2f}"
     )
 for name in ("Pre-LN, full-size writes", "sandwich, output gain 1"):
     assert 0.35 < growth[name] < 0.65  # √L growth
@@ -890,8 +1227,9 @@ head_dim = WIDTH // (WIDTH // 16)
 for name, r in qk.items():
     jumps = np.diff(r["loss"])
     print(
-        f"QK-norm {name:>4}: max logit at step 0 {r['logits'][0]:5.1f}, step 50 {r['logits'][50]:6.1f}, "
-        f"end {r['logits'][-1]:6.1f} | loss at end {np.mean(r['loss'][-20:]):.2f}, "
+        f"QK-norm {name:>4}: max logit at step 0 {r['logits'][0]:5.1f}, "
+        f"step 50 {r['logits'][50]:6.1f}, end {r['logits'][-1]:6.1f}\n"
+        f"              loss at end {np.mean(r['loss'][-20:]):.2f}, "
         f"largest one-step rise {jumps.max():.2f}"
     )
 with_qk = qk["head"]["model"]
@@ -903,7 +1241,8 @@ bound = max(
 )
 final_logits = attention_logit_max(with_qk, val_x)
 print(
-    f"after training with QK-norm: max logit {final_logits.max():.1f} ≤ √D · max|γ_q| · max|γ_k| = {bound:.1f}"
+    f"after training with QK-norm: max logit {final_logits.max():.1f} "
+    f"≤ √D · max|γ_q| · max|γ_k| = {bound:.1f}"
 )
 assert (
     qk["none"]["logits"][-1] > 5 * qk["head"]["logits"][-1]

@@ -66,6 +66,7 @@ from IPython.display import HTML, Code
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 
+from companion import COLORS
 from companion.analysis.calculator import (
     count_params,
     flops_per_token,
@@ -87,21 +88,22 @@ from companion.device import default_device, describe
 from companion.layers.kv_cache import KVCache, position_mask
 from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
 from companion.layers.rotary import RotaryEmbedding
+from companion.models.builders import build_mixer
 from companion.models.decoder import DecoderLM
 from companion.models.generation import decode_one_token
 from companion.models.presets import PRESETS, preset, spec_row, tiny
 from companion.ops.attention import naive_attention
 from companion.ops.grouped import expand_kv, grouped_attention
 from companion.ops.rope import apply_rope, rope_frequencies
-from companion.plotting import PALETTE, animate, loglog_fit, use_style
+from companion.plotting import PALETTE, animate, glue, loglog_fit, use_style
 from companion.training import seed_everything
 
 FULL = False  # True: longer generations and caches (use a GPU for the timing section)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
-# Every model here is tiny: one thread is nearly as fast as two on an idle 2-core machine,
-# and much faster when other programs share the cores.
+# Every model here is tiny: one thread is nearly as fast as two on an idle 2-core
+# machine, and much faster when other programs share the cores.
 torch.set_num_threads(1)
 print(describe(DEVICE))
 
@@ -141,8 +143,9 @@ prompt = prompt.to(DEVICE)
 
 
 def generate_counting(model: DecoderLM, ids: torch.Tensor, new: int, use_cache: bool):
-    """Greedy generation; per forward pass, the tokens layer 0's attention projects and the
-    causal (query, key) pairs it scores, read by a pre-hook from its input and positions."""
+    """Greedy generation; per forward pass, the tokens layer 0's attention projects
+    and the causal (query, key) pairs it scores, read by a pre-hook from its input
+    and positions."""
     passes = []
 
     def hook(module, args, kwargs):
@@ -176,7 +179,8 @@ with torch.no_grad():
     ]
 gap = (torch.cat(steps, dim=1) - full).abs().max().item()
 print(
-    f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions < 1e-5: {gap < 1e-5}"
+    f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions "
+    f"< 1e-5: {gap < 1e-5}"
 )
 assert gap < 1e-5
 
@@ -186,7 +190,8 @@ for name, work, cached in (
 ):
     rows, pairs = work.sum(axis=0)
     print(
-        f"{name:<10} {len(work):>3} passes {rows:>6,} projected tokens {pairs:>7,} scored pairs"
+        f"{name:<10} {len(work):>3} passes {rows:>6,} projected tokens "
+        f"{pairs:>7,} scored pairs"
     )
     assert rows == projected_tokens(PROMPT, NEW, cached=cached)
     assert pairs == attended_pairs(PROMPT, NEW, cached=cached)
@@ -227,14 +232,16 @@ slope_c, _ = loglog_fit(n[fit], total_cached[fit])
 slope_r, _ = loglog_fit(n[fit], total_recomputed[fit])
 ratio_8k = total_recomputed[8191] / total_cached[8191]
 print(
-    f"FLOPs per token: {a / 1e9:.1f} GFLOP for the weights + {b / 1e3:.0f} kFLOP per cached key"
+    f"FLOPs per token: {a / 1e9:.1f} GFLOP for the weights "
+    f"+ {b / 1e3:.0f} kFLOP per cached key"
 )
 print(
     f"generating 8,192 tokens: recompute {total_recomputed[8191]:.1e} FLOPs, "
     f"cache {total_cached[8191]:.1e} FLOPs ({ratio_8k:,.0f}× fewer)"
 )
 print(
-    f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, cache {slope_c:.2f}"
+    f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, "
+    f"cache {slope_c:.2f}"
 )
 assert round(a / 1e9) == 15 and b == 524_288
 assert 1.9 < slope_r < 2.3 and 0.95 < slope_c < 1.3
@@ -304,7 +311,8 @@ mha_8b = gqa_8b.replace(n_kv_heads=gqa_8b.n_heads)  # the 2017 layout
 S128K = 128 * 1024
 weights_8b = count_params(gqa_8b).total * 2  # bf16, the released model
 print(
-    f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters = {weights_8b / 1e9:.2f} GB "
+    f"Llama 3 8B: {count_params(gqa_8b).total:,} parameters "
+    f"= {weights_8b / 1e9:.2f} GB "
     f"({weights_8b / GIB:.2f} GiB) of bf16 weights"
 )
 per_token = {}
@@ -313,9 +321,11 @@ for name, cfg in (("MHA, 32 K/V heads", mha_8b), ("GQA, 8 K/V heads", gqa_8b)):
     at_128k = kv_cache_bytes(cfg, S128K, dtype_bytes=2)
     room = max_context_tokens(80 * GIB, weights_8b, per_token[name])
     print(
-        f"{name}: {per_token[name] / KIB:.0f} KiB/token; 128k tokens: {at_128k / GIB:.0f} GiB "
-        f"= {at_128k / weights_8b:.1f}× the weights; an 80 GiB GPU holds {room:,} tokens"
+        f"{name}: {per_token[name] / KIB:.0f} KiB/token; "
+        f"128k tokens: {at_128k / GIB:.0f} GiB "
+        f"= {at_128k / weights_8b:.1f}× the weights"
     )
+    print(f"{'':<{len(name)}}  an 80 GiB GPU holds {room:,} tokens")
     assert per_token[name] == 2 * 32 * cfg.n_kv_heads * 128 * 2
 assert (
     per_token["MHA, 32 K/V heads"] == 512 * KIB
@@ -343,9 +353,10 @@ assert max_context_tokens(80 * GIB, weights_8b, 128 * KIB) // S128K == 4
 # chapter 12), and an MLA layer one latent and one RoPE key per position (below).
 
 # %%
+print("cache: at the model's full context; weights: bf16; both in GiB")
 print(
-    f"{'model':<20}{'attention':<40}{'KiB/token':>10}{'context':>10}"
-    f"{'cache GiB':>11}{'weights GiB':>13}"
+    f"{'model':<19}{'attention':<37}{'KiB/tok':>8}{'context':>8}"
+    f"{'cache':>7}{'weights':>8}"
 )
 rows = {}
 for name, cfg in PRESETS.items():
@@ -354,8 +365,8 @@ for name, cfg in PRESETS.items():
     weight_gib = count_params(cfg).total * 2 / GIB
     rows[name] = (kib, cache_gib, weight_gib)
     print(
-        f"{name:<20}{spec_row(cfg)['attention']:<40}{kib:>10.1f}{cfg.max_seq_len:>10,}"
-        f"{cache_gib:>11.2f}{weight_gib:>13.1f}"
+        f"{name:<19}{spec_row(cfg)['attention']:<37}{kib:>8.1f}{cfg.max_seq_len:>8,}"
+        f"{cache_gib:>7.2f}{weight_gib:>8.1f}"
     )
 assert (
     rows["gpt2"][0] == 36
@@ -456,7 +467,8 @@ assert round(kv_cache_bytes(gqa_8b, S128K) / H100_BW * 1e3, 1) == 5.1
 # chip's curve:
 
 # %%
-kinds = {  # name: (FLOPs, bytes) of one layer's decode-step attention at any s (here 4096)
+# name: (FLOPs, bytes) of one layer's decode-step attention at any s (here 4096)
+kinds = {
     "MHA 32:32": (
         decode_attention_flops(32, 128, 128, 4096),
         decode_attention_bytes(2 * 32 * 128, 4096),
@@ -597,11 +609,15 @@ for s in LENGTHS:
         k = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         v = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
         if "repeated" in name:  # copy each K/V head to its 4 query heads, then attend
-            fn = lambda k=k, v=v: grouped_attention(  # noqa: E731
-                q_step, expand_kv(k, 32), expand_kv(v, 32)
-            )
+
+            def fn(k=k, v=v):
+                return grouped_attention(q_step, expand_kv(k, 32), expand_kv(v, 32))
+
         else:
-            fn = lambda k=k, v=v: grouped_attention(q_step, k, v)  # noqa: E731
+
+            def fn(k=k, v=v):
+                return grouped_attention(q_step, k, v)
+
         ms[name].append(median_seconds(fn, DEVICE, 5) * 1e3)
     del k, v
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -689,7 +705,8 @@ inv_freq, _ = rope_frequencies(D_R)
 
 
 def rotation(n: int) -> torch.Tensor:
-    """The (D_R, D_R) matrix R_n that RoPE multiplies a vector at position n by (float64)."""
+    """The (D_R, D_R) matrix R_n that RoPE multiplies a vector at position n by
+    (float64)."""
     angles = n * inv_freq.double()[None]  # (1, F)
     return apply_rope(torch.eye(D_R, dtype=torch.float64), angles.cos(), angles.sin()).T
 
@@ -702,8 +719,9 @@ q, c = (
 )
 R5, R9 = rotation(5), rotation(9)
 commute_gap = ((R9 @ W - W @ R9).norm() / W.norm()).item()
+print(f"‖R_n W − W R_n‖ / ‖W‖ = {commute_gap:.2f}")
 print(
-    f"‖R_n W − W R_n‖ / ‖W‖ = {commute_gap:.2f}; rotations among themselves: "
+    "rotations among themselves: "
     f"‖R_5 R_9 − R_9 R_5‖ < 1e-12: {bool((R5 @ R9 - R9 @ R5).norm() < 1e-12)}"
 )
 assert commute_gap > 0.5 and (R5 @ R9 - R9 @ R5).norm() < 1e-12
@@ -712,7 +730,8 @@ assert (
 ).abs().max() < 1e-12  # R_mᵀ R_n = R_{n−m}: only the offset remains
 # without RoPE the up-projection moves to the query side exactly ...
 assert abs(q @ (W @ c) - (W.T @ q) @ c) < 1e-12
-# ... with it, the matrix the query must meet the latent with depends on the key's offset
+# ... with it, the matrix the query must meet the latent with depends on the key's
+# offset
 absorbed = {offset: (rotation(offset) @ W).T for offset in (1, 2, 3)}
 for m, n_ in ((0, 1), (4, 5), (0, 2)):
     assert (
@@ -721,7 +740,8 @@ for m, n_ in ((0, 1), (4, 5), (0, 2)):
     )
 assert (absorbed[1] - absorbed[2]).norm() > 0.5 * W.norm()
 print(
-    "absorbing W_UK works without RoPE; with it, the folded query changes with every offset"
+    "absorbing W_UK works without RoPE; "
+    "with it, the folded query changes with every offset"
 )
 
 # %% [markdown]
@@ -776,11 +796,10 @@ with torch.no_grad():
         ],
         dim=1,
     )
-print(
-    f"max |naive − absorbed| < 1e-12: {bool((y_naive - y_absorbed).abs().max() < 1e-12)} "
-    f"(causal forward), {bool((y_naive - y_steps).abs().max() < 1e-12)} (absorbed, token by "
-    "token from the cache)"
-)
+forward_ok = bool((y_naive - y_absorbed).abs().max() < 1e-12)
+steps_ok = bool((y_naive - y_steps).abs().max() < 1e-12)
+print(f"max |naive − absorbed| < 1e-12: {forward_ok} (causal forward),")
+print(f"{steps_ok} (absorbed, token by token from the cache)")
 assert torch.allclose(y_naive, y_absorbed, atol=1e-12, rtol=0)
 assert torch.allclose(y_naive, y_steps, atol=1e-12, rtol=0)
 
@@ -789,9 +808,10 @@ mha_width = (
     4 * (8 + 4) + 4 * 8
 )  # per-head keys (nope + rope) and values, as an MHA would cache
 print(
-    f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token and layer "
-    f"(r + d_R = 16 + 4); per-head K and V would be {mha_width}"
+    f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token "
+    "and layer (r + d_R = 16 + 4)"
 )
+print(f"per-head K and V would be {mha_width}")
 assert latent_cache.kv.shape == (1, T_MLA, 16 + 4)
 assert torch.equal(latent_cache.pos, torch.arange(T_MLA))  # row t holds position t
 assert mha_width == 80
@@ -846,7 +866,8 @@ print(
     f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; {mha_bytes / mla_bytes:.1f}× smaller"
 )
 print(
-    f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB against {mha_bytes * S128K / GIB:.0f} GiB"
+    f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB "
+    f"against {mha_bytes * S128K / GIB:.0f} GiB"
 )
 assert mla_bytes == 70_272 == kv_cache_bytes_per_token(v3)
 assert round(mla_bytes / KIB, 1) == 68.6 and round(mha_bytes / MIB, 2) == 4.77
@@ -866,105 +887,161 @@ assert (
 # ## What each variant stores
 #
 # The four layouts side by side at one model shape, Llama 3 8B's (32 layers, 32 query
-# heads of width 128, bf16), with DeepSeek's latent sizes for MLA. Each column is one
-# decoded token's cache across all layers, its height the bytes it costs; thin white lines
-# separate K/V heads. Step through the decoding:
+# heads of width 128, bf16), with DeepSeek's latent widths for MLA ($r = 512$,
+# $d_R = 64$): the preset with `kv_lora_rank` and MLA's head widths set, which
+# `ModelConfig` validates like any other. Every byte below comes from the calculator,
+# `kv_cache_bytes_per_token` and `kv_cache_bytes`, and each layout's count per token and
+# layer is checked against the cache that one layer of the real module allocates
+# (`build_mixer(cfg).new_cache`, on the meta device, so nothing is allocated):
 
 # %%
-L8, H8, D8 = 32, 32, 128
-STORE = {  # variant: [(part, copies, width per copy)] kept per token and layer
-    "MHA": [("K", H8, D8), ("V", H8, D8)],
-    "GQA (8 K/V heads)": [("K", 8, D8), ("V", 8, D8)],
-    "MQA": [("K", 1, D8), ("V", 1, D8)],
-    "MLA (r = 512, d_R = 64)": [("latent c", 1, 512), ("RoPE key", 1, 64)],
+# the four layouts at Llama 3 8B's shape; MLA with DeepSeek's latent and RoPE-key widths
+mla_8b = gqa_8b.replace(
+    n_kv_heads=None, head_dim=None,
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+)  # fmt: skip
+SCHEMES = {
+    "MHA": mha_8b,
+    "GQA": gqa_8b,
+    "MQA": gqa_8b.replace(n_kv_heads=1),
+    "MLA": mla_8b,
 }
-COLORS = {
-    "K": PALETTE[0],
-    "V": PALETTE[1],
-    "latent c": PALETTE[2],
-    "RoPE key": PALETTE[3],
+L8 = gqa_8b.n_layers
+per_tok = {name: kv_cache_bytes_per_token(cfg) for name, cfg in SCHEMES.items()}
+per_layer = {name: b // L8 for name, b in per_tok.items()}  # one token, one layer
+for name, cfg in SCHEMES.items():
+    # the calculator against the cache one layer of the real module allocates
+    with torch.device("meta"):
+        one = build_mixer(cfg).new_cache(1, 1, dtype=torch.bfloat16, device="meta")
+    held = sum(b.nbytes for b in one.buffers() if b.is_floating_point())
+    assert held == per_layer[name] and per_tok[name] == L8 * held
+STACKS = {}  # scheme: [(part, bytes of one copy, copies)] per token and layer
+for name, cfg in SCHEMES.items():
+    if cfg.is_mla:  # the calculator's row split by the config's widths
+        row = per_layer[name] / (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        STACKS[name] = [
+            ("latent c", row * cfg.kv_lora_rank, 1),
+            ("RoPE key", row * cfg.qk_rope_head_dim, 1),
+        ]
+    else:  # half keys, half values, one copy per K/V head
+        head = per_layer[name] / (2 * cfg.n_kv_heads)
+        STACKS[name] = [("K", head, cfg.n_kv_heads), ("V", head, cfg.n_kv_heads)]
+CONTEXTS = [1024 * 2**k for k in range(11)]  # 1k to 1M tokens, one doubling a frame
+total = {
+    name: np.array([kv_cache_bytes(cfg, s) for s in CONTEXTS])
+    for name, cfg in SCHEMES.items()
 }
-kib_per_token = {
-    name: sum(n * w for _, n, w in parts) * L8 * 2 / KIB
-    for name, parts in STORE.items()
+ROOM = 80 * GIB - weights_8b  # what an 80 GiB GPU has left beside Llama 3 8B's weights
+overflow = {  # the first context whose cache no longer fits in that room
+    name: next((s for s, b in zip(CONTEXTS, t, strict=True) if b > ROOM), None)
+    for name, t in total.items()
 }
-assert kib_per_token["MHA"] == kv_cache_bytes_per_token(mha_8b) / KIB == 512
-assert (
-    kib_per_token["GQA (8 K/V heads)"] == kv_cache_bytes_per_token(gqa_8b) / KIB == 128
-)
-assert (
-    kib_per_token["MQA"]
-    == kv_cache_bytes_per_token(gqa_8b.replace(n_kv_heads=1)) / KIB
-    == 16
-)
-assert (
-    kib_per_token["MLA (r = 512, d_R = 64)"] == bytes_per_token(512, 64, L8) / KIB == 36
-)
-print({name: f"{kib:.0f} KiB/token" for name, kib in kib_per_token.items()})
+print(f"{'':<5}{'B/token/layer':>14}{'KiB/token':>10}" + "".join(
+    f"{s // 1024:>7,}k" for s in CONTEXTS[::2]) + "  (GiB)")  # fmt: skip
+for name in SCHEMES:
+    print(
+        f"{name:<5}{per_layer[name]:>14,}{per_tok[name] / KIB:>10.0f}"
+        + "".join(f"{t / GIB:>8.2f}" for t in total[name][::2])
+    )
+print("first context that does not fit beside the weights on an 80 GiB GPU:")
+print("  " + ", ".join(f"{k} {f'{s:,}' if s else 'none'}" for k, s in overflow.items()))
+p = per_tok
+assert p["MHA"] > p["GQA"] > p["MQA"] and p["MQA"] < p["MLA"] < p["GQA"]
+# no windows here: every doubling of the context doubles every cache
+assert all((t[1:] == 2 * t[:-1]).all() for t in total.values())
+assert overflow == {"MHA": 256 * 1024, "GQA": 1024**2, "MQA": None, "MLA": None}
 
-STEPS_SHOWN = 12
-fig, axes = plt.subplots(1, 4, figsize=(12, 4.0), sharey=True)
+# %% tags=["remove-output"]
+PART_COLORS = {
+    "K": COLORS["full"], "V": PALETTE[5],
+    "latent c": COLORS["latent"], "RoPE key": PALETTE[1],
+}  # fmt: skip
+LINE = {"MHA": PALETTE[7], "GQA": PALETTE[0], "MQA": PALETTE[2], "MLA": PALETTE[3]}
+
+
+def size(n: float) -> str:
+    """Bytes as the figure writes them: B, KiB, MiB, GiB or TiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(8.8, 4.2), width_ratios=[1, 1.25])
 fig.legend(
-    handles=[Patch(color=c, label=p) for p, c in COLORS.items()],
-    loc="outside lower center",
-    ncol=4,
-    fontsize=8,
-)
-fig.suptitle(
-    "What the cache holds per decoded token, Llama 3 8B's shape (32 layers, 32 query heads × 128, bf16)"
-)
-
-
-def draw_cache(i: int) -> None:
-    tokens = i + 1
-    for ax, (name, parts) in zip(axes, STORE.items(), strict=True):
-        ax.cla()
-        xs, bottom = np.arange(tokens), 0.0
-        for part, copies, width in parts:
-            each = width * L8 * 2 / KIB  # KiB of one copy (one head) over all layers
-            ax.bar(xs, copies * each, bottom=bottom, width=0.92, color=COLORS[part])
-            if copies > 1:
-                ax.hlines(
-                    bottom + each * np.arange(1, copies),
-                    -0.5,
-                    tokens - 0.5,
-                    color="white",
-                    lw=0.4,
-                )
-            bottom += copies * each
-        total = tokens * kib_per_token[name]
-        ax.text(
-            0.97,
-            0.97,
-            f"{tokens} token{'s' * (tokens > 1)}: {total:,.0f} KiB\n128k tokens: "
-            f"{kib_per_token[name] * S128K / MIB:.1f} GiB",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=8,
+    handles=[Patch(color=c, label=p) for p, c in PART_COLORS.items()],
+    loc="outside lower center", ncol=4, fontsize=8,
+)  # fmt: skip
+for j, (name, parts) in enumerate(STACKS.items()):  # the stacks: the same every frame
+    bottom = 0.0
+    for part, each, copies in parts:
+        ax_s.bar(
+            j, copies * each / KIB, bottom=bottom, width=0.7, color=PART_COLORS[part]
         )
-        ax.set(
-            xlim=(-0.6, STEPS_SHOWN - 0.4),
-            ylim=(0, 640),
-            title=f"{name}\n{kib_per_token[name]:.0f} KiB/token",
-            xlabel="decoded token",
-        )
-        ax.set_xticks(
-            range(0, STEPS_SHOWN, 2), [str(t + 1) for t in range(0, STEPS_SHOWN, 2)]
-        )
-        ax.title.set_fontsize(9)
-    axes[0].set_ylabel("cache per token, all layers (KiB)")
+        if copies > 1:  # one white line between two heads
+            ax_s.hlines(bottom + each / KIB * np.arange(1, copies), j - 0.35, j + 0.35,
+                        color="white", lw=0.4)  # fmt: skip
+        bottom += copies * each / KIB
+    what = (
+        f"{parts[0][2]} K + {parts[0][2]} V\n× {parts[0][1]:,.0f} B"
+        if parts[0][0] == "K"
+        else f"{parts[0][1]:,.0f} B\n+ {parts[1][1]:,.0f} B"
+    )
+    label = f"{what}\n= {per_layer[name]:,} B\n{size(per_tok[name])}/token"
+    ax_s.text(j, bottom + 0.3, label, ha="center", va="bottom", fontsize=7)
+ax_s.set_xticks(range(len(STACKS)), list(STACKS))
+for tick, name in zip(ax_s.get_xticklabels(), STACKS, strict=True):
+    tick.set_color(LINE[name])
+ax_s.set(ylim=(0, 23), ylabel="KiB per token and layer",
+         title=f"One token, one layer (× {L8} layers)")  # fmt: skip
+ax_s.grid(False, axis="x")
+lines = {name: ax_t.loglog([], [], "o-", ms=3, color=LINE[name])[0] for name in SCHEMES}
+ax_t.axhline(ROOM, color="grey", ls="--", lw=1)
+ax_t.text(CONTEXTS[0], ROOM * 1.3,
+          f"80 GiB GPU minus the {weights_8b / GIB:.0f} GiB of weights",
+          fontsize=7, color="grey")  # fmt: skip
+yticks = [16 * MIB * 16**k for k in range(6)]
+ax_t.set_yticks(yticks, [size(y) for y in yticks])
+ax_t.set_xticks(CONTEXTS[::2], ["1k", "4k", "16k", "64k", "256k", "1M"])
+ax_t.minorticks_off()
+ax_t.set(xlim=(CONTEXTS[0] / 1.4, CONTEXTS[-1] * 1.4), ylim=(8 * MIB, 2**41),
+         xlabel="context (tokens)", ylabel="whole cache, all layers")  # fmt: skip
 
 
-HTML(animate(fig, draw_cache, STEPS_SHOWN, interval_ms=500))
+def draw_kv(i: int) -> None:
+    for name, line in lines.items():
+        line.set_data(CONTEXTS[: i + 1], total[name][: i + 1])
+        line.set_label(f"{name}: {size(total[name][i])}")
+    ax_t.legend(loc="lower right", fontsize=8)
+    ax_t.set_title(f"Context {CONTEXTS[i]:,} tokens")
+
+
+glue("fig-kv-cache", HTML(animate(fig, draw_kv, len(CONTEXTS), interval_ms=600)))
 
 # %% [markdown]
-# MHA's columns are 512 KiB tall and GQA's a quarter of that; MQA's single K/V head and
-# MLA's latent are thin strips of 16 and 36 KiB. MLA stores more than MQA, about twice,
-# but it keeps 32 distinct keys and values per layer (one per head, rebuilt from the latent
-# when needed); MQA keeps one. For DeepSeek-V3 itself, with 128 heads, 61 layers and wider
-# keys, the gap to MHA is the 71× computed above. (At 128k tokens in the labels, the
-# columns become 64, 16, 2 and 4.5 GiB.)
+# ```{glue:figure} fig-kv-cache
+# :name: fig-kv-cache
+#
+# What the KV cache holds at Llama 3 8B's shape (32 layers, 32 query heads of width 128,
+# bf16) under four layouts, MLA with DeepSeek's $r = 512$ and $d_R = 64$. Left: one token
+# in one layer, in bytes; MHA, GQA and MQA keep a key and a value of 256 bytes per K/V
+# head (thin white lines separate the heads), MLA one latent and one rotated key shared by
+# all heads. Right: the whole cache, all layers, as the context doubles from 1,024 to
+# 1,048,576 tokens, one doubling a frame. Watch the four lines climb in parallel, a fixed
+# factor apart, and cross the dashed line of what an 80 GiB GPU has left beside the
+# weights: MHA between 128k and 256k tokens, GQA between 512k and 1M, MQA and MLA never.
+# ```
+
+# %% [markdown]
+# {numref}`fig-kv-cache` separates the formula's two factors. Per token and layer MHA
+# keeps 16 KiB, 32 keys and 32 values; GQA a quarter of that; MQA's single K/V head and
+# MLA's latent are thin strips of 512 and 1,152 bytes. MLA stores more than MQA, about
+# twice, but it keeps 32 distinct keys and values per layer (one per head, rebuilt from the
+# latent when needed); MQA keeps one. The context only multiplies: every doubling doubles
+# every cache, so the lines stay parallel and the layout alone decides how far one GPU
+# goes. At 128k tokens the four caches are 64, 16, 2 and 4.5 GiB; at 1M tokens 512, 128,
+# 16 and 36 GiB. For DeepSeek-V3 itself, with 128 heads, 61 layers and wider keys, the gap
+# to MHA is the 71× computed above.
 #
 # ## The fast decode path
 #
@@ -993,7 +1070,8 @@ Code(
 fast = tiny_lm.generate(prompt, NEW, compile=True)
 reference = tiny_lm.generate(prompt, NEW)
 print(
-    f"compiled decode step: same {NEW} tokens as the eager one: {torch.equal(fast, reference)}"
+    f"compiled decode step: same {NEW} tokens as the eager one: "
+    f"{torch.equal(fast, reference)}"
 )
 assert torch.equal(fast, reference)
 smol = preset("smollm2-135m")  # the benchmark's model
