@@ -89,22 +89,29 @@ def animate(
     return html
 
 
-def glue(name: str, obj: object) -> None:
+# myst-nb's prefix for glue records that are stored but not displayed
+_GLUE_HIDDEN = "application/papermill.record/"
+
+
+def glue(name: str, obj: object, display: bool = True) -> None:
     """Display ``obj`` and store its output under ``name`` for the book to paste.
 
     This writes myst-nb's glue record (the display data with ``scrapbook`` metadata,
-    which ``{glue:figure}`` and ``{glue:any}`` read) without importing myst-nb, which a
-    Colab kernel does not have. Jupyter shows the output as usual; tag the cell
-    ``remove-output`` so the book shows only the pasted copy.
+    which ``{glue:figure}``, ``{glue:any}`` and ``{glue:text}`` read) without importing
+    myst-nb, which a Colab kernel does not have. Jupyter shows the output as usual; tag
+    the cell ``remove-output`` so the book shows only the pasted copy. With
+    ``display=False`` the record is stored under myst-nb's hidden MIME prefix, for a
+    number the prose quotes: Jupyter and the book show nothing, nbval still compares it.
     """
     from IPython.core.formatters import format_display_data
-    from IPython.display import display
+    from IPython.display import display as show
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     bundle, metadata = format_display_data(obj)
-    metadata = {**metadata, "scrapbook": {"name": name, "mime_prefix": ""}}
-    display(bundle, metadata=metadata, raw=True)
+    prefix = "" if display else _GLUE_HIDDEN
+    metadata = {**metadata, "scrapbook": {"name": name, "mime_prefix": prefix}}
+    show({prefix + k: v for k, v in bundle.items()}, metadata=metadata, raw=True)
 
 
 def loglog_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:

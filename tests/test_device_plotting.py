@@ -64,5 +64,10 @@ def test_glue_writes_the_record_myst_nb_reads():
     (out,) = cap.outputs
     assert out.data["text/html"] == "<b>frame</b>"
     assert out.metadata["scrapbook"] == {"name": "fig-demo", "mime_prefix": ""}
+    with capture_output() as cap:
+        glue("n-demo", "0.45", display=False)
+    (out,) = cap.outputs
+    assert out.data == {"application/papermill.record/text/plain": "'0.45'"}
+    assert out.metadata["scrapbook"]["mime_prefix"] == "application/papermill.record/"
     with pytest.raises(ValueError, match="name must be a non-empty string"):
         glue("", HTML("x"))
