@@ -18,16 +18,18 @@
 #
 # The feed-forward network (FFN) is the part of a block that works on each token alone.
 # In 2017 it was two matrices with a ReLU between them and a hidden layer four times the
-# model width {cite}`vaswani2017attention`. By GPT-2 the ReLU had become a GELU
-# {cite}`hendrycks2016gaussian` {cite}`radford2019language`. Since Llama
+# model width {cite}`vaswani2017attention`. A year later GPT-1 and BERT had replaced the
+# ReLU by a GELU {cite}`hendrycks2016gaussian` {cite}`radford2018improving`
+# {cite}`devlin2019bert`, and GPT-2 kept it {cite}`radford2019language`. Since Llama
 # {cite}`touvron2023llama`, nearly every open model uses **SwiGLU**: three matrices, a SiLU
 # instead of the GELU, and a hidden layer only $8/3$ times the width
 # {cite}`shazeer2020glu`. Because most of a dense model's parameters sit in its FFNs, this
 # is a change to most of the model.
 #
 # Two things changed at once, and this chapter pulls them apart. The **activation** (GELU →
-# SiLU) is a question of cost: we plot the curves and their slopes, check the identities that
-# define them, and time them. The **gate** (two matrices → three, with a product) changes
+# SiLU) changes little: we plot the curves and their slopes, check the identities that
+# define them, and time them, and find two nearly equal shapes whose cost is a small part
+# of the FFN's either way. The **gate** (two matrices → three, with a product) changes
 # what one layer can compute: we find a small task a gated layer solves exactly and an MLP
 # of the same size can only approximate. In between sits the bookkeeping that keeps the
 # comparison fair, the 8/3 rule, checked against Llama 2 and Llama 3. And at the end, the
@@ -115,8 +117,9 @@ def n_params(module: torch.nn.Module) -> int:
 #
 # A block has two sublayers. Attention has four $d \times d$ projections ($4d^2$ weights);
 # the 2017 FFN has an up-projection $d \to 4d$ and a down-projection $4d \to d$ ($8d^2$).
-# So two thirds of a block's weights are FFN weights, and chapter 3 found that its units
-# behave like a key-value memory {cite}`geva2021transformer`. The same holds in a 2023
+# So two thirds of the weights of a block without cross-attention are FFN weights, and
+# {doc}`chapter 3 <03_transformer_2017>` found that its units behave like a key-value
+# memory {cite}`geva2021transformer`. The same holds in a 2023
 # model. Here is a block of Llama 2 7B {cite}`touvron2023llama2`, built by `companion`'s
 # `build_block(cfg)` on PyTorch's **meta** device: its tensors have shapes but no storage,
 # so a 200-million parameter block costs no memory and no time.
@@ -146,6 +149,7 @@ n_model = L * n_block + 2 * V * d + d  # blocks, input and output embeddings, fi
 print(
     f"FFN share of a block: {n_ffn / n_block:.1%}; whole model: {n_model:,} parameters"
 )
+glue("ch07-ffn-share", f"{n_ffn / n_block:.1%}", display=False)
 assert n_attn == 4 * d * d and n_ffn == 3 * d * 11008
 assert 0.66 < n_ffn / n_block < 0.67  # still two thirds
 assert (
@@ -153,8 +157,9 @@ assert (
 )  # the published size of Llama 2 7B, to the last parameter
 
 # %% [markdown]
-# The count matches Llama 2 7B's published 6,738,415,616 parameters exactly, and 67% of
-# every block is FFN. Its FFN has three weight matrices (`gate`, `up`, `down`) of width
+# The count matches Llama 2 7B's published 6,738,415,616 parameters exactly, and
+# {glue:text}`ch07-ffn-share` of every block is FFN. Its FFN has three weight matrices
+# (`gate`, `up`, `down`) of width
 # 11,008 instead of two of width 16,384. The rest of this chapter explains each of those
 # numbers.
 #
@@ -196,6 +201,7 @@ print(
 )
 assert silu_gap < 1e-12 and gelu_gap < 1e-12
 assert tanh_err.max() < 5e-4  # everywhere, not only near zero
+glue("ch07-tanh-err", f"{tanh_err.max().item():.1e}", display=False)
 
 names = {
     "relu": "ReLU",
@@ -224,10 +230,25 @@ for key in ("gelu", "silu"):
         f"at x = {g[low].item():.2f}; "
         f"slope from {slopes[key].min().item():.3f} to {slopes[key].max().item():.3f}"
     )
-assert (
-    abs(values["gelu"].min() + 0.170) < 0.001
-    and abs(values["silu"].min() + 0.278) < 0.001
-)
+
+
+def bisect(f, lo: float, hi: float) -> float:
+    """The root of an increasing f between lo and hi."""
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+# the minima sit where the closed-form slopes vanish: found without the grid
+cdf = lambda t: 0.5 * (1 + math.erf(t / math.sqrt(2)))  # noqa: E731
+pdf_at = lambda t: math.exp(-t * t / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+x_gelu = bisect(lambda t: cdf(t) + t * pdf_at(t), -2.0, -0.1)  # Φ + xφ = 0
+x_silu = bisect(lambda t: t + 1 + math.exp(t), -2.0, -1.0)  # 1 + x(1 − σ) = 0
+assert abs(values["gelu"].min().item() - x_gelu * cdf(x_gelu)) < 1e-4
+assert abs(values["silu"].min().item() - x_silu / (1 + math.exp(-x_silu))) < 1e-4
+glue("ch07-gelu-min", f"−{-values['gelu'].min().item():.3f}", display=False)
+glue("ch07-silu-min", f"−{-values['silu'].min().item():.3f}", display=False)
 assert (
     slopes["gelu"].min() < 0 and slopes["silu"].min() < 0 and slopes["relu"].min() == 0
 )
@@ -267,10 +288,10 @@ plt.show()
 
 # %% [markdown]
 # ReLU's slope jumps from 0 to 1; GELU's and SiLU's change smoothly, overshoot 1, and turn
-# slightly negative on the left, so both curves dip below zero (to −0.170 and −0.278) and
-# a unit that is "off" still passes a small gradient. The dashed tanh approximation sits on
-# top of the exact GELU: the third panel magnifies their difference, below $5 \cdot 10^{-4}$
-# everywhere.
+# slightly negative on the left, so both curves dip below zero (to
+# {glue:text}`ch07-gelu-min` and {glue:text}`ch07-silu-min`) and a unit that is "off" still
+# passes a small gradient. The dashed tanh approximation sits on top of the exact GELU: the
+# third panel magnifies their difference, at most {glue:text}`ch07-tanh-err` anywhere.
 #
 # GELU and SiLU are nearly the same function at two scales. The logistic sigmoid is close to
 # the normal CDF when stretched by 1.702, $\Phi(x) \approx \sigma(1.702\,x)$, so
@@ -283,11 +304,12 @@ rescaled = (F.silu(xs) - 1.702 * F.gelu(xs / 1.702)).abs().max().item()
 print(f"max |GELU(x) - x·σ(1.702x)| = {approx_gelu:.3f}")
 print(f"max |SiLU(x) - 1.702·GELU(x / 1.702)| = {rescaled:.3f}")
 assert approx_gelu < 0.021 and rescaled < 0.035
+glue("ch07-rescaled", f"{rescaled:.3f}", display=False)
 
 # %% [markdown]
 # So the switch from GELU to SiLU changes the shape very little: a network can absorb a
-# factor of 1.7 into the weights around the activation. What it does change is the cost. GELU
-# needs the error function; SiLU needs one exponential. Here are the four kernels on a
+# factor of 1.7 into the weights around the activation. Does it change the cost? On paper
+# GELU needs the error function and SiLU one exponential. Here are the four kernels on a
 # million numbers, and, for scale, the whole FFN forward pass that surrounds one of them
 # (width 1024, 256 tokens), on one CPU thread:
 
@@ -322,14 +344,18 @@ for key, t in t_act.items():
 print(f"{'whole FFN forward':<20} {1e3 * t_ffn:6.2f} ms")
 
 # %% [markdown]
-# On the machine that built this page, the exact GELU cost about as much as a ReLU or a
-# SiLU, and the tanh "approximation", introduced to be cheap, was the slowest: PyTorch's CPU
-# kernels evaluate the error function with a vectorised polynomial. Your numbers will
-# differ, and on a GPU an activation is usually fused into a neighbouring kernel anyway. What
-# does not change is the scale: per hidden unit and token the two matrix multiplications do
-# $4d = 4096$ FLOPs, the activation a few dozen operations at most, so it is a few percent of
-# the FFN's time or less. The switch from GELU to SiLU is a small cost decision, not a
-# modelling one. Gemma still ships a GELU, in its gated form GeGLU.
+# The order of the four depends on the CPU, the PyTorch version and the load: between two
+# builds of this page the exact GELU went from faster than SiLU to slower. PyTorch's CPU
+# kernels evaluate the error function with a vectorised polynomial, so the exact GELU need
+# not cost more than the exponential of a SiLU, and the tanh "approximation", introduced to
+# be cheap, need not be faster than the exact form. On a GPU an activation is usually fused
+# into a neighbouring kernel anyway. What does not change is the scale: per hidden unit and
+# token the two matrix multiplications do $4d = 4096$ FLOPs, the activation a few dozen
+# operations at most, so we expect it to take a few percent of the FFN's time or less, as
+# in the last column above. Neither the shape nor the cost, then, makes a case for SiLU
+# over GELU: SiLU came into the open models together with the gate, in SwiGLU, one of the
+# two variants that Shazeer's experiments ranked best {cite}`shazeer2020glu` (the other,
+# GeGLU, is what Gemma ships).
 #
 # ## The gate: three matrices
 #
@@ -364,8 +390,9 @@ Code(inspect.getsource(GatedFeedForward), language="python")
 # which is then rounded up to a multiple that suits the hardware. Llama 2 7B has $d = 4096$:
 # $\tfrac83 d = 10{,}922.7$, and the next multiple of 256 is 11,008. Llama 3 8B, with the
 # same $d$, multiplies by 1.3 first and rounds to a multiple of 1024, which gives 14,336
-# $= 3.5\,d$ {cite}`grattafiori2024llama`: about 30% more FFN parameters than the parity
-# rule, spent on purpose. `glu_hidden_size` does this arithmetic, and modules built on the
+# $= 3.5\,d$ {cite}`grattafiori2024llama`: {glue:text}`ch07-llama3-over` more FFN
+# parameters than the parity rule, spent on purpose. `glu_hidden_size` does this
+# arithmetic, and modules built on the
 # meta device confirm it:
 
 # %%
@@ -394,6 +421,16 @@ assert (
     abs(counts["SwiGLU, 11,008 (Llama 2 7B)"] / mlp_count - 1) < 0.01
 )  # parity, within 1%
 assert counts["SwiGLU, 14,336 (Llama 3 8B)"] / mlp_count == 1.3125  # 3 · 3.5 / 8
+glue(
+    "ch07-llama2-over",
+    f"{counts['SwiGLU, 11,008 (Llama 2 7B)'] / mlp_count - 1:.1%}",
+    display=False,
+)
+glue(
+    "ch07-llama3-over",
+    f"{counts['SwiGLU, 14,336 (Llama 3 8B)'] / mlp_count - 1:.0%}",
+    display=False,
+)
 
 # %% [markdown]
 # Equal weights also means equal arithmetic: each weight takes part in one multiply-add per
@@ -633,7 +670,8 @@ glue("fig-gated-ffn", HTML(animate(fig, draw_ffn, N_FFN_FRAMES, interval_ms=1200
 # right panel stacks each matrix's weights as a fraction of the MLP's. Watch frame 8: the
 # three thinner matrices cover the same area as the two wide ones, because
 # $2 \cdot d \cdot 4d = 3 \cdot d \cdot \tfrac83 d$. Frames 9 and 10 add Llama 2 7B, where
-# rounding $\tfrac83 d$ up to 11,008 costs 0.8%, and Llama 3 8B, 31% over on purpose.
+# rounding $\tfrac83 d$ up to 11,008 costs {glue:text}`ch07-llama2-over`, and Llama 3 8B,
+# {glue:text}`ch07-llama3-over` over on purpose.
 # ```
 
 # %% [markdown]
@@ -718,6 +756,8 @@ ratios = [
     m / s for m, s in zip(task_mse["MLP (GELU)"], task_mse["SwiGLU"], strict=True)
 ]
 print(f"GELU MLP error ÷ SwiGLU error: {min(ratios):.0f}× to {max(ratios):.0f}×")
+glue("ch07-task-ratio", f"{min(ratios):.0f} to {max(ratios):.0f}", display=False)
+glue("ch07-task-weights", f"{8 * D_TASK**2:,}", display=False)
 assert all(r > 10 for r in ratios)  # every seed: the gated layer is at least 10× better
 assert max(task_mse["MLP (GELU)"]) < min(
     task_mse["MLP (ReLU)"]
@@ -779,8 +819,8 @@ HTML(animate(fig, draw_task, len(SNAPSHOTS), interval_ms=900))
 # responds to one direction of the input, and a finite sum of such ridges can only
 # approximate a saddle (a ReLU MLP is piecewise linear, so it can never be exact; the
 # GELU's curvature gets closer). With the same number of weights, the gated layer ends
-# 15 to 24 times more accurate than the GELU MLP, on every seed (the printed errors cover
-# all 24 outputs, on held-out inputs).
+# {glue:text}`ch07-task-ratio` times more accurate than the GELU MLP, on each of the three
+# seeds (the printed errors cover all 24 outputs, on held-out inputs).
 #
 # This is the mechanism usually offered for the gate: one layer can express "feature $k$
 # scales feature $j$" directly. Whether that is *why* gated FFNs train better language
@@ -842,6 +882,8 @@ counts_train = torch.bincount(train_ids, minlength=chars.vocab_size).double()
 unigram = counts_train / counts_train.sum()
 unigram_loss = -unigram.clamp_min(1e-12).log()[val_ids].mean().item()
 print(f"unigram baseline (letter frequencies only): {unigram_loss:.2f} nats/char")
+glue("ch07-unigram", f"{unigram_loss:.2f}", display=False)
+glue("ch07-lm-params", f"{sizes['SwiGLU']:,}", display=False)
 
 # %%
 val_batches = [
@@ -905,6 +947,36 @@ assert all(
 # on the training batches (each seen once) every gated run ends below its MLP partner...
 assert all((tail[name] - tail["MLP (GELU)"] < -0.01).all() for name in paired)
 # ...on held-out text not always: no assert about the order there
+train_gaps = np.concatenate([tail[n] - tail["MLP (GELU)"] for n in paired])
+mean_gap = {name: -diff.mean() for name, diff in paired.items()}
+sds = [np.std(v, ddof=1) for v in lm_val.values()]
+behind = [  # gated runs that end above their MLP partner on held-out text
+    (name, seed, diff[i])
+    for name, diff in paired.items()
+    for i, seed in enumerate(SEEDS)
+    if diff[i] > 0
+]
+glue("ch07-n-gated", f"{len(train_gaps)}", display=False)
+glue("ch07-n-runs", f"{len(SEEDS) * len(VARIANTS)}", display=False)
+glue(
+    "ch07-train-gap",
+    f"{-train_gaps.max():.3f} to {-train_gaps.min():.3f}",
+    display=False,
+)
+best, worst = max(mean_gap, key=mean_gap.get), min(mean_gap, key=mean_gap.get)
+glue(
+    "ch07-val-gap",
+    f"{mean_gap[worst]:.3f} ({worst}) to {mean_gap[best]:.3f} ({best})",
+    display=False,
+)
+glue("ch07-val-gap-short", f"{mean_gap[worst]:.3f}–{mean_gap[best]:.3f}", display=False)
+glue("ch07-seed-sd", f"{min(sds):.3f} to {max(sds):.3f}", display=False)
+glue(
+    "ch07-behind",
+    "; ".join(f"{n} on seed {s_} ends {g:.3f} nats" for n, s_, g in behind) or "none",
+    display=False,
+)
+glue("ch07-n-behind", f"{len(behind)}", display=False)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), width_ratios=[1.4, 1])
@@ -916,6 +988,12 @@ smooth = {  # (seeds, steps): each run's training loss, averaged over `window` s
     for name, curves in lm_curves.items()
 }
 steps_axis = np.arange(window - 1, STEPS)
+# the step from which every gated variant's mean gap to the MLP stays below zero
+gated_gaps = np.array([(smooth[n] - smooth["MLP (GELU)"]).mean(0) for n in paired])
+not_ahead = np.nonzero(~(gated_gaps < 0).all(0))[0]
+assert len(not_ahead) == 0 or not_ahead[-1] < len(steps_axis) - 1  # ahead at the end
+ahead_from = steps_axis[not_ahead[-1] + 1] if len(not_ahead) else steps_axis[0]
+glue("ch07-ahead-from", f"{ahead_from}", display=False)
 axes[0].axhline(0, color=PALETTE[0], lw=1.5, label="MLP (GELU), the reference")
 for j, name in enumerate(VARIANTS):
     if name != "MLP (GELU)":
@@ -947,15 +1025,18 @@ axes[1].set(
 plt.show()
 
 # %% [markdown]
-# All twelve runs learn: every held-out loss is about a nat below the 3.31 nats of letter
-# frequencies. The left panel shows the gated variants pulling ahead of the MLP after
-# about 60 steps. By the end, on the training batches (fresh windows at every step, so not
-# a matter of memorisation), every one of the nine gated runs is below its MLP partner, by
-# 0.018 to 0.043 nats. On the held-out plays the picture is weaker: the gated variants are
-# ahead by 0.013 (SwiGLU) to 0.026 (ReGLU) nats on average, as large as the spread between
-# seeds (standard deviations of 0.014 to 0.024 nats), and one run, SwiGLU on seed 1, ends
-# 0.002 nats *behind* the MLP. The three gated variants also swap places from seed to
-# seed. So: a consistent hint in the direction Shazeer reported, which three seeds at this
+# All {glue:text}`ch07-n-runs` runs learn: every held-out loss is about a nat below the
+# {glue:text}`ch07-unigram` nats of letter frequencies. The left panel shows the gated
+# variants pulling ahead of the MLP: averaged over seeds, all three stay below it from step
+# {glue:text}`ch07-ahead-from` on. By the end, on the training batches (fresh windows at
+# every step, so not a matter of memorisation), every one of the
+# {glue:text}`ch07-n-gated` gated runs is below its MLP partner, by
+# {glue:text}`ch07-train-gap` nats. On the held-out plays the picture is weaker: the gated
+# variants are ahead by {glue:text}`ch07-val-gap` nats on average, as large as the spread
+# between seeds (standard deviations of {glue:text}`ch07-seed-sd` nats), and
+# {glue:text}`ch07-n-behind` run ends *behind* the MLP: {glue:text}`ch07-behind` above it.
+# The three gated variants also swap places from seed to seed (read across the table's
+# rows). So: a consistent hint in the direction Shazeer reported, which three seeds at this
 # scale cannot turn into a held-out result, and no evidence at all for SwiGLU over GeGLU or
 # ReGLU. The notebook asserts equal parameter counts, that every run learns, and the
 # training-batch gap; nothing about the held-out order.
@@ -969,22 +1050,31 @@ plt.show()
 #
 # ## Summary
 #
-# - Two thirds of a block's weights are FFN weights: 66.8% in a Llama 2 7B block, whose
+# - Two thirds of a block's weights are FFN weights: {glue:text}`ch07-ffn-share` in a
+#   Llama 2 7B block, whose
 #   full model we counted on the meta device at exactly 6,738,415,616 parameters.
 # - GELU is $x\,\Phi(x)$ and SiLU is $x\,\sigma(x)$ (identities checked to $10^{-12}$); the
-#   tanh form of GELU is within $4.7 \cdot 10^{-4}$; SiLU is a GELU rescaled by 1.702
-#   (within 0.035). Both dip below zero (to −0.170 and −0.278) and have negative slopes
-#   there. Any of them is a few percent of an FFN's time at most: a cost decision.
+#   tanh form of GELU is within {glue:text}`ch07-tanh-err`; SiLU is a GELU rescaled by
+#   1.702 (within {glue:text}`ch07-rescaled`). Both dip below zero (to
+#   {glue:text}`ch07-gelu-min` and {glue:text}`ch07-silu-min`) and have negative slopes
+#   there. Each costs a few dozen operations per hidden unit against the FFN's $4d$ FLOPs,
+#   and their order in time depends on the machine: the switch to SiLU came with the gate,
+#   not from a saving.
 # - A GLU multiplies two projections: three matrices instead of two. Parity with a $4d$
-#   MLP needs $h = \tfrac83 d$: 11,008 for Llama 2 7B (0.8% over parity after rounding to
-#   256), while Llama 3 8B's 14,336 $= 3.5d$ spends 31% more on purpose.
+#   MLP needs $h = \tfrac83 d$: 11,008 for Llama 2 7B ({glue:text}`ch07-llama2-over` over
+#   parity after rounding to
+#   256), while Llama 3 8B's 14,336 $= 3.5d$ spends {glue:text}`ch07-llama3-over` more on
+#   purpose.
 # - $\phi(z) - \phi(-z) = z$ for ReLU, GELU and SiLU, so two gated units compute a product
-#   exactly. On the product task a SwiGLU ends 15–24× more accurate than a GELU MLP with
-#   the same 4,608 weights, on every seed.
-# - On Shakespeare, four FFNs in 31,440-parameter models, three seeds: every gated run ends
-#   below its MLP partner on the training batches (by 0.018–0.043 nats), but on held-out text
-#   the gap (0.013–0.026 on average) is within the seed-to-seed spread, one SwiGLU run loses,
-#   and the gated variants have no stable ranking among themselves.
+#   exactly. On the product task a SwiGLU ends {glue:text}`ch07-task-ratio` times more
+#   accurate than a GELU MLP with the same {glue:text}`ch07-task-weights` weights, on each
+#   of three seeds.
+# - On Shakespeare, four FFNs in {glue:text}`ch07-lm-params`-parameter models, three seeds:
+#   every gated run ends below its MLP partner on the training batches (by
+#   {glue:text}`ch07-train-gap` nats), but on held-out text the gap
+#   ({glue:text}`ch07-val-gap-short` on average) is within the seed-to-seed spread, a
+#   gated run can lose to its MLP partner, and the gated variants have no stable ranking
+#   among themselves.
 #
 # ## Exercises
 #
@@ -997,8 +1087,9 @@ plt.show()
 # :class: dropdown
 # `glu = GatedFeedForward(24, 64); glu.act = lambda z: z`, then `train_regression(glu, 24,
 # 500)`. One unit per product suffices (gate $= x_k$, up $= x_{k-1}$), so 24 of its 64 units
-# are enough; after 500 steps its error is near $3 \cdot 10^{-5}$, lower than the SwiGLU's,
-# since it has nothing to approximate. On language Shazeer found the bilinear form about as
+# are enough; when we ran it, its error after 500 steps was near $3 \cdot 10^{-5}$, lower
+# than the SwiGLU's, since it has nothing to approximate. On language Shazeer found the
+# bilinear form about as
 # good as the other GLUs {cite}`shazeer2020glu`: the product seems to matter more than the
 # activation.
 # ```
@@ -1018,9 +1109,9 @@ plt.show()
 #
 # ```{admonition} Hint
 # :class: dropdown
-# `FeedForward(24, w, "gelu", bias=False)` for each width `w`, 500 steps each. Here each
-# doubling of the width cut the error by only about 40% (0.034, 0.020, 0.013 for $4d$, $8d$,
-# $16d$): matching the SwiGLU would take a far bigger MLP.
+# `FeedForward(24, w, "gelu", bias=False)` for each width `w`, 500 steps each. In our runs
+# each doubling of the width cut the error by only about 40% (0.034, 0.020, 0.013 for $4d$,
+# $8d$, $16d$): matching the SwiGLU would take a far bigger MLP.
 # ```
 #
 # 4. Rerun the Shakespeare comparison with `FULL = True` on a GPU (four layers, $d = 128$,
