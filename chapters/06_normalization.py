@@ -18,20 +18,20 @@
 #
 # Between 2017 and 2026 the normalization layer changed in two independent ways. *What it
 # computes*: LayerNorm {cite}`ba2016layer` subtracts the mean and divides by the standard
-# deviation; RMSNorm {cite}`zhang2019root` only divides by the root mean square. And *where
-# it sits*: the 2017 block normalized after the residual sum ("Post-LN")
+# deviation; RMSNorm {cite}`zhang2019root` only divides by the root mean square. And
+# *where it sits*: the 2017 block normalized after the residual sum ("Post-LN")
 # {cite}`vaswani2017attention`; GPT-2 moved the norm onto the branch ("Pre-LN")
 # {cite}`radford2019language`, and recent models add a second norm on the branch's output
 # (sandwich, Gemma 2 and 3 {cite}`gemmateam2024gemma2`) or keep only that one (Olmo 2
 # {cite}`olmo2024olmo2`). Attention got a norm of its own, on queries and keys
 # {cite}`dehghani2023scaling`.
 #
-# All of these are easiest to read against one object, the **residual stream**. This chapter
-# looks at the stream of a real model (SmolLM2-135M) and of small models trained here;
-# measures what LayerNorm computes that RMSNorm does not, and what that saves; trains the
-# same 8-layer model with four norm placements, with and without warmup, and looks at
-# gradients and Jacobians to see why Post-LN needs warmup; scales the initial residual
-# writes by depth; and tracks attention logits with and without QK-norm.
+# All of these are easiest to read against one object, the **residual stream**. This
+# chapter looks at the stream of a real model (SmolLM2-135M) and of small models trained
+# here; measures what LayerNorm computes that RMSNorm does not, and what that saves;
+# trains the same 8-layer model with four norm placements, with and without warmup, and
+# looks at gradients and Jacobians to see why Post-LN needs warmup; scales the initial
+# residual writes by depth; and tracks attention logits with and without QK-norm.
 #
 # As everywhere in this book, every claim is an `assert` that runs in CI.
 
@@ -116,14 +116,16 @@ print(describe(DEVICE))
 # %% [markdown]
 # ## The residual stream is a shared bus
 #
-# A decoder keeps one tensor of shape $(B, T, d)$ from the embedding layer to the final
-# norm: the residual stream. Every sublayer reads it, computes something, and *adds* its
-# result back; nothing overwrites it. In the Pre-LN form,
+# Follow a single token through a decoder and you meet the same $d$ numbers at every
+# depth: the embedding writes them first, each sublayer reads them, and the final norm
+# reads what has piled up there. That running vector, for every token of every sequence at
+# once, is the residual stream. Sublayers *add* their results to it; none overwrites it.
+# In the Pre-LN form,
 #
 # $$x_{\ell+1} = x_\ell + f_\ell\big(\mathrm{Norm}(x_\ell)\big),$$
 #
-# where $f_\ell$ is an attention or an FFN sublayer. Elhage et al. describe the stream as a
-# communication channel that every layer reads from and writes to
+# where $f_\ell$ is an attention or an FFN sublayer. Elhage et al. describe the stream as
+# a communication channel that every layer reads from and writes to
 # {cite}`elhage2021mathematical`: a bus of fixed width $d$. Two consequences matter here.
 # Gradients have a direct route: $\partial x_{\ell+1}/\partial x_\ell = I + \partial
 # f_\ell/\partial x_\ell$, so a product of such factors always contains the identity, the
@@ -140,8 +142,8 @@ Code(inspect.getsource(diagnostics.capture_stream), language="python")
 
 # %% [markdown]
 # SmolLM2-135M-Instruct is a 30-layer Pre-RMSNorm Llama-style model with $d = 576$;
-# `load_smollm2` reads its real weights into a `companion` `DecoderLM`. We run one sentence
-# through it and take the norm of every token's stream vector after every layer.
+# `load_smollm2` reads its real weights into a `companion` `DecoderLM`. We run one
+# sentence through it and take the norm of every token's stream vector after every layer.
 
 # %%
 smol, tok = load_smollm2()
@@ -170,14 +172,31 @@ assert (
     typical[-1] > 10 * typical[1] and steps_up >= 0.9
 )  # the stream grows with depth...
 assert 0.3 < exponent < 1.2  # ...roughly as a power of depth (√ℓ would be 0.5)
-assert (first[12:29] > 20 * typical[12:29]).all()  # token 0 is an outlier (see below)
+# token 0 is an outlier (see below): the layers where it exceeds 20× the median token
+massive = (first > 20 * typical).nonzero().flatten().tolist()
+m_lo, m_hi = massive[0], massive[-1]
+assert massive == list(range(m_lo, m_hi + 1))  # one unbroken run of layers...
+assert m_hi - m_lo + 1 > n_layers // 2  # ...covering most of the stack
+m_ratio = first[m_lo : m_hi + 1] / typical[m_lo : m_hi + 1]
+glue("ch06-median-first", f"{typical[1].item():.0f}", display=False)
+glue("ch06-median-last", f"{typical[-1].item():.0f}", display=False)
+glue("ch06-stream-exp", f"{exponent:.2f}", display=False)
+glue("ch06-steps-up", f"{steps_up:.0%}", display=False)
+glue("ch06-massive-from", f"{m_lo}", display=False)
+glue("ch06-massive-to", f"{m_hi}", display=False)
+glue("ch06-massive-min", f"{first[m_lo : m_hi + 1].min().item():,.0f}", display=False)
+glue("ch06-massive-ratio", f"{m_ratio.min():.0f} to {m_ratio.max():.0f}", display=False)
+glue("ch06-last-token0", f"{first[-1].item():,.0f}", display=False)
+glue("ch06-last-ratio", f"{first[-1] / typical[-1]:.0f}", display=False)
 
 # %% [markdown]
-# The median token's stream grows from about 40 after the first layer to almost 800 after
-# the last, and it rises at almost every layer. The fitted exponent is larger than the
-# $\tfrac12$ of the independent-writes argument. Two measurements show why: the writes get
-# bigger with depth, and they are not independent of the stream (their cosine with it is
-# positive), so they add up faster than the orthogonal sum
+# The median token's stream grows from about {glue:text}`ch06-median-first` after the
+# first layer to about {glue:text}`ch06-median-last` after the last, and it rises in
+# {glue:text}`ch06-steps-up` of the layer steps. The fitted exponent,
+# {glue:text}`ch06-stream-exp`, is larger than the $\tfrac12$ of the independent-writes
+# argument. Two measurements show why: the writes get
+# bigger with depth, and they are not independent of the stream (their median cosine with
+# it is {glue:text}`ch06-write-cos`), so they add up faster than the orthogonal sum
 # $\|x_0\|^2 + \sum_i \|\Delta_i\|^2$.
 
 # %%
@@ -196,6 +215,7 @@ print(
 print(f"median cos(Δ_ℓ, x_ℓ₋₁) over the layers: {alignment.median():.2f}")
 print(f"‖x_ℓ‖ ÷ orthogonal-sum prediction: {excess.min():.2f} to {excess.max():.2f}")
 assert write_norm[-5:].mean() > 3 * write_norm[:5].mean()  # deep layers write more
+glue("ch06-write-cos", f"{alignment.median():.2f}", display=False)
 assert (
     alignment.median() > 0.05 and excess[1:].min() > 1.0
 )  # and partly along the stream
@@ -225,8 +245,11 @@ ax.set(
 plt.show()
 
 # %% [markdown]
-# Token 0 is off the chart: from layer 12 on its stream has a norm above 20,000, tens of
-# times the others. Sun et al. found such *massive activations* in many LLMs, in a few fixed
+# Token 0 is off the chart: from layer {glue:text}`ch06-massive-from` to layer
+# {glue:text}`ch06-massive-to` its stream has a norm of at least
+# {glue:text}`ch06-massive-min`, {glue:text}`ch06-massive-ratio` times the median token's;
+# the last layers shrink it again (after the last, {glue:text}`ch06-last-token0`, still
+# {glue:text}`ch06-last-ratio` times the median). Sun et al. found such *massive activations* in many LLMs, in a few fixed
 # channels of the first token, acting as a bias that attention can rely on
 # {cite}`sun2024massive`. It is one reason every consumer of the stream must normalize
 # before reading: the next layer sees $\mathrm{Norm}(x_\ell)$, whose scale does not depend
@@ -253,8 +276,8 @@ Code(
 )
 
 # %% [markdown]
-# So LayerNorm removes two things from a vector, its mean and its scale, and RMSNorm only the
-# scale. On vectors with a common offset:
+# So LayerNorm removes two things from a vector, its mean and its scale, and RMSNorm only
+# the scale. On vectors with a common offset:
 
 # %%
 seed_everything(0)
@@ -287,11 +310,15 @@ assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1
 # %% [markdown]
 # ### What RMSNorm saves
 #
-# A norm is a *reduction* across the $d$ features of a token: on a GPU a sum across threads
-# that must synchronise, and under tensor parallelism, with $d$ split across devices, a
-# collective operation between them. The reference LayerNorm needs two (the mean, then the
-# variance about the mean); RMSNorm needs one. We can count them: a PyTorch dispatch mode
-# sees every operator that a function runs.
+# A norm is a *reduction* across the $d$ features of a token: on a GPU a sum across
+# threads that must synchronise, and under tensor parallelism, with $d$ split across
+# devices, a collective operation between them. Written the way the formula reads, as our
+# reference is, LayerNorm makes two reductions one after the other (the mean, then the
+# variance about the mean) and RMSNorm one. But that order belongs to the code, not to the
+# norm: since $\sigma^2 = \overline{x^2} - \mu^2$, a LayerNorm can accumulate $\sum_j x_j$
+# and $\sum_j x_j^2$ in the same pass and synchronise once, as fused kernels do (with a
+# numerically safer update such as Welford's). We count both forms, and RMSNorm: a PyTorch
+# dispatch mode sees every operator that a function runs.
 
 # %%
 w, b = torch.ones(d_smol), torch.zeros(d_smol)
@@ -309,17 +336,50 @@ n_red = {
     "RMSNorm": count_reductions(rms_norm_reference, x, w),
 }
 print(f"reductions across d: {n_red}")
-assert n_red == {"LayerNorm": 2, "RMSNorm": 1}
+assert n_red == {"LayerNorm": 2, "RMSNorm": 1}  # as the references are written...
+
+
+def layer_norm_one_pass(x, weight, bias, eps: float = 1e-5):
+    """LayerNorm from E[x] and E[x²], both taken by one reduction."""
+    xf = x.float()
+    mean, mean_sq = torch.stack([xf, xf * xf]).mean(dim=-1, keepdim=True)
+    return (xf - mean) * torch.rsqrt(mean_sq - mean**2 + eps) * weight + bias
+
+
+torch.testing.assert_close(
+    layer_norm_one_pass(x, w, b), layer_norm_reference(x, w, b), atol=1e-5, rtol=1e-5
+)
+one_pass = count_reductions(layer_norm_one_pass, x, w, b)
+print(f"one-pass LayerNorm: {one_pass} reduction, same output as the reference")
+assert one_pass == n_red["RMSNorm"]  # ...but one synchronisation is enough for both
 assert sum(ops["LayerNorm"].values()) > sum(ops["RMSNorm"].values())
 
 # %% [markdown]
-# What that is worth in time depends on the kernel more than on the formula. A fused
-# LayerNorm kernel reads the vector once and accumulates both sums in the same pass, so both
-# norms move the same bytes, and a norm is memory-bound. On a CPU, `F.layer_norm` is such a
-# fused kernel, while depending on the PyTorch version `F.rms_norm` may run as several
-# separate operations and lose despite doing less arithmetic; the two unfused references
-# show the cost of the extra work itself. The timings (one thread, 8,192 SmolLM2-sized
-# vectors) vary from machine to machine, so nothing is asserted on them:
+# So RMSNorm does not save a synchronisation. It saves work: one sum fewer per token, the
+# subtraction of the mean from every element, and the shift $\beta$ (under tensor
+# parallelism, one number fewer in the all-reduce). Both norms read and write the same
+# bytes, and a norm is memory-bound, so we expect the saving in time to be small and to
+# depend on the kernel more than on the formula. Which kernels does PyTorch run here?
+
+# %%
+fused = {
+    "F.layer_norm": count_aten_ops(F.layer_norm, x, (d_smol,), w, b),
+    "F.rms_norm": count_aten_ops(F.rms_norm, x, (d_smol,), w),
+}
+for name, counter in fused.items():
+    listed = ", ".join(sorted(counter))
+    print(f"{name:<12}: {sum(counter.values())} operator(s) ({listed})")
+glue("ch06-rms-ops", f"{sum(fused['F.rms_norm'].values())}", display=False)
+glue("ch06-ln-ops", f"{sum(fused['F.layer_norm'].values())}", display=False)
+
+# %% [markdown]
+# On this PyTorch build `F.layer_norm` is {glue:text}`ch06-ln-ops` fused operator, while
+# `F.rms_norm` runs as {glue:text}`ch06-rms-ops` separate ones, each a pass over the data.
+# The timings below (one thread, 8,192 SmolLM2-sized vectors) vary from machine to
+# machine, so nothing is asserted on them; where `F.rms_norm` is unfused, expect it to
+# lose to the fused `F.layer_norm` despite doing less arithmetic, as it did on the
+# machines that built this page. The two unfused references show the cost of the extra
+# work itself.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -345,9 +405,9 @@ for name, fn in kernels.items():
 #
 # Why can RMSNorm drop the mean without losing anything? Subtracting the mean is a linear
 # map, $x - \mu\mathbf 1 = (I - \tfrac1d \mathbf 1 \mathbf 1^\top)x$, and a norm's output
-# always goes into a linear layer, which can absorb it:
-# $W(x - \mu \mathbf 1) = (W - \tfrac1d W\mathbf 1\mathbf 1^\top)\,x$. The same holds for the
-# gain and the shift: $W(\gamma \odot z + \beta) + c = (W\,\mathrm{diag}\,\gamma)\,z + (W\beta + c)$.
+# always goes into a linear layer, which can absorb it: $W(x - \mu \mathbf 1) = (W -
+# \tfrac1d W\mathbf 1\mathbf 1^\top)\,x$. The same holds for the gain and the shift:
+# $W(\gamma \odot z + \beta) + c = (W\,\mathrm{diag}\,\gamma)\,z + (W\beta + c)$.
 
 # %%
 seed_everything(1)
@@ -378,12 +438,14 @@ print(
 
 # %% [markdown]
 # What the fold cannot remove is the division by $\sigma$, which still needs the mean:
-# $\sigma^2 = \mathrm{rms}(x)^2 - \mu^2$. RMSNorm divides by $\mathrm{rms}(x)$ instead, so a
-# LayerNorm followed by a linear layer equals RMSNorm followed by the folded layer, up to
-# a per-token factor $\sigma/\mathrm{rms} = \sqrt{1 - \mu^2/\mathrm{rms}^2}$. On a real
-# stream that factor is 1 to a fraction of a percent: a token's mean is about as small as
-# that of a random vector ($\mathrm{rms}/\sqrt d$), because nothing in the model singles
-# out the all-ones direction.
+# $\sigma^2 = \mathrm{rms}(x)^2 - \mu^2$. RMSNorm divides by $\mathrm{rms}(x)$ instead, so
+# a LayerNorm followed by a linear layer equals RMSNorm followed by the folded layer, up
+# to a per-token factor $\sigma/\mathrm{rms} = \sqrt{1 - \mu^2/\mathrm{rms}^2}$. We expect
+# that factor to be close to 1 on a real stream: a token's mean should be about as small
+# as that of a random vector ($\mathrm{rms}/\sqrt d$), because nothing in the model
+# singles out the all-ones direction. On SmolLM2 the median $|\mu|/\mathrm{rms}$ is
+# {glue:text}`ch06-mu-ratio` (a random vector: {glue:text}`ch06-random-ratio`), and the
+# factor is never further than {glue:text}`ch06-ln-rms-gap` from 1:
 
 # %%
 S = torch.stack(smol_states[1:])[:, 0]  # (L, T, d): every layer's output, every token
@@ -399,6 +461,9 @@ print(
     f"i.e. LayerNorm ≈ RMSNorm to {1 - factor.min():.2%}"
 )
 assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
+glue("ch06-mu-ratio", f"{ratio.median():.3f}", display=False)
+glue("ch06-random-ratio", f"{d_smol**-0.5:.3f}", display=False)
+glue("ch06-ln-rms-gap", f"{1 - factor.min():.2%}", display=False)
 
 # %% [markdown]
 # ## Where the norm sits
@@ -422,14 +487,14 @@ Code(inspect.getsource(TransformerBlock.residual), language="python")
 # %% [markdown]
 # The experiment: the same 8-layer, 32-wide character model (two heads, 32-character
 # context), with LayerNorm, AdamW at a peak learning rate of $8\cdot10^{-3}$, 120 steps of
-# 16 windows, trained with each placement, once with a cosine decay from the first step and
-# once after a linear warmup over the first 60 steps. As in 2017 every sublayer starts at
-# full size (the residual writes are not scaled down by depth; a later section does that).
-# Xiong et al. showed that Post-LN needs the warmup and Pre-LN does not
-# {cite}`xiong2020layer`; chapter 3 trained the 2017 model with it. While training we also
-# record, at every step, how similar the tokens' stream vectors are at each layer
-# (`token_cosine`: the mean cosine over all pairs of tokens in the batch, 1 when every token
-# carries the same vector).
+# 16 windows, trained with each placement, once with a cosine decay from the first step
+# and once after a linear warmup over the first 60 steps. As in 2017 every sublayer starts
+# at full size (the residual writes are not scaled down by depth; a later section does
+# that). Xiong et al. showed that Post-LN needs the warmup and Pre-LN does not
+# {cite}`xiong2020layer`; {doc}`chapter 3 <03_transformer_2017>` trained the 2017 model
+# with it. While training we also record, at every step, how similar the tokens' stream
+# vectors are at each layer (`token_cosine`: the mean cosine over all pairs of tokens in
+# the batch, 1 when every token carries the same vector).
 
 # %%
 text = load_shakespeare()
@@ -537,15 +602,27 @@ gain_pre = loss[("pre", 0)] - loss[("pre", WARMUP)]
 assert gain_pre < gain_post - 0.2  # ...and Pre-LN needs warmup much less
 for p in ("pre", "sandwich", "post_branch"):  # the identity-path placements all train
     assert loss[(p, 0)] < unigram - 0.15
+glue("ch06-unigram", f"{unigram:.2f}", display=False)
+for p in PLACEMENTS:
+    for warm, tag in ((0, "cold"), (WARMUP, "warm")):
+        glue(f"ch06-loss-{p}-{tag}", f"{loss[(p, warm)]:.2f}", display=False)
 
 # %% [markdown]
-# Post-LN without warmup ends at the loss of a model that predicts letter frequencies and
-# ignores its input. With the same peak learning rate reached after a warmup, it trains
-# nearly as well as Pre-LN. Pre-LN trains either way, and warmup helps it only a little.
-# Sandwich and post-branch sit in between: they leave the plateau without warmup, more
-# slowly (post-branch has only just left it after 120 steps). With `FULL = True` the table
-# averages four seeds; while writing this chapter, Post-LN without warmup ended on the
-# plateau (3.30) on three seeds out of four, and about 0.1 nats above Pre-LN on the fourth.
+# Post-LN without warmup ends at {glue:text}`ch06-loss-post-cold`, next to the
+# {glue:text}`ch06-unigram` of a model that predicts letter frequencies and ignores its
+# input. With the same peak learning rate reached after a warmup, it reaches
+# {glue:text}`ch06-loss-post-warm`, close to Pre-LN ({glue:text}`ch06-loss-pre-cold`
+# without warmup, {glue:text}`ch06-loss-pre-warm` with). Pre-LN trains either way, and
+# warmup helps it only a little. Sandwich and post-branch sit in between: they leave the
+# plateau without warmup, more slowly (post-branch, at
+# {glue:text}`ch06-loss-post_branch-cold`, has only just left it after 120 steps).
+#
+# This page trains one seed per cell of the table, so it shows what happens, not how
+# reliably. With `FULL = True` the table averages four seeds. When we ran Post-LN and
+# Pre-LN without warmup on seeds 0 to 3 while writing this chapter, Post-LN stayed on the
+# plateau on three of them and left it late on the fourth, ending about 0.1 nats above
+# Pre-LN; that is a report of our runs, which this page does not check (exercise 1 asks
+# you to).
 
 # %%
 smooth = 10  # running mean over 10 steps
@@ -581,10 +658,11 @@ plt.show()
 # %% [markdown]
 # What goes wrong is visible in the stream. The first large steps teach every layer the
 # cheapest lesson, the letter frequencies, and the easiest way to output the same
-# distribution everywhere is to make every token's vector the same: the token cosine jumps
-# to 1 in every placement. In Pre-LN the token embeddings still reach the top through the
-# identity path, and the model finds its way back within about 40 steps. In Post-LN without
-# warmup it never does. Step through the training run:
+# distribution everywhere is to make every token's vector the same: the token cosine at
+# the top jumps to 1, in Pre-LN as in Post-LN. In Pre-LN the token embeddings still reach
+# the top through the identity path, and the model finds its way back: its top-layer
+# cosine is below 0.9 again from step {glue:text}`ch06-pre-back` on. In Post-LN without
+# warmup it never comes back. Step through the training run:
 
 # %%
 post_cos = runs[("post", 0, 0)]["cosine"]  # (STEPS, L)
@@ -621,6 +699,9 @@ print(
     f"Pre-LN {pre_cos[-1, -1]:.2f}"
 )
 assert max(collapsed_by.values()) < 10  # both collapse within the first steps...
+pre_back = 1 + max(s_ for s_ in range(STEPS) if pre_cos[s_, -1] >= 0.9)
+assert pre_back < STEPS - 20  # Pre-LN recovers, and stays recovered
+glue("ch06-pre-back", f"{pre_back}", display=False)
 assert (
     post_cos[-20:, -1].min() > 0.99 and pre_cos[-20:, -1].max() < 0.7
 )  # ...one for good
@@ -630,10 +711,10 @@ assert (
 #
 # Xiong et al. explained warmup by the gradients at initialisation
 # {cite}`xiong2020layer`: in Post-LN the gradient of the last layers' weights does not
-# depend on the depth $L$, while in Pre-LN it shrinks like $1/\sqrt{L}$, because every norm
-# divides by a stream that has grown like $\sqrt\ell$. A large learning rate at step 0 is
-# then a large change exactly where Post-LN's gradients are largest. `block_grad_norms`
-# measures the gradient norm of each block's parameters on one batch:
+# depend on the depth $L$, while in Pre-LN it shrinks like $1/\sqrt{L}$, because every
+# norm divides by a stream that has grown like $\sqrt\ell$. A large learning rate at step
+# 0 is then a large change exactly where Post-LN's gradients are largest.
+# `block_grad_norms` measures the gradient norm of each block's parameters on one batch:
 
 # %%
 probe_x, probe_y = sample_windows(
@@ -660,6 +741,8 @@ print(
     f"L^{slopes['pre']:.2f} (Pre-LN)"
 )
 assert slopes["pre"] < -0.25 and slopes["post"] > -0.1  # Xiong et al.'s scaling
+glue("ch06-slope-post", f"{slopes['post']:.2f}", display=False)
+glue("ch06-slope-pre", f"{slopes['pre']:.2f}", display=False)
 assert grads["pre"][0] > 2 * grads["pre"][-1]  # Pre-LN: smaller gradients further up
 
 # %% [markdown]
@@ -684,6 +767,9 @@ for p in ("post", "pre"):
 assert tilt["pre"] > 0.3  # Pre-LN: the bottom blocks' share grows with depth...
 assert tilt["post"] < tilt["pre"] - 0.3  # ...Post-LN's profile keeps its shape
 assert spread["pre"][-1] > 2 * spread["post"][-1]
+for p in ("post", "pre"):
+    glue(f"ch06-spread-{p}-lo", f"{spread[p][1]:.1f}", display=False)
+    glue(f"ch06-spread-{p}-hi", f"{spread[p][-1]:.1f}", display=False)
 
 fig, (ax_s, ax_g, ax_l) = plt.subplots(
     1, 3, figsize=(9.0, 3.5), width_ratios=[1.0, 1.5, 1.1]
@@ -811,21 +897,27 @@ glue(
 # norm N sits on the identity path (every route to the top passes through it), Pre-LN's on
 # the branch only. Middle: the gradient norm of each block's parameters, measured by a
 # backward pass on one batch, for a stack of L blocks. Right: the last block's gradient
-# against L. As the frames add depth (L = 1 to 48), Post-LN's profile keeps its shape (a
-# first block about twice the rest) and its top block's gradient does not shrink, while
-# Pre-LN's gradients tilt: its top blocks' gradients fall roughly like $1/\sqrt{L}$ and the
-# ratio of first to last block grows from about 1 to 7.
+# against L. As the frames add depth (L = 1 to 48), Post-LN's profile keeps its shape (its
+# first block's gradient is {glue:text}`ch06-spread-post-lo` times its last one's at L = 2
+# and {glue:text}`ch06-spread-post-hi` at L = 48) and its top block's gradient does not
+# shrink (over L = 4 to 32 it scales with the exponent {glue:text}`ch06-slope-post`),
+# while Pre-LN's gradients tilt: its last block's gradient scales with the exponent
+# {glue:text}`ch06-slope-pre`, close to the $1/\sqrt{L}$ of the theory, and the ratio of
+# first to last block grows from
+# {glue:text}`ch06-spread-pre-lo` to {glue:text}`ch06-spread-pre-hi`.
 # ```
 
 # %% [markdown]
 # The measurement agrees with the theory ({numref}`fig-norm-placement`, right: Post-LN's
-# last-block gradient even grows a little with depth). But AdamW divides each gradient by its own
+# last-block gradient even grows a little with depth, exponent
+# {glue:text}`ch06-slope-post`). But AdamW divides each gradient by its own
 # running scale, so the size of a step does not follow the size of the gradient: the
 # gradient scale alone cannot be the whole story. The other half is the identity path. For
-# each block input $x_\ell$ we estimate the Jacobian $J_\ell = \partial x_L/\partial x_\ell$
-# of the top of the stack with random probes (`identity_path_jacobian`): its Frobenius norm
-# (how strongly $x_L$ depends on $x_\ell$ at all) and its trace (how much of that is the
-# identity, $x_\ell$ passing straight through; both are 1 for a pure identity).
+# each block input $x_\ell$ we estimate the Jacobian $J_\ell = \partial x_L/\partial
+# x_\ell$ of the top of the stack with random probes (`identity_path_jacobian`): its
+# Frobenius norm (how strongly $x_L$ depends on $x_\ell$ at all) and its trace (how much
+# of that is the identity, $x_\ell$ passing straight through; both are 1 for a pure
+# identity).
 
 # %%
 paths = {}
@@ -854,6 +946,8 @@ post_decays = (
     post_path.trace[1] < 0.7 and post_path.trace[1] < post_path.trace[DEPTH - 1]
 )
 assert post_decays  # Post-LN: the identity share shrinks further down
+glue("ch06-pre-trace-min", f"{float(pre_path.trace[1:].min()):.2f}", display=False)
+glue("ch06-post-trace1", f"{float(post_path.trace[1]):.2f}", display=False)
 assert (post_path.norm[1:] - 1).abs().max() < 0.15 and pre_path.norm[
     1
 ] > 2  # Post: ‖J‖ ≈ 1
@@ -888,17 +982,18 @@ axes[1].legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# The right panel is the picture to keep. In Pre-LN the trace stays at 1 all the way down:
-# whatever the blocks do, each layer's input reaches the top unchanged, and the branches
-# only *add* dependence (the norm grows above 1). In Post-LN the total dependence stays
-# near 1 because every LayerNorm rescales it, but the identity share shrinks at every
-# layer: by block 1 about half of what reaches the top has passed through the sublayers
-# rather than around them. Liu et al. argue that this heavier dependence on the branches is
-# what makes Post-LN's output swing under large early updates {cite}`liu2020understanding`.
-# Our collapse fits: once the top layers write the same vector for every token, Post-LN has
-# no undisturbed route by which the token embeddings could reach the top again.
-# (The input of block 0, the raw embedding, is left out: its scale is set by the embedding
-# initialisation, and Post-LN's first norm magnifies it.)
+# The right panel is the picture to keep. In Pre-LN the trace stays near 1 all the way
+# down (never below {glue:text}`ch06-pre-trace-min`): whatever the blocks do, each layer's
+# input reaches the top unchanged, and the branches only *add* dependence (the norm grows
+# above 1). In Post-LN the total dependence stays near 1 because every LayerNorm rescales
+# it, but the identity share shrinks at every layer: at block 1 the trace is
+# {glue:text}`ch06-post-trace1`, so nearly half of what reaches the top has passed through
+# the sublayers rather than around them. Liu et al. argue that this heavier dependence on
+# the branches is what makes Post-LN's output swing under large early updates
+# {cite}`liu2020understanding`. Our collapse fits: once the top layers write the same
+# vector for every token, Post-LN has no undisturbed route by which the token embeddings
+# could reach the top again. (The input of block 0, the raw embedding, is left out: its
+# scale is set by the embedding initialisation, and Post-LN's first norm magnifies it.)
 #
 # ### Back to the stream: trained models
 #
@@ -996,6 +1091,7 @@ post_stream, sandwich_writes = (
     traces["sandwich"]["writes"],
 )
 assert growth["pre"] > 3  # Pre-LN: the stream grows with depth...
+glue("ch06-pre-growth", f"{growth['pre']:.1f}", display=False)
 final = {p: t["stream"][-1] for p, t in traces.items()}
 assert (
     final["sandwich"] > 2 * final["pre"]
@@ -1093,10 +1189,10 @@ glue("fig-residual-stream", HTML(animate(fig, draw_stream, frames, interval_ms=5
 # before the norm). Black line: the norm of the stream. Markers: the norm of the vector
 # each normalisation reads, N before the branch (or, in Post-LN, on the sum) and N′ on the
 # branch's output. Each frame adds two blocks. Under Pre-LN the norm reads the stream
-# itself, which grows about fivefold from block 1 to 24; under Post-LN it reads
-# $x + f(x)$ and puts the stream back to $\sqrt d$ after every sublayer, so the stream
-# never grows; under sandwich N′ scales every write to $\sqrt d$ and the stream grows
-# furthest.
+# itself, which grows {glue:text}`ch06-pre-growth`-fold from block 1 to 24; under Post-LN
+# it reads $x + f(x)$ and puts the stream back to $\sqrt d$ after every sublayer, so the
+# stream never grows; under sandwich N′ scales every write to $\sqrt d$ and the stream
+# grows furthest.
 # ```
 
 # %% [markdown]
@@ -1108,8 +1204,8 @@ glue("fig-residual-stream", HTML(animate(fig, draw_stream, frames, interval_ms=5
 # stream by $1/\sqrt{N}$ for $N$ residual layers {cite}`radford2019language` (`DecoderLM`
 # does this by default, with $N = 2L$). In a sandwich block the write is a norm's output,
 # so its size is that norm's gain; Trinity initialises the gains of those output norms to
-# about $1/\sqrt{L}$ ("depth-scaled sandwich norm") {cite}`singh2026trinity`. Both keep the
-# stream's norm at initialisation independent of depth:
+# about $1/\sqrt{L}$ ("depth-scaled sandwich norm") {cite}`singh2026trinity`. Both keep
+# the stream's norm at initialisation independent of depth:
 
 # %%
 probe = sample_windows(val_ids, 8, SEQ, torch.Generator().manual_seed(3), DEVICE)[0]
@@ -1146,6 +1242,13 @@ for name in (
     "sandwich, output gain 1/√L (Trinity)",
 ):
     assert abs(growth[name]) < 0.1  # flat
+trinity = final_norm["sandwich, output gain 1/√L (Trinity)"]
+glue(
+    "ch06-sandwich-64",
+    f"{final_norm['sandwich, output gain 1'][-1]:.0f}",
+    display=False,
+)
+glue("ch06-trinity-range", f"{min(trinity):.1f} to {max(trinity):.1f}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(9.0, 3.6))
@@ -1167,8 +1270,9 @@ plt.show()
 # %% [markdown]
 # The sandwich model with gain 1 writes vectors of norm exactly $\sqrt d$, $2L$ times: if
 # the writes were orthogonal, the stream would have norm $\sqrt{2Ld}$ (64 at $L = 64$; we
-# measure a little more, as the writes are not quite orthogonal). Dividing the gains by
-# $\sqrt{L}$ takes that to about $\sqrt{2d} = 8$ at every depth: every branch starts small
+# measure {glue:text}`ch06-sandwich-64`, a little more, as the writes are not quite
+# orthogonal). Dividing the gains by $\sqrt{L}$ takes that to about $\sqrt{2d} = 8$ at
+# every depth (we measure {glue:text}`ch06-trinity-range`): every branch starts small
 # and has to earn a larger share of the stream during training.
 #
 # ## QK-norm: a norm inside attention
@@ -1179,17 +1283,17 @@ plt.show()
 # parameters and fixed it by normalizing $q$ and $k$ {cite}`dehghani2023scaling`; Wortsman
 # et al. reproduced the *attention logit growth* in small models trained at high learning
 # rates {cite}`wortsman2023small`. QK-norm applies an RMSNorm to each head's query and key
-# just before the dot product (Qwen3, Olmo 2 and 3, Gemma 3, Trinity all use it). With unit
-# RMS, $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the two
-# learned gains.
+# just before the dot product (Qwen3, Olmo 2 and 3, Gemma 3, Trinity all use it). With
+# unit RMS, $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the
+# two learned gains.
 #
 # We train a 4-layer version of the chapter's model (Pre-LN, GPT-2 scaled init, head width
 # $D = 16$) at a high peak learning rate, $3\cdot10^{-2}$ after 10 warmup steps, with and
 # without QK-norm, and record every layer's largest logit at every step with
 # `AttentionLogitTracker` (hooks on the attention modules; the logits are recomputed from
 # their inputs, so training is unchanged). This runs in fp32 on a CPU; in bf16, which
-# carries 8 bits of mantissa, a logit of 100 is already resolved only to about 0.5, and the
-# problem gets worse: `FULL = True` runs the same experiment in bf16 on a GPU.
+# carries 8 bits of mantissa, a logit of 100 is already resolved only to about 0.5, and
+# the problem gets worse: `FULL = True` runs the same experiment in bf16 on a GPU.
 
 # %%
 QK_LAYERS, QK_STEPS, QK_LR, QK_WARMUP = 4, 100, 3e-2, 10
@@ -1249,6 +1353,11 @@ assert (
 )  # logits grow without QK-norm
 assert qk["none"]["logits"][-1] > 10 * qk["none"]["logits"][0]
 assert final_logits.max() <= bound * (1 + 1e-4)  # with it, they are capped by the gains
+glue("ch06-qk-steps", f"{QK_STEPS}", display=False)
+glue("ch06-qk-start", f"{qk['none']['logits'][0]:.1f}", display=False)
+glue("ch06-qk-end", f"{qk['none']['logits'][-1]:.1f}", display=False)
+glue("ch06-qk-norm-end", f"{qk['head']['logits'][-1]:.1f}", display=False)
+glue("ch06-qk-bound", f"{bound:.1f}", display=False)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
@@ -1277,8 +1386,11 @@ axes[1].legend()
 plt.show()
 
 # %% [markdown]
-# Without QK-norm the largest logit climbs by more than an order of magnitude in 100 steps;
-# with it, the logits stay where the norm and its gains put them. At this size and in fp32
+# Without QK-norm the largest logit climbs by more than an order of magnitude in
+# {glue:text}`ch06-qk-steps` steps, from {glue:text}`ch06-qk-start` to
+# {glue:text}`ch06-qk-end`; with it, the logits stay where the norm and its gains put them
+# (the largest ends at {glue:text}`ch06-qk-norm-end`, under the cap of
+# {glue:text}`ch06-qk-bound` that the trained gains allow). At this size and in fp32
 # the loss curves stay close, and we saw no loss spike to attribute to the logits: the
 # instability that QK-norm prevents appears at larger scale, in low precision, and over
 # longer runs {cite}`wortsman2023small`. What the small run does show is the mechanism
@@ -1288,18 +1400,22 @@ plt.show()
 # ## Summary
 #
 # - The residual stream is a bus that every sublayer reads through a norm and writes into
-#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, roughly as
-#   a power of depth (exponent printed above, steeper than $\sqrt\ell$, because deep
-#   layers write bigger updates partly along the stream); the first token carries massive
-#   activations fifty times larger.
-# - LayerNorm removes the mean and the scale, RMSNorm only the scale: two reductions
-#   against one, counted above. The mean subtraction folds into the next linear layer
-#   exactly, and on SmolLM2's stream $\sigma$ and the RMS differ by under 1%.
+#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, roughly
+#   as a power of depth (exponent {glue:text}`ch06-stream-exp`, steeper than $\sqrt\ell$,
+#   because deep layers write bigger updates partly along the stream); from layer
+#   {glue:text}`ch06-massive-from` to {glue:text}`ch06-massive-to` the first token carries
+#   massive activations, {glue:text}`ch06-massive-ratio` times the median token's norm.
+# - LayerNorm removes the mean and the scale, RMSNorm only the scale. Written as one pass,
+#   LayerNorm needs no more synchronisations than RMSNorm; what RMSNorm saves is a sum, a
+#   subtraction per element and the shift, and whether that shows in time depends on the
+#   kernels. The mean subtraction folds into the next linear layer exactly, and on
+#   SmolLM2's stream $\sigma$ and the RMS differ by at most {glue:text}`ch06-ln-rms-gap`.
 # - Post-LN puts a norm on the identity path. Our 8-layer model with Post-LN and no warmup
-#   collapses (every token's vector the same) and stays at the letter-frequency loss;
-#   with warmup it trains, and Pre-LN, sandwich and post-branch train either way. At
-#   initialisation Post-LN's last-layer gradient does not shrink with depth (Pre-LN's does),
-#   and the identity share of its Jacobian decays through the stack (Pre-LN's stays 1).
+#   collapses (every token's vector the same) and stays at the letter-frequency loss; with
+#   warmup it trains, and Pre-LN, sandwich and post-branch train either way. At
+#   initialisation Post-LN's last-layer gradient does not shrink with depth (Pre-LN's
+#   does), and the identity share of its Jacobian decays through the stack (Pre-LN's stays
+#   1).
 # - Scaling the residual writes by $1/\sqrt{2L}$ (GPT-2) or the sandwich output gains by
 #   $1/\sqrt L$ (Trinity) makes the stream's norm at initialisation independent of depth.
 # - Without QK-norm, attention logits grow fast at a high learning rate; with it they are
@@ -1312,9 +1428,10 @@ plt.show()
 #
 # ```{admonition} Hint
 # :class: dropdown
-# While writing the chapter, Post-LN without warmup was the worst run on every seed, but on
-# one seed of four it escaped the collapse late and ended only 0.1 nats above Pre-LN. The
-# collapse is an attractor that a run can leave; the claim is about how reliably it leaves.
+# While writing the chapter, Post-LN without warmup was the worst run on every seed, but
+# on one seed of four it escaped the collapse late and ended only 0.1 nats above Pre-LN.
+# The collapse is an attractor that a run can leave; the claim is about how reliably it
+# leaves.
 # ```
 #
 # 2. Train the Post-LN model without warmup at a lower peak learning rate
@@ -1324,9 +1441,9 @@ plt.show()
 # ```{admonition} Hint
 # :class: dropdown
 # Change `LR` before the training cell. At $3\cdot10^{-3}$, in our runs, Post-LN without
-# warmup trained as well as Pre-LN (about 2.77 nats) and warmup changed almost nothing, but
-# every run ended above the $8\cdot10^{-3}$ runs with warmup. Warmup buys a larger usable
-# peak learning rate.
+# warmup trained as well as Pre-LN (about 2.77 nats) and warmup changed almost nothing,
+# but every run ended above the $8\cdot10^{-3}$ runs with warmup. Warmup buys a larger
+# usable peak learning rate.
 # ```
 #
 # 3. Train the Post-LN model with `depth_scaled=True` (small initial writes) and no
