@@ -35,7 +35,8 @@
 # {cite}`deepseekai2024deepseekv2`, each run, compared with its reference, and measured in
 # bytes. At the end: the decode path that `companion` uses for speed.
 #
-# As everywhere in this book, every claim is an `assert` that runs in CI.
+# As everywhere in this book, the claims are `assert`s that run in CI; timings, which
+# belong to the machine and not to the model, are shown and never asserted.
 
 # %%
 # Setup: on Colab, install the companion package (no effect elsewhere).
@@ -65,6 +66,7 @@ import torch
 from IPython.display import HTML, Code
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
+from torch.utils.flop_counter import FlopCounterMode
 
 from companion import COLORS
 from companion.analysis.calculator import (
@@ -85,7 +87,7 @@ from companion.analysis.decode_cost import (
 )
 from companion.bench.common import median_seconds
 from companion.device import default_device, describe
-from companion.layers.kv_cache import KVCache, position_mask
+from companion.layers.kv_cache import KVCache, LatentCache, position_mask
 from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.builders import build_mixer
@@ -195,23 +197,23 @@ for name, work, cached in (
     )
     assert rows == projected_tokens(PROMPT, NEW, cached=cached)
     assert pairs == attended_pairs(PROMPT, NEW, cached=cached)
-assert (
-    projected_tokens(8, 48, cached=True) == 55
-    and projected_tokens(8, 48, cached=False) == 1512
-)
+    glue(f"ch08-rows-{name}", f"{rows:,}", display=False)
+glue("ch08-prompt", f"{PROMPT}", display=False)
+glue("ch08-new", f"{NEW}", display=False)
 
 # %% [markdown]
 # The tokens are identical, and the logits agree to float32 rounding at every position. The
-# work does not: to write 48 tokens after an 8-token prompt, the model with a cache pushes
-# 55 tokens through each projection, the one without pushes 1,512 (every pass re-reads the
-# whole sequence). The counts are the ones `companion.analysis.decode_cost` predicts,
+# work does not: to write {glue:text}`ch08-new` tokens after a {glue:text}`ch08-prompt`-token
+# prompt, the model with a cache pushes {glue:text}`ch08-rows-cache` tokens through each
+# projection, the one without pushes {glue:text}`ch08-rows-recompute` (every pass re-reads
+# the whole sequence). The counts are the ones `companion.analysis.decode_cost` predicts,
 # $P + n - 1$ against $\sum_{i<n}(P + i)$, and the scored pairs follow the same pattern one
 # power higher. Per step, recomputation costs a whole forward pass over the sequence so
 # far; the cache costs one token's projections and one row of attention.
 #
-# At a real model's size the same arithmetic comes from `companion.analysis.calculator.flops_per_token`,
-# the forward FLOPs of one token that attends to $s$ keys (chapter 13 builds the
-# calculator). It is affine in $s$: a constant $2N$ for the weights it multiplies, plus
+# At a real model's size the same arithmetic comes from
+# `companion.analysis.calculator.flops_per_token`, the forward FLOPs of one token that
+# attends to $s$ keys ({doc}`chapter 13 <13_build_a_model>` builds the calculator). It is affine in $s$: a constant $2N$ for the weights it multiplies, plus
 # $4 L H D\, s$ for scores and weighted values. Summing it over the positions each step
 # must process gives the cost of generating $n$ tokens, here for Llama 3 8B.
 
@@ -243,9 +245,15 @@ print(
     f"log-log slopes of the totals from 1k tokens: recompute {slope_r:.2f}, "
     f"cache {slope_c:.2f}"
 )
-assert round(a / 1e9) == 15 and b == 524_288
 assert 1.9 < slope_r < 2.3 and 0.95 < slope_c < 1.3
-assert 3900 < ratio_8k < 4000
+# the closed form of the two sums, against the cumulative sums above
+n_8k = 8192
+closed_c = a * n_8k + b * n_8k * (n_8k + 1) / 2
+closed_r = a * n_8k * (n_8k + 1) / 2 + b * n_8k * (n_8k + 1) * (n_8k + 2) / 6
+assert abs(ratio_8k / (closed_r / closed_c) - 1) < 1e-9
+glue("ch08-ratio-8k", f"{ratio_8k:,.0f}", display=False)
+glue("ch08-slope-r", f"{slope_r:.2f}", display=False)
+glue("ch08-slope-c", f"{slope_c:.2f}", display=False)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -281,8 +289,9 @@ plt.show()
 # %% [markdown]
 # On the left the first step of both is the prompt; after it, recomputation processes one
 # more token each step, the cache one token always. On the right, the totals for Llama 3 8B
-# grow with slope 2 against slope 1 on log-log axes, and the cache makes 8,192 tokens about
-# 3,900 times cheaper in FLOPs (the attention term bends both curves slightly upward). In
+# grow with log-log slopes of {glue:text}`ch08-slope-r` against {glue:text}`ch08-slope-c`
+# from 1,024 tokens on, and the cache makes 8,192 tokens {glue:text}`ch08-ratio-8k` times
+# cheaper in FLOPs (the attention term bends both curves above slopes 2 and 1). In
 # practice every decoder keeps a cache; the question is what to keep in it, and how much.
 #
 # ## How big the cache is
@@ -327,6 +336,17 @@ for name, cfg in (("MHA, 32 K/V heads", mha_8b), ("GQA, 8 K/V heads", gqa_8b)):
     )
     print(f"{'':<{len(name)}}  an 80 GiB GPU holds {room:,} tokens")
     assert per_token[name] == 2 * 32 * cfg.n_kv_heads * 128 * 2
+    key = "mha" if cfg.n_kv_heads == cfg.n_heads else "gqa"
+    glue(f"ch08-{key}-kib", f"{per_token[name] / KIB:.0f}", display=False)
+    glue(f"ch08-{key}-128k-gib", f"{at_128k / GIB:.0f}", display=False)
+    glue(f"ch08-{key}-users", f"{room // S128K}", display=False)
+glue("ch08-weights-gib", f"{weights_8b / GIB:.0f}", display=False)
+glue("ch08-weights-gb", f"{weights_8b / 1e9:.1f}", display=False)
+glue(
+    "ch08-mha-over-weights",
+    f"{kv_cache_bytes(mha_8b, S128K) / weights_8b:.1f}",
+    display=False,
+)
 assert (
     per_token["MHA, 32 K/V heads"] == 512 * KIB
     and per_token["GQA, 8 K/V heads"] == 128 * KIB
@@ -335,22 +355,23 @@ assert (
     kv_cache_bytes(mha_8b, S128K) == 64 * GIB
     and kv_cache_bytes(gqa_8b, S128K) == 16 * GIB
 )
-assert weights_8b == 16_060_522_496  # 16.1 GB, 15.0 GiB
-assert (
-    max_context_tokens(80 * GIB, weights_8b, 512 * KIB) // S128K == 1
-)  # one 128k user, just
-assert max_context_tokens(80 * GIB, weights_8b, 128 * KIB) // S128K == 4
+assert weights_8b == 2 * 8_030_261_248  # the released model's parameter count
 
 # %% [markdown]
-# With 2017-style heads every token costs 512 KiB, and one 128k-token conversation needs
-# 64 GiB of cache, four times the model's own 15 GiB (16.1 GB) of weights. On an 80 GiB
-# GPU that is one user at that length, with nothing left over for activations. GQA's eight
-# K/V heads cut it to 128 KiB per token and 16 GiB per 128k conversation: four users.
+# With 2017-style heads every token costs {glue:text}`ch08-mha-kib` KiB, and one 128k-token
+# conversation needs {glue:text}`ch08-mha-128k-gib` GiB of cache,
+# {glue:text}`ch08-mha-over-weights` times the model's own {glue:text}`ch08-weights-gib` GiB
+# ({glue:text}`ch08-weights-gb` GB) of weights. On an 80 GiB GPU that is
+# {glue:text}`ch08-mha-users` user at that length, with nothing left over for activations.
+# GQA's eight K/V heads cut it to {glue:text}`ch08-gqa-kib` KiB per token and
+# {glue:text}`ch08-gqa-128k-gib` GiB per 128k conversation: {glue:text}`ch08-gqa-users`
+# users.
 #
 # The same formula for every preset in `companion`, with the cache at each model's full
 # context. `kv_cache_bytes` also knows what the formula leaves out: sliding-window layers
-# keep only the last $w$ positions, Gated DeltaNet layers a fixed state (chapter 9 and
-# chapter 12), and an MLA layer one latent and one RoPE key per position (below).
+# keep only the last $w$ positions ({doc}`chapter 9 <09_sliding_windows>`), Gated DeltaNet
+# layers a fixed state ({doc}`chapter 11 <11_linear_attention>`), and an MLA layer one
+# latent and one RoPE key per position (below).
 
 # %%
 print("cache: at the model's full context; weights: bf16; both in GiB")
@@ -389,16 +410,22 @@ big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 
 assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == [
     "qwen3-next-80b-a3b"
 ]
+glue("ch08-llama2-kib", f"{rows['llama2-7b'][0]:.0f}", display=False)
+glue("ch08-llama31-gib", f"{rows['llama3.1-8b'][1]:.0f}", display=False)
+glue("ch08-v3-kib", f"{rows['deepseek-v3'][0]:.1f}", display=False)
+glue("ch08-mistral-gib", f"{rows['mistral-7b'][1]:.1f}", display=False)
 
 # %% [markdown]
 # Three things stand out. Llama 2 7B, the last model here with one K/V head per query
-# head, pays 512 KiB per token; every model after it pays less, though most are larger.
-# Llama 3.1 8B's cache at its full 131,072-token context (16 GiB) outweighs its weights.
-# And DeepSeek-V3, with 671 billion parameters and 128 heads, caches 68.6 KiB per token;
-# among the large models only Qwen3-Next goes lower, because three quarters of its layers
-# are Gated DeltaNet layers with a fixed state instead of a cache. (Mistral's 0.5 GiB, and
-# the totals of gpt-oss, Gemma 3 and Olmo 3, are small for their per-token cost because of
-# sliding windows, which chapter 9 takes up.)
+# head, pays {glue:text}`ch08-llama2-kib` KiB per token; every model after it pays less,
+# though most are larger. Llama 3.1 8B's cache at its full 131,072-token context
+# ({glue:text}`ch08-llama31-gib` GiB) outweighs its weights. And DeepSeek-V3, with 671
+# billion parameters and 128 heads, caches {glue:text}`ch08-v3-kib` KiB per token; among
+# the models with over 10 GiB of weights only Qwen3-Next goes lower, because three quarters
+# of its layers are Gated DeltaNet layers with a fixed state instead of a cache. (Mistral's
+# {glue:text}`ch08-mistral-gib` GiB, and the totals of gpt-oss, Gemma 3 and Olmo 3, are
+# small for their per-token cost because of sliding windows, which
+# {doc}`chapter 9 <09_sliding_windows>` takes up.)
 #
 # ## Bandwidth, not capacity
 #
@@ -425,27 +452,41 @@ H100_FLOPS, H100_BW = (
 )  # dense bf16 FLOP/s, HBM bytes/s (H100 SXM datasheet)
 ridge = ridge_point(H100_FLOPS, H100_BW)
 print(f"H100 SXM ridge point: {ridge:.1f} FLOPs/byte")
-assert round(ridge) == 295
+glue("ch08-ridge", f"{ridge:.0f}", display=False)
 
-for s in (1, 4096, 131072):
-    for b in (1, 64):
-        for d_h in (64, 128, 256):
+# measured, not derived: torch's FLOP counter on one real decode step of
+# grouped_attention, over the bytes of the bf16 cache it reads
+measured = set()
+for s in (16, 256):
+    for b in (1, 3):
+        for d_h in (64, 128):
             for n_q, n_kv in ((32, 32), (32, 8), (32, 1), (64, 4)):
-                flops = decode_attention_flops(n_q, d_h, d_h, s, b)
-                nbytes = decode_attention_bytes(
-                    2 * n_kv * d_h, s, b, bytes_per_element=2
-                )
-                assert (
-                    arithmetic_intensity(flops, nbytes) == n_q / n_kv
-                )  # nothing else matters
-print("I = n_q / n_kv for every context, batch and head width tried")
+                kv = KVCache(b, n_kv, s, d_h, dtype=torch.bfloat16)
+                q1 = torch.zeros(b, n_q, 1, d_h, dtype=torch.bfloat16)
+                with FlopCounterMode(display=False) as counter:
+                    grouped_attention(q1, kv.k, kv.v)
+                flops, nbytes = counter.get_total_flops(), kv.k.nbytes + kv.v.nbytes
+                # the counted step is the formula's step ...
+                assert flops == decode_attention_flops(n_q, d_h, d_h, s, b)
+                assert nbytes == decode_attention_bytes(2 * n_kv * d_h, s, b)
+                intensity_now = arithmetic_intensity(flops, nbytes)
+                measured.add((n_q, n_kv, intensity_now))
+# ... and its intensity depends on the head counts alone
+assert all(i == n_q / n_kv for n_q, n_kv, i in measured)
+assert len({i for _, _, i in measured}) == 4  # one value per (n_q, n_kv)
+print("counted FLOPs / cache bytes of a decode step, every context, batch and width:")
+print("  " + ", ".join(f"{q}:{k} -> {i:g}" for q, k, i in sorted(measured)))
 
 # %% [markdown]
-# Multi-head attention has $I = 1$: the H100 could do 295 times more arithmetic than the
-# step asks for in the time it takes to stream the cache in. Making the FLOPs cheaper would
-# change nothing; only reading fewer bytes helps. At 128k tokens, Llama 3 8B with MHA would
-# read 64 GiB of cache per generated token, four times its weights; that alone is 20 ms per
-# token on an H100, whatever the tensor cores do. With GQA it is 16 GiB and 5 ms.
+# The counted FLOPs of a real step match the formula's, and their ratio to the bytes of the
+# cache depends only on the head counts. Multi-head attention has $I = 1$: the H100 could
+# do {glue:text}`ch08-ridge` times more arithmetic than the step asks for in the time it
+# takes to stream the cache in. Making the FLOPs cheaper would change nothing; only reading
+# fewer bytes helps. At 128k tokens, Llama 3 8B with MHA would read
+# {glue:text}`ch08-mha-128k-gib` GiB of cache per generated token,
+# {glue:text}`ch08-mha-over-weights` times its weights; that alone is
+# {glue:text}`ch08-mha-ms` ms per token at the H100's bandwidth, whatever the tensor cores
+# do. With GQA it is {glue:text}`ch08-gqa-128k-gib` GiB and {glue:text}`ch08-gqa-ms` ms.
 
 # %%
 for name, cfg in (("MHA", mha_8b), ("GQA", gqa_8b)):
@@ -455,15 +496,15 @@ for name, cfg in (("MHA", mha_8b), ("GQA", gqa_8b)):
         f"{per_step / H100_BW * 1e3:.1f} ms at 3.35 TB/s (weights: "
         f"{weights_8b / H100_BW * 1e3:.1f} ms)"
     )
-assert round(kv_cache_bytes(mha_8b, S128K) / H100_BW * 1e3, 1) == 20.5
-assert round(kv_cache_bytes(gqa_8b, S128K) / H100_BW * 1e3, 1) == 5.1
+    glue(f"ch08-{name.lower()}-ms", f"{per_step / H100_BW * 1e3:.1f}", display=False)
 
 # %% [markdown]
 # This one ratio orders the rest of the chapter. Sharing K/V heads raises $I$ to
-# $n_q / n_\mathrm{kv}$: 4 for Llama 3's GQA, 32 for MQA with 32 heads. MLA, in the
-# absorbed form derived below, reads one shared latent row of $r + d_R = 576$ numbers per
-# token and does $2 n_q (576 + 512)$ FLOPs with it, for DeepSeek's 128 heads
-# $I = 128 \cdot 1088 / 576 \approx 242$, close to the ridge. The roofline puts each on the
+# $n_q / n_\mathrm{kv}$: {glue:text}`ch08-gqa-intensity` for Llama 3's GQA,
+# {glue:text}`ch08-mqa-intensity` for MQA with 32 heads. MLA, in the absorbed form derived
+# below, reads one shared latent row of $r + d_R = 576$ numbers per token and does
+# $2 n_q (576 + 512)$ FLOPs with it, for DeepSeek's 128 heads $I = 128 \cdot 1088 / 576$,
+# about {glue:text}`ch08-mla-intensity`, close to the ridge (counted on a real step below). The roofline puts each on the
 # chip's curve:
 
 # %%
@@ -492,8 +533,22 @@ for name, i in intensity.items():
     print(
         f"{name:<15} I = {i:6.1f} FLOPs/byte -> at most {share:6.1%} of the H100's peak"
     )
-assert [intensity[k] for k in ("MHA 32:32", "GQA 32:8", "MQA 32:1")] == [1, 4, 32]
-assert 241 < intensity["MLA, 128 heads"] < 242 < ridge
+# the same ratios counted on real steps: the loop above for MHA, GQA and MQA; for MLA,
+# 128 heads of the absorbed form reading a bf16 latent cache (keys 576 wide, values its
+# first 512 numbers)
+latent = LatentCache(1, 256, 512, 64, dtype=torch.bfloat16)
+with FlopCounterMode(display=False) as counter:
+    rows_kv = latent.kv[:, None]  # (1, 1, S, 576): one "head" shared by all 128
+    grouped_attention(
+        torch.zeros(1, 128, 1, 576, dtype=torch.bfloat16), rows_kv, rows_kv[..., :512]
+    )
+counted = {f"{q}:{k}": i for q, k, i in measured}
+counted["MLA"] = arithmetic_intensity(counter.get_total_flops(), latent.kv.nbytes)
+for name, i in intensity.items():  # the formula's intensity = the counted one
+    assert i == counted["MLA" if name.startswith("MLA") else name.split()[1]], name
+assert intensity["MLA, 128 heads"] < ridge  # near the ridge, still below it
+for name, key in (("GQA 32:8", "gqa"), ("MQA 32:1", "mqa"), ("MLA, 128 heads", "mla")):
+    glue(f"ch08-{key}-intensity", f"{intensity[name]:.0f}", display=False)
 
 fig, ax = plt.subplots(figsize=(7, 3.6))
 grid = np.logspace(-0.3, 3.3, 200)
@@ -590,7 +645,9 @@ for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
         f"{name}: {step_bytes[name] / MIB:5.0f} MiB read per layer and step; "
         f"the repeated copy: {copy / MIB:.0f} MiB"
     )
-assert [step_bytes[k] // MIB for k in ("MHA", "GQA", "MQA")] == [128, 32, 4]
+assert step_bytes["MHA"] == 4 * step_bytes["GQA"] == 32 * step_bytes["MQA"]
+for name, nbytes in step_bytes.items():
+    glue(f"ch08-step-mib-{name.lower()}", f"{nbytes / MIB:.0f}", display=False)
 
 # %% [markdown]
 # Does time follow bytes? On a CPU we time one decode step's attention (one query per
@@ -650,21 +707,23 @@ for name in timed:
     print(f"{name:<26}" + "  ".join(f"{t:7.2f} ms" for t in ms[name]))
 
 # %% [markdown]
-# On the left the variants separate by their number of K/V heads; on the right, plotted
-# against the bytes each reads, the three `grouped_attention` lines fall close to one
-# another once the cache is large: the step costs what it reads. The repeated-heads GQA
-# (dashed) stores a quarter of MHA's cache but then writes and reads an MHA-sized copy at
-# every step, so it cannot beat MHA; on the machine that built this page it was several
-# times slower than MHA itself, since `repeat_interleave` is a gather, not a plain copy.
-# At short contexts fixed per-call costs weigh more. Your machine's numbers will differ;
-# the bytes will not.
+# On the left the variants separate by their number of K/V heads. On the right, plotted
+# against the bytes each reads, the three `grouped_attention` lines would lie on one
+# another if a step cost exactly what it reads; how close they come depends on the
+# machine, since fixed per-call costs weigh more at short contexts and a single K/V head
+# gives the CPU smaller matrix products to work on. The repeated-heads GQA (dashed) stores
+# a quarter of MHA's cache but then writes and reads an MHA-sized copy at every step, so we
+# expect it to be no faster than MHA, and slower wherever `repeat_interleave`, a gather
+# rather than a plain copy, is slow; the printed times show how it went on the machine
+# that built this page. Your machine's numbers will differ; the bytes will not.
 #
 # ## Multi-head latent attention
 #
 # GQA and MQA buy bytes by giving heads the *same* keys. DeepSeek-V2 asked for something
 # else {cite}`deepseekai2024deepseekv2`: keep 128 distinct key and value heads, but store
-# them compressed. Keys and values are both linear functions of the same hidden state
-# $h_t$, so compress once into a latent $c_t$ of rank $r$ and decompress per head:
+# them compressed. Every head's key and every head's value at position $t$ is a matrix
+# times one vector, the token's $h_t$; route that vector through a narrow bottleneck
+# first, a latent $c_t$ of rank $r$, and let each head expand it again:
 #
 # $$c_t = W^{DKV} h_t \in \mathbb{R}^{r}, \qquad k^{(i)}_t = W^{UK}_i c_t, \qquad
 # v^{(i)}_t = W^{UV}_i c_t .$$
@@ -682,12 +741,12 @@ for name in timed:
 # $W^{UK}_i$ is *absorbed* into the query (a $d_h \to r$ map applied once per step, not
 # once per cached token) and $W^{UV}_i$ into the output side. What is left is attention
 # in which all 128 query heads read the same keys, the latents, and the same values, the
-# latents again: MQA with one head of width $r$, which is where the intensity of 242 above
-# comes from.
+# latents again: MQA with one head of width $r$, which is where the intensity of
+# {glue:text}`ch08-mla-intensity` above comes from.
 #
-# **The RoPE obstruction.** RoPE (chapter 5) rotates each key by a position-dependent
-# rotation $R_n$ *after* the projection: $k_n = R_n W^{UK} c_n$. The score of the query at
-# position $m$ is then $q^\top R_m^\top R_n W^{UK} c_n = q^\top R_{n-m} W^{UK} c_n$: the
+# **The RoPE obstruction.** RoPE ({doc}`chapter 5 <05_position>`) rotates each key by a
+# position-dependent rotation $R_n$ *after* the projection: $k_n = R_n W^{UK} c_n$. The
+# score of the query at position $m$ is then $q^\top R_m^\top R_n W^{UK} c_n = q^\top R_{n-m} W^{UK} c_n$: the
 # matrix between the query and the cached latent depends on the key's position, so no
 # single matrix can be folded into the query. Rotations commute with rotations but not with
 # $W^{UK}$: $R_n W \neq W R_n$. DeepSeek's way out is to split each head's query and key in
@@ -804,22 +863,31 @@ assert torch.allclose(y_naive, y_absorbed, atol=1e-12, rtol=0)
 assert torch.allclose(y_naive, y_steps, atol=1e-12, rtol=0)
 
 width = latent_cache.kv.shape[-1]
-mha_width = (
-    4 * (8 + 4) + 4 * 8
-)  # per-head keys (nope + rope) and values, as an MHA would cache
+# the per-head keys and values the naive form rebuilds from those cached rows: what an
+# MHA layer of the same widths would have to cache
+with torch.no_grad():
+    q_nope, q_rope, _ = naive_mla.project(x)
+    _, k_heads, v_heads = naive_mla.naive_qkv(q_nope, q_rope, latent_cache.kv)
+mha_width = k_heads[0, :, 0].numel() + v_heads[0, :, 0].numel()  # one token, all heads
 print(
     f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token "
     "and layer (r + d_R = 16 + 4)"
 )
-print(f"per-head K and V would be {mha_width}")
+print(
+    f"per-head K {tuple(k_heads.shape)} and V {tuple(v_heads.shape)}: "
+    f"{mha_width} numbers per token"
+)
 assert latent_cache.kv.shape == (1, T_MLA, 16 + 4)
 assert torch.equal(latent_cache.pos, torch.arange(T_MLA))  # row t holds position t
-assert mha_width == 80
+assert mha_width == 4 * (8 + 4) + 4 * 8  # H (D_nope + D_rope) + H D_v, from the config
+glue("ch08-latent-width", f"{width}", display=False)
+glue("ch08-heads-width", f"{mha_width}", display=False)
 
 # %% [markdown]
-# The two forms agree to $10^{-12}$ in float64, whether the absorbed one reads the whole sequence or
-# decodes it token by token from a cache of 20 numbers per token (80 for full per-head
-# keys and values in this small layer). The same holds inside a whole model: `DecoderLM`
+# The two forms agree to $10^{-12}$ in float64, whether the absorbed one reads the whole
+# sequence or decodes it token by token from a cache of {glue:text}`ch08-latent-width`
+# numbers per token ({glue:text}`ch08-heads-width` for the full per-head keys and values
+# the naive form rebuilds in this small layer). The same holds inside a whole model: `DecoderLM`
 # builds MLA layers from `ModelConfig`'s `kv_lora_rank`, `q_lora_rank`,
 # `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` and `mla_form` fields, and a model
 # switched to the absorbed form on the same weights generates the same tokens:
@@ -869,16 +937,26 @@ print(
     f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB "
     f"against {mha_bytes * S128K / GIB:.0f} GiB"
 )
-assert mla_bytes == 70_272 == kv_cache_bytes_per_token(v3)
-assert round(mla_bytes / KIB, 1) == 68.6 and round(mha_bytes / MIB, 2) == 4.77
-assert 70 < mha_bytes / mla_bytes < 72
-assert (
-    round(mla_bytes * S128K / GIB, 1) == 8.6 and round(mha_bytes * S128K / GIB) == 610
-)
+# the layer's own count and the calculator's, from two different code paths
+assert mla_bytes == kv_cache_bytes_per_token(v3)
+# and the MHA count against the calculator on the same preset with 128 K/V heads
+# (keys and values both 160 wide: the same bytes as 192 + 128)
+v3_mha = v3.replace(
+    kv_lora_rank=0, q_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
+    v_head_dim=0, n_kv_heads=128, head_dim=160,
+)  # fmt: skip
+assert not v3_mha.is_mla and kv_cache_bytes_per_token(v3_mha) == mha_bytes
+glue("ch08-v3-mla-bytes", f"{mla_bytes:,}", display=False)
+glue("ch08-v3-mla-kib", f"{mla_bytes / KIB:.1f}", display=False)
+glue("ch08-v3-mha-mib", f"{mha_bytes / MIB:.2f}", display=False)
+glue("ch08-v3-ratio", f"{mha_bytes / mla_bytes:.0f}", display=False)
+glue("ch08-v3-mla-128k", f"{mla_bytes * S128K / GIB:.1f}", display=False)
+glue("ch08-v3-mha-128k", f"{mha_bytes * S128K / GIB:.0f}", display=False)
 
 # %% [markdown]
-# 68.6 KiB per token instead of 4.77 MiB, 71 times less; a 128k-token context in 8.6 GiB
-# instead of 610 GiB. In DeepSeek-V2's ablations MLA also scored better than MHA, while
+# {glue:text}`ch08-v3-mla-kib` KiB per token instead of {glue:text}`ch08-v3-mha-mib` MiB,
+# {glue:text}`ch08-v3-ratio` times less; a 128k-token context in
+# {glue:text}`ch08-v3-mla-128k` GiB instead of {glue:text}`ch08-v3-mha-128k` GiB. In DeepSeek-V2's ablations MLA also scored better than MHA, while
 # GQA and MQA scored worse {cite}`deepseekai2024deepseekv2`: it is the one step in this
 # chapter that was not sold as a quality trade. It is harder to implement and to shard
 # than GQA (the decoupled key, the absorbed matrices, kernels specialised for a 576-wide
@@ -950,6 +1028,15 @@ assert p["MHA"] > p["GQA"] > p["MQA"] and p["MQA"] < p["MLA"] < p["GQA"]
 # no windows here: every doubling of the context doubles every cache
 assert all((t[1:] == 2 * t[:-1]).all() for t in total.values())
 assert overflow == {"MHA": 256 * 1024, "GQA": 1024**2, "MQA": None, "MLA": None}
+glue("ch08-head-bytes", f"{STACKS['MHA'][0][1]:.0f}", display=False)
+for name in SCHEMES:
+    key = name.lower()
+    glue(f"ch08-layer-bytes-{key}", f"{per_layer[name]:,}", display=False)
+    glue(f"ch08-128k-{key}", f"{total[name][CONTEXTS.index(S128K)] / GIB:.3g}",
+         display=False)  # fmt: skip
+    glue(f"ch08-1m-{key}", f"{total[name][-1] / GIB:.3g}", display=False)
+glue("ch08-layer-kib-mha", f"{per_layer['MHA'] / KIB:.0f}", display=False)
+glue("ch08-mla-over-mqa", f"{per_layer['MLA'] / per_layer['MQA']:.2f}", display=False)
 
 # %% tags=["remove-output"]
 PART_COLORS = {
@@ -1024,24 +1111,30 @@ glue("fig-kv-cache", HTML(animate(fig, draw_kv, len(CONTEXTS), interval_ms=600))
 #
 # What the KV cache holds at Llama 3 8B's shape (32 layers, 32 query heads of width 128,
 # bf16) under four layouts, MLA with DeepSeek's $r = 512$ and $d_R = 64$. Left: one token
-# in one layer, in bytes; MHA, GQA and MQA keep a key and a value of 256 bytes per K/V
-# head (thin white lines separate the heads), MLA one latent and one rotated key shared by
+# in one layer, in bytes; MHA, GQA and MQA keep a key and a value of
+# {glue:text}`ch08-head-bytes` bytes per K/V head (thin white lines separate the heads), MLA one latent and one rotated key shared by
 # all heads. Right: the whole cache, all layers, as the context doubles from 1,024 to
 # 1,048,576 tokens, one doubling a frame. Watch the four lines climb in parallel, a fixed
 # factor apart, and cross the dashed line of what an 80 GiB GPU has left beside the
-# weights: MHA between 128k and 256k tokens, GQA between 512k and 1M, MQA and MLA never.
+# weights: MHA between 128k and 256k tokens, GQA between 512k and 1M, MQA and MLA never
+# (asserted from the same totals).
 # ```
 
 # %% [markdown]
 # {numref}`fig-kv-cache` separates the formula's two factors. Per token and layer MHA
-# keeps 16 KiB, 32 keys and 32 values; GQA a quarter of that; MQA's single K/V head and
-# MLA's latent are thin strips of 512 and 1,152 bytes. MLA stores more than MQA, about
-# twice, but it keeps 32 distinct keys and values per layer (one per head, rebuilt from the
-# latent when needed); MQA keeps one. The context only multiplies: every doubling doubles
-# every cache, so the lines stay parallel and the layout alone decides how far one GPU
-# goes. At 128k tokens the four caches are 64, 16, 2 and 4.5 GiB; at 1M tokens 512, 128,
-# 16 and 36 GiB. For DeepSeek-V3 itself, with 128 heads, 61 layers and wider keys, the gap
-# to MHA is the 71× computed above.
+# keeps {glue:text}`ch08-layer-kib-mha` KiB, 32 keys and 32 values of
+# {glue:text}`ch08-head-bytes` bytes each; GQA a quarter of that; MQA's single K/V head
+# and MLA's latent are thin strips of {glue:text}`ch08-layer-bytes-mqa` and
+# {glue:text}`ch08-layer-bytes-mla` bytes. MLA stores more than MQA,
+# {glue:text}`ch08-mla-over-mqa` times as much, but it keeps 32 distinct keys and values
+# per layer (one per head, rebuilt from the latent when needed); MQA keeps one. The
+# context only multiplies: every doubling doubles every cache, so the lines stay parallel
+# and the layout alone decides how far one GPU goes. At 128k tokens the four caches are
+# {glue:text}`ch08-128k-mha`, {glue:text}`ch08-128k-gqa`, {glue:text}`ch08-128k-mqa` and
+# {glue:text}`ch08-128k-mla` GiB; at 1M tokens {glue:text}`ch08-1m-mha`,
+# {glue:text}`ch08-1m-gqa`, {glue:text}`ch08-1m-mqa` and {glue:text}`ch08-1m-mla` GiB. For
+# DeepSeek-V3 itself, with 128 heads, 61 layers and wider keys, the gap to MHA is the
+# {glue:text}`ch08-v3-ratio`× computed above.
 #
 # ## The fast decode path
 #
@@ -1078,37 +1171,45 @@ smol = preset("smollm2-135m")  # the benchmark's model
 assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 
 # %% [markdown]
-# `python -m companion.bench decode` runs both, and transformers' `generate`, on the real
-# SmolLM2-135M weights (30 layers, 9 query heads sharing 3 K/V heads, fp32, batch 1), and
-# compares them with a bound measured on the same machine: one token must read every
-# weight once, so no decoder can beat copy bandwidth ÷ weight bytes tokens per second, and
-# it also times the weights' matrix-vector products alone (the *matmul floor*). In one run
-# on the project's shared 2-core CPU (December 2026) the compiled step ran at 1.27 times
-# the speed of transformers' `generate` and at 75% of the matmul floor (transformers: 59%,
-# the eager loop 55%). Those are measurements of one shared machine and are not asserted
-# here. The bound
-# is the right yardstick for this chapter's reason once more: at batch 1 the weights, like
-# the cache, are read for two FLOPs per number, so a decode step is memory-bound, and the
-# fast path wins by doing little besides the reads it must do.
+# How much faster is it? That is a measurement of a machine, not of the model, so this
+# chapter does not type a speed-up into its prose. `python -m companion.bench decode`
+# runs both loops, and transformers' `generate`, on the real SmolLM2-135M weights (30
+# layers, 9 query heads sharing 3 K/V heads, fp32, batch 1), and compares them with a bound
+# measured on the same machine: one token must read every weight once, so no decoder can
+# beat copy bandwidth ÷ weight bytes tokens per second; it also times the weights'
+# matrix-vector products alone (the *matmul floor*). Run it to see where your machine's
+# loops fall. The bound is the right yardstick for this chapter's reason once more: at
+# batch 1 the weights, like the cache, are read for two FLOPs per number, so a decode step
+# is memory-bound, and we expect a fast path to win by doing little besides the reads it
+# must do.
 #
 # ## Summary
 #
 # - A cache turns generation's work from quadratic into linear: on a small random model
-#   the cached and uncached runs write the same tokens (logits within $10^{-5}$), with 55
-#   against 1,512 tokens through the projections for 48 new tokens; for Llama 3 8B,
-#   8,192 tokens cost about 3,900 times fewer FLOPs.
+#   the cached and uncached runs write the same tokens (logits within $10^{-5}$), with
+#   {glue:text}`ch08-rows-cache` against {glue:text}`ch08-rows-recompute` tokens through
+#   the projections for {glue:text}`ch08-new` new tokens; for Llama 3 8B, 8,192 tokens
+#   cost {glue:text}`ch08-ratio-8k` times fewer FLOPs.
 # - $\text{bytes}_\mathrm{KV} = 2 L n_\mathrm{kv} d_h s b \cdot$ bytes: Llama 3 8B with MHA
-#   would need 512 KiB per token and 64 GiB at 128k tokens (four times its 15 GiB of
-#   weights); its GQA needs 128 KiB and 16 GiB.
+#   would need {glue:text}`ch08-mha-kib` KiB per token and {glue:text}`ch08-mha-128k-gib`
+#   GiB at 128k tokens ({glue:text}`ch08-mha-over-weights` times its
+#   {glue:text}`ch08-weights-gib` GiB of weights); its GQA needs
+#   {glue:text}`ch08-gqa-kib` KiB and {glue:text}`ch08-gqa-128k-gib` GiB.
 # - Decode attention does $I = n_q / n_\mathrm{kv}$ FLOPs per byte in bf16, whatever the
-#   context, head width or batch; an H100's ridge point is 295. MHA sits at 1, GQA 32:8 at
-#   4, MQA at 32, DeepSeek's absorbed MLA at 242.
+#   context, head width or batch (counted on real steps); an H100's ridge point is
+#   {glue:text}`ch08-ridge`. MHA sits at 1, GQA 32:8 at {glue:text}`ch08-gqa-intensity`,
+#   MQA at {glue:text}`ch08-mqa-intensity`, DeepSeek's absorbed MLA at
+#   {glue:text}`ch08-mla-intensity`.
 # - `grouped_attention` equals attention on repeated heads without the copy; one step's
-#   cache read per layer at 4096 positions is 128, 32 and 4 MiB (fp32) for MHA, GQA, MQA.
+#   cache read per layer at 4096 positions is {glue:text}`ch08-step-mib-mha`,
+#   {glue:text}`ch08-step-mib-gqa` and {glue:text}`ch08-step-mib-mqa` MiB (fp32) for MHA,
+#   GQA, MQA.
 # - MLA caches a latent of rank $r$ plus a decoupled RoPE key; $W^{UK}$ and $W^{UV}$ fold
 #   into the query and output, but RoPE does not ($R_n W \neq W R_n$). Naive and absorbed
 #   forms agree to $10^{-12}$, the cache holds $r + d_R$ numbers per token and layer.
-#   DeepSeek-V3: 70,272 bytes per token against 4.77 MiB for the equivalent MHA, 71× less.
+#   DeepSeek-V3: {glue:text}`ch08-v3-mla-bytes` bytes per token against
+#   {glue:text}`ch08-v3-mha-mib` MiB for the equivalent MHA, {glue:text}`ch08-v3-ratio`×
+#   less.
 # - A position-indexed cache gives every decode step the same shapes, so
 #   `generate(..., compile=True)` compiles the model's own blocks once; it writes the same
 #   tokens as the eager loop.
@@ -1148,7 +1249,8 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 #
 # ```{admonition} Solution
 # :class: dropdown
-# $2 b d^2$ FLOPs over $2 d^2$ bytes: $I = b$, so from about $b = 295$ the projections
+# $2 b d^2$ FLOPs over $2 d^2$ bytes: $I = b$, so from about $b$ =
+# {glue:text}`ch08-ridge` the projections
 # are compute-bound. Attention's bytes are the cache, and every sequence has its own:
 # `decode_attention_flops(..., batch=b)` and `decode_attention_bytes(..., batch=b)` both
 # grow with $b$, and their ratio stays $n_q / n_\mathrm{kv}$. Large batches make the
@@ -1157,7 +1259,7 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 #
 # 4. DeepSeek-V3 could have used GQA with 8 K/V heads of the same widths (keys 192,
 #    values 128). How many bytes per token would that cache, and how does it compare with
-#    MLA's 70,272?
+#    MLA's {glue:text}`ch08-v3-mla-bytes`?
 #
 # ```{admonition} Solution
 # :class: dropdown
