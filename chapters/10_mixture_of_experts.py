@@ -29,7 +29,8 @@
 # y = \sum_{i \in \mathcal{T}} \frac{s_i}{\sum_{j \in \mathcal{T}} s_j}\,\mathrm{FFN}_i(x).$$
 #
 # The router is one $E \times d$ matrix, so it costs almost nothing. Since 2024 the
-# frontier open models are nearly all built this way, and the sparsity has kept growing:
+# frontier open models are nearly all built this way, and the sparsity has kept growing.
+# The sizes below are the published ones, and the active share is their ratio:
 #
 # | Model | Total | Active | Active share | Experts | Top-$k$ | Shared |
 # |---|---|---|---|---|---|---|
@@ -37,10 +38,10 @@
 # | Qwen3-235B-A22B (2025) {cite}`yang2025qwen3` | 235B | 22B | 9.4% | 128 | 8 | 0 |
 # | gpt-oss-120b (2025) {cite}`openai2025gptoss` | 117B | 5.1B | 4.4% | 128 | 4 | 0 |
 # | DeepSeek-V3 (2024) {cite}`deepseekai2024deepseekv3` | 671B | 37B | 5.5% | 256 | 8 | 1 |
-# | Kimi K2.5 (2026) | 1T | 32B | 3.2% | 384 | 8 | 1 |
-# | Qwen3-Coder-Next (2026) | 80B | 3B | 3.8% | 512 | 10 | 1 |
+# | Qwen3-Next-80B-A3B (2025) {cite}`qwen3next` | 80B | 3B | 3.8% | 512 | 10 | 1 |
 #
-# This chapter checks the first four rows to the last parameter, looks inside the router,
+# This chapter checks the first four rows to the last parameter (the last one is
+# exercise 1), looks inside the router,
 # counts why many small experts beat a few large ones, trains a small MoE to watch its
 # routing collapse and two ways of preventing it, and ends with the cost that the table does
 # not show: moving tokens to their experts.
@@ -160,13 +161,29 @@ shares = {name: c.active / c.total for name, c in counts.items()}
 assert 0.27 < shares["Mixtral 8×7B"] < 0.28 and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
 assert 0.05 < shares["DeepSeek-V3"] < 0.06
 assert all(c.breakdown["experts"] / c.total > 0.95 for c in counts.values())
+glue("ch10-share-v3", f"{shares['DeepSeek-V3']:.1%}", display=False)
+glue("ch10-share-gptoss", f"{shares['gpt-oss-120b']:.1%}", display=False)
+glue(
+    "ch10-share-gptoss-noemb",
+    f"{gpt_oss.active_without_embeddings / gpt_oss.total:.1%}",
+    display=False,
+)
+glue(
+    "ch10-experts-min",
+    f"{min(c.breakdown['experts'] / c.total for c in counts.values()):.1%}",
+    display=False,
+)
 
 # %% [markdown]
 # The four counts match the published ones exactly. Two conventions matter: the input
 # embedding counts as active (a token reads one row of it, but the DeepSeek and Qwen reports
 # count the whole table), and OpenAI's 5.1B for gpt-oss-120b leaves the embedding out,
-# which `active_without_embeddings` reproduces. With the embedding, gpt-oss is 4.9% active
-# rather than 4.4%. In all four models, more than 95% of the parameters are routed experts.
+# which `active_without_embeddings` reproduces. With the embedding, gpt-oss is
+# {glue:text}`ch10-share-gptoss` active rather than {glue:text}`ch10-share-gptoss-noemb`.
+# The table's shares divide the rounded published sizes; from the exact counts,
+# DeepSeek-V3's is {glue:text}`ch10-share-v3` (37.55B of 671.03B) rather than the 5.5% of
+# 37B over 671B. In all four models, at least {glue:text}`ch10-experts-min` of the
+# parameters are routed experts.
 #
 # Active parameters are what a token costs. `flops_per_token` counts two FLOPs per weight
 # a token passes through, plus attention over a context (here 4,096 tokens). A dense model
@@ -193,11 +210,16 @@ assert (
     and ratios["DeepSeek-V3"] > 14
     and ratios["gpt-oss-120b"] > 18
 )
+v3_gflops = flops_per_token(MODELS["DeepSeek-V3"], CONTEXT) / 1e9
+glue("ch10-v3-gflops", f"{v3_gflops:.0f}", display=False)
+for name, key in (("DeepSeek-V3", "v3"), ("Mixtral 8×7B", "mixtral")):
+    glue(f"ch10-ratio-{key}", f"{ratios[name]:.1f}", display=False)
+glue("ch10-ratio-gptoss", f"{ratios['gpt-oss-120b']:.0f}", display=False)
 
 # %% [markdown]
-# DeepSeek-V3 stores 671B
-# parameters and spends about 94 GFLOPs per token on them, some fifteen times less than the
-# same weights would cost if they were all used. That gap, parameters without FLOPs, is the
+# DeepSeek-V3 stores 671B parameters and spends about {glue:text}`ch10-v3-gflops` GFLOPs
+# per token on them, {glue:text}`ch10-ratio-v3` times less than the same weights would cost
+# if they were all used. That gap, parameters without FLOPs, is the
 # reason for everything else in this chapter. It is not free: all 671B must sit in memory
 # somewhere, and the next sections show what it takes to make the router use them well.
 #
@@ -323,13 +345,26 @@ assert math.comb(256, 8) == 409_663_695_276_000  # ≈ 4.1 × 10^14
 assert 1.8e61 < math.comb(256, 64) < 2.0e61
 assert all(e * w == 256 for _, e, _, w in LAYOUTS)  # every layout: the same total
 assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+for key, n_comb in zip(
+    ("mixtral", "m8", "m32", "e64k8", "v3"), combos.values(), strict=True
+):
+    power = math.floor(math.log10(n_comb))
+    text = (
+        f"{n_comb:,}"
+        if power < 3
+        else f"{n_comb / 10**power:.1f} × 10" + str(power).translate(SUPERSCRIPT)
+    )
+    glue(f"ch10-comb-{key}", text, display=False)
+active = [k * w for _, _, k, w in LAYOUTS]
+glue("ch10-v3-active-part", f"1/{active[0] // active[-1]}", display=False)
 
 # %% [markdown]
-# Same total, same active size: 28 combinations for Mixtral's layout, about
-# $4.9 \times 10^{14}$ at $m = 8$, and about $1.9 \times 10^{61}$ at $m = 32$. The
-# often-quoted comparison of $\binom{8}{2} = 28$ with $\binom{256}{8} \approx 4.1 \times
-# 10^{14}$ is not at equal cost: with experts 32 times narrower, top-8 uses a quarter of the
-# active parameters (last row). DeepSeek-V3 in fact uses a narrow expert (width 2,048 at
+# Same total, same active size: {glue:text}`ch10-comb-mixtral` combinations for Mixtral's
+# layout, about {glue:text}`ch10-comb-m8` at $m = 8$, and about {glue:text}`ch10-comb-m32`
+# at $m = 32$. The often-quoted comparison of $\binom{8}{2}$ with $\binom{256}{8}$, about
+# {glue:text}`ch10-comb-v3`, is not at equal cost: with experts 32 times narrower, top-8
+# uses {glue:text}`ch10-v3-active-part` of the active parameters (last row). DeepSeek-V3 in fact uses a narrow expert (width 2,048 at
 # $d$ = 7,168, against a dense FFN width of 18,432) and adds the always-on shared expert,
 # meant to hold what every token needs, so that the routed experts need not each relearn it.
 # The count of combinations is an argument, not a measurement: it says a fine-grained layer
@@ -349,9 +384,12 @@ assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
 #
 # $$\mathcal{L}_\text{aux} = \alpha\, E \sum_{i=1}^{E} f_i\, P_i$$
 #
-# to the objective, with $f_i$ the fraction of assignments that went to expert $i$ and
-# $P_i$ its mean routing probability. The loss is smallest when both are uniform, and its
-# gradient flows through $P_i$. It works, but it is a second objective that pulls the router
+# to the objective, with $f_i$ the number of (token, expert) assignments that went to
+# expert $i$ divided by the number of tokens, so that $\sum_i f_i = k$ (with the
+# Switch Transformer's $k = 1$ it is the fraction of tokens routed to $i$), and $P_i$ the
+# mean routing probability of expert $i$. At uniform routing, $f_i = k/E$ and
+# $P_i = 1/E$, the sum is $k$ (exercise 4). Its gradient flows through $P_i$ alone and
+# lowers the probability of the experts that receive the most assignments. It works, but it is a second objective that pulls the router
 # away from what the language loss wants. DeepSeek-V3 drops it {cite}`wang2024auxiliary`:
 # each expert gets a bias $b_i$ that is added to its score **only to choose** the top-$k$
 # (the weights stay the unbiased scores), and after every step
@@ -386,6 +424,13 @@ E, K = (32, 4) if FULL else (8, 2)
 STEPS, SEQ, BATCH, LR = (1000, 128, 64, 3e-3) if FULL else (160, 32, 32, 1e-2)
 SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
 ALPHA, GAMMA = 0.01, 3e-3
+# the auxiliary sum at uniform routing is k: every expert receives N·k/E assignments
+# and every probability is 1/E (the f_i of the text sum to k)
+N_UNI = 64
+uniform_aux = load_balancing_loss(
+    torch.full((N_UNI, E), 1 / E), torch.arange(N_UNI * K).view(N_UNI, K) % E, E
+)
+assert abs(uniform_aux.item() - K) < 1e-6
 MODES = ("no balancing", "auxiliary loss", "selection bias")
 PROBE, PROBE_EVERY = "my lord,", 10  # a line whose routing we record every 10 steps
 probe_ids = torch.tensor([chars.encode(PROBE)], device=DEVICE)
@@ -487,6 +532,18 @@ for seed in SEEDS:
         assert final[mode, seed] < final["no balancing", seed] - 0.4
         assert final[mode, seed] < 1.8
         assert abs(tail_loss[mode, seed] - tail_loss["no balancing", seed]) < 0.05
+none = [final["no balancing", seed] for seed in SEEDS]
+fixed = [final[m, seed] for m in MODES[1:] for seed in SEEDS]
+loss_gap = max(
+    abs(tail_loss[m, seed] - tail_loss["no balancing", seed])
+    for m in MODES[1:]
+    for seed in SEEDS
+)
+glue("ch10-collapse-min", f"{min(none):.1f}", display=False)
+glue("ch10-collapse-max", f"{max(none):.1f}", display=False)
+glue("ch10-balanced-min", f"{min(fixed):.1f}", display=False)
+glue("ch10-balanced-max", f"{max(fixed):.1f}", display=False)
+glue("ch10-loss-gap", f"{loss_gap:.3f}", display=False)
 
 # %% [markdown]
 # {numref}`fig-moe` follows seed 0 through training in both halves of the picture. On top,
@@ -513,6 +570,10 @@ print("largest expert share over the last 10 steps:")
 print("  " + ", ".join(f"{mode} {v:.2f}" for mode, v in top_share.items()))
 # collapse: the busiest expert of the unbalanced run holds far more than either remedy's
 assert all(top_share["no balancing"] > top_share[m] + 0.1 for m in MODES[1:])
+starved = shares["no balancing"][LAST].min()  # the idlest expert of the unbalanced run
+print(f"smallest expert share without balancing: {starved:.3f} (uniform: {1 / E:.3f})")
+glue("ch10-starved", f"{starved:.3f}", display=False)
+glue("ch10-uniform", f"{1 / E:.3f}", display=False)
 for seed in SEEDS:  # step 1: the same weights and batch, so the same load in every mode
     assert all(torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES)
 # the outlined experts are the k most probable ones, except where the selection bias
@@ -597,12 +658,15 @@ glue("fig-moe", HTML(animate(fig, draw_moe, n_frames, interval_ms=400)))
 #
 # At step 1 the three runs are identical (same weights, same batch), and the load is
 # already uneven: a random router does not split tokens evenly. Without balancing the
-# unevenness grows. The busiest expert ends with 2.4 to 3.3 times its fair share of the
-# assignments on every seed, and some experts receive almost nothing. Both remedies keep
-# the busiest expert within 1.4 times its share, the auxiliary loss through the gradient
+# unevenness grows. Over the last 50 steps the busiest expert holds
+# {glue:text}`ch10-collapse-min` to {glue:text}`ch10-collapse-max` times its fair share of
+# the assignments, depending on the seed, and on seed 0 the idlest expert ends with a
+# share of {glue:text}`ch10-starved` against the uniform {glue:text}`ch10-uniform`. Both
+# remedies keep the busiest expert at {glue:text}`ch10-balanced-min` to
+# {glue:text}`ch10-balanced-max` times its share, the auxiliary loss through the gradient
 # and the selection bias without one. On the language-model loss (the auxiliary term left
-# out) the three runs end within 0.05 nats of each other on every seed, so at this scale
-# balance costs nothing measurable. Whether it helps is a question for larger models:
+# out) each remedy ends within {glue:text}`ch10-loss-gap` nats of the unbalanced run on
+# every seed, so at this scale balance costs nothing measurable. Whether it helps is a question for larger models:
 # DeepSeek reports that the bias balances as well as the auxiliary loss while ending with a
 # slightly better model {cite}`wang2024auxiliary`, and DeepSeek-V3 still adds a very small
 # sequence-wise auxiliary loss as a safeguard {cite}`deepseekai2024deepseekv3`.
@@ -656,53 +720,65 @@ for row in bench_rows:
 assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 
 # %% [markdown]
-# On a CPU the loop is not much slower than the grouped path: each expert's matmul is big
-# enough to hide the loop's overhead. On a GPU, with thousands of tokens and hundreds of
-# experts, the launches and the synchronisations of the loop dominate and the grouped
-# kernel wins by a wide margin (run the benchmark with `--device cuda`).
+# On a CPU, with 64 experts and 512 tokens, we expect the loop to be close to the grouped
+# path, since each expert's matmul is big enough to hide the loop's overhead; the printed
+# times show how close it came on the machine that built this page. On a GPU, with
+# thousands of tokens and hundreds of experts, we expect the loop's kernel launches and
+# synchronisations to dominate and the grouped kernel to pull ahead; this chapter does not
+# measure that, and `python -m companion.bench moe --device cuda` is the measurement to
+# run.
 #
 # In a real deployment the experts do not fit on one device. They are sharded across
 # devices (**expert parallelism**), and the gather and scatter become two all-to-all
 # exchanges per MoE layer, one to send each token to the devices that hold its experts and
 # one to bring the results back: 58 MoE layers in DeepSeek-V3, each twice. Then the
 # interconnect, not the FLOPs, often sets the speed, and an unbalanced router makes it
-# worse, since the busiest device makes all the others wait. This is one more reason why
-# DeepSeek-V3 limits each token to experts on at most 4 of the 8 expert groups
-# (`router_groups=8, router_topk_groups=4` in its preset): in deployment a group maps to a
-# set of devices, so fewer groups per token means less traffic.
+# worse, since the busiest device makes all the others wait. DeepSeek-V3 bounds that
+# traffic already in training: its **node-limited routing** sends each token to experts on
+# at most 4 nodes, chosen by the sum of the best expert scores on each node
+# {cite}`deepseekai2024deepseekv3`. Its released config writes the same constraint as
+# group-limited routing, 8 groups of 32 experts of which each token may search 4
+# (`router_groups=8, router_topk_groups=4` in its preset, `TopKRouter`'s `n_groups` and
+# `topk_groups`); with the experts of one node in one group, fewer groups per token means
+# fewer nodes to send it to.
 #
 # ## Summary
 #
 # - An MoE layer replaces the FFN with $E$ experts and a router that runs $k$ of them per
 #   token: parameters grow with $E$, compute with $k$. Counted from their configs, Mixtral
-#   8×7B has 46,702,792,704 parameters (12,879,925,248 active), Qwen3-235B-A22B
-#   235,093,634,560 (22,190,763,520), gpt-oss-120b 116,829,156,672 (5,132,849,472 without
-#   the embedding) and DeepSeek-V3 671,026,419,200 (37,552,297,472): the published figures,
-#   exactly. Over 95% of each is routed experts.
-# - Per token, DeepSeek-V3 spends 94 GFLOPs at a 4,096-token context; running all its
-#   experts would cost 14.5 times that (Mixtral 3.4×, gpt-oss-120b 20×).
+#   8×7B, Qwen3-235B-A22B, gpt-oss-120b and DeepSeek-V3 have the published total and
+#   active counts exactly (gpt-oss-120b's without the embedding). At least
+#   {glue:text}`ch10-experts-min` of each is routed experts.
+# - Per token, DeepSeek-V3 spends {glue:text}`ch10-v3-gflops` GFLOPs at a 4,096-token
+#   context; running all its experts would cost {glue:text}`ch10-ratio-v3` times that
+#   (Mixtral {glue:text}`ch10-ratio-mixtral`×, gpt-oss-120b
+#   {glue:text}`ch10-ratio-gptoss`×).
 # - The router is a linear map, a softmax or sigmoid, and a top-$k$. Both scorings pick the
 #   same experts from the same logits; renormalised, the weights sum to 1, and a
 #   renormalised softmax equals a softmax over the chosen logits. The loop over experts
 #   and the sorted, grouped form agree exactly, forward and backward.
-# - Fine-grained experts multiply the choices at equal cost: $\binom{8}{2} = 28$ against
-#   $\binom{64}{16} \approx 4.9 \times 10^{14}$ for the same total and active sizes.
+# - Fine-grained experts multiply the choices at equal cost: $\binom{8}{2}$ =
+#   {glue:text}`ch10-comb-mixtral` against $\binom{64}{16}$, about
+#   {glue:text}`ch10-comb-m8`, for the same total and active sizes.
 # - Learned routing drifts toward a few experts: in our one-layer model the busiest expert
-#   took 2.4 to 3.3 times its share. The Switch/GShard auxiliary loss and DeepSeek-V3's
-#   selection bias both held it to about 1.2 to 1.4, without a measurable cost in loss.
+#   took {glue:text}`ch10-collapse-min` to {glue:text}`ch10-collapse-max` times its share.
+#   The Switch/GShard auxiliary loss and DeepSeek-V3's selection bias both held it to
+#   {glue:text}`ch10-balanced-min` to {glue:text}`ch10-balanced-max`, without a measurable
+#   cost in loss.
 # - The hidden cost is dispatch: sorting tokens by expert, grouped matmuls, and across
 #   devices two all-to-alls per layer.
 #
 # ## Exercises
 #
-# 1. Qwen3-Next-80B-A3B (the architecture of Qwen3-Coder-Next) is a preset. Count its total
+# 1. Qwen3-Next-80B-A3B, the last row of the opening table, is a preset. Count its total
 #    and active parameters. How does "A3B" compare with what `count_params` reports?
 #
 # ```{admonition} Solution
 # :class: dropdown
 # `c = count_params(preset("qwen3-next-80b-a3b"))` gives 79,674,391,296 total and
 # 3,874,929,408 active (3,563,764,480 without the embedding table): "80B" and "A3B" are
-# rounded names, not counts, and the 3.8% of the opening table is 3B over 80B. With 512
+# rounded names, not counts: the 3.8% of the opening table is 3B over 80B, the exact
+# share 4.9%. With 512
 # experts, top-10 and a gated shared expert, 97% of it is routed experts.
 # ```
 #
