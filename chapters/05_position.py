@@ -435,7 +435,7 @@ glue("ch05-turn-1e4", f"{slowest['Llama 2']:,.0f}", display=False)
 glue("ch05-turn-5e5", f"{slowest['Llama 3'] / 1e6:.1f} million", display=False)
 glue("ch05-turn-1e6", f"{slowest['Qwen3'] / 1e6:.1f} million", display=False)
 glue("ch05-bound-1e4", f"{2 * math.pi * 1e4:,.0f}", display=False)
-glue("ch05-bound-1e4-short", f"{2 * math.pi * 1e4 / 1e3:.0f} 000", display=False)
+glue("ch05-bound-1e4-short", f"{2 * math.pi * 1e4 / 1e3:.0f},000", display=False)
 glue("ch05-bound-5e5", f"{2 * math.pi * 5e5 / 1e6:.1f}", display=False)
 glue("ch05-bound-1e6", f"{2 * math.pi * 1e6 / 1e6:.1f}", display=False)
 for name, key in (("Llama 2", "1e4"), ("Llama 3", "5e5"), ("Qwen3", "1e6")):
