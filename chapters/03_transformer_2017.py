@@ -21,14 +21,15 @@
 # translation one word at a time {cite}`sutskever2014sequence`, looking back at the source
 # states through an attention layer {cite}`bahdanau2015neural`. "Attention Is All You Need"
 # kept the encoder-decoder plan and the attention, and dropped the recurrence
-# {cite}`vaswani2017attention`. This chapter assembles the whole 2017 model from the parts of
-# chapter 2 — one shared embedding table, sinusoidal positions, an encoder, a decoder with
-# cross-attention, Post-LN residual blocks — trains it with the paper's recipe (Adam with a
+# {cite}`vaswani2017attention`. This chapter assembles the whole 2017 model from the parts
+# of {doc}`chapter 2 <02_attention>` — one shared embedding table, sinusoidal positions, an
+# encoder, a decoder with cross-attention, Post-LN residual blocks — trains it with the
+# paper's recipe (Adam with a
 # warmup schedule, label smoothing), decodes with greedy search and beam search, and then
 # opens it up: where does the decoder look, what do the feed-forward neurons respond to, and
 # how big is the real thing?
 #
-# The task is small enough to train on a laptop CPU in well under a minute, and real enough
+# The task is small enough to train on a laptop CPU in a few hundred steps, and real enough
 # to need everything the model has: translating numbers written in digits into English
 # words.
 
@@ -72,7 +73,7 @@ from companion.models.seq2seq import (
     base_param_breakdown,
     transformer_base_config,
 )
-from companion.plotting import PALETTE, animate, heatmap, use_style
+from companion.plotting import PALETTE, animate, glue, heatmap, use_style
 from companion.tasks.synthetic import IGNORE
 from companion.tasks.translation import (
     BOS,
@@ -105,7 +106,8 @@ print(describe(DEVICE))
 # Nothing about it is a lookup table: a "4" becomes *four*, *forty* or part of *fourteen*
 # depending on its place and on its neighbour, the words *hundred*, *thousand* and *and*
 # appear or not depending on zeros further along, and the output is up to twice as long as
-# the input. `companion.tasks.translation` holds out a seeded 10% of all numbers below a million:
+# the input. `companion.tasks.translation` holds out a seeded 10% of all numbers below a
+# million:
 # training never sees them, and the test set is drawn only from them.
 
 # %%
@@ -122,6 +124,8 @@ assert not set(seen.tolist()) & set(
 print(
     f"{vocab.vocab_size} tokens in the shared vocabulary; {len(test_nums)} test numbers"
 )
+glue("ch03-vocab", f"{vocab.vocab_size}", display=False)
+glue("ch03-n-test", f"{len(test_nums)}", display=False)
 
 # %% [markdown]
 # A batch is padded with `<pad>` and arranged for *teacher forcing*: the decoder reads the
@@ -144,8 +148,9 @@ assert torch.equal(example.src_mask, example.src != PAD)
 # The paper trains on a byte-pair vocabulary shared by English and German, so a single
 # embedding table can serve the encoder's input and the decoder's input; it is also reused,
 # transposed, as the *pre-softmax* projection that turns the decoder's last states into
-# logits {cite}`press2017using`. Here the digits and words live in one 44-token
-# vocabulary in the same way. Our model has two encoder and two decoder blocks of width 64
+# logits {cite}`press2017using`. Here the digits and words live in one
+# {glue:text}`ch03-vocab`-token vocabulary in the same way. Our model has two encoder
+# and two decoder blocks of width 64
 # (three of width 128 with `FULL`).
 
 # %%
@@ -204,10 +209,12 @@ assert 0.5 < logits0.std().item() < 2.0
 #
 # Attention alone cannot tell "40302" from "20304": it sees a set of vectors. The model
 # adds to each token the vector $\mathrm{PE}_{pos}$ with
-# $\mathrm{PE}_{pos,2i} = \sin(pos\,\omega_i)$ and $\mathrm{PE}_{pos,2i+1} = \cos(pos\,\omega_i)$,
+# $\mathrm{PE}_{pos,2i} = \sin(pos\,\omega_i)$ and $\mathrm{PE}_{pos,2i+1} =
+# \cos(pos\,\omega_i)$,
 # $\omega_i = 10000^{-2i/d}$: one sinusoid per pair of dimensions, with wavelengths from
 # $2\pi$ to $10000 \cdot 2\pi$. The paper's reason for this choice is that for any offset
-# $k$, $\mathrm{PE}_{pos+k}$ is a fixed linear function of $\mathrm{PE}_{pos}$ — a rotation of
+# $k$, $\mathrm{PE}_{pos+k}$ is a fixed linear function of $\mathrm{PE}_{pos}$ — a
+# rotation of
 # each pair by the angle $k\omega_i$ — so "the token $k$ places back" is something a linear
 # map of the embedding can express. We check it for every position, and a consequence:
 # the dot product of two position vectors depends only on their distance.
@@ -248,8 +255,9 @@ plt.show()
 # %% [markdown]
 # ## Encoder, decoder and cross-attention
 #
-# Both stacks are made of the `TransformerBlock` of chapter 2. An encoder block lets every
-# source token attend to every other (no causal mask) and then applies the position-wise
+# Both stacks are made of the `TransformerBlock` of {doc}`chapter 2 <02_attention>`. An
+# encoder block lets every source token attend to every other (no causal mask) and then
+# applies the position-wise
 # feed-forward network. A decoder block has three sublayers: causal self-attention over
 # the words written so far, **cross-attention** whose queries come from the decoder and
 # whose keys and values are the encoder's final states (the *memory*), and the FFN. In the
@@ -308,13 +316,14 @@ print("decoder causal ✓  encoder bidirectional ✓  masked padding invisible �
 # decays as the inverse square root of the step:
 #
 # $$
-# \mathrm{lr}(s) = d^{-1/2} \cdot \min\left(s^{-1/2},\; s \cdot \mathrm{warmup}^{-3/2}\right).
+# \mathrm{lr}(s) = d^{-1/2} \cdot \min\left(s^{-1/2},\; s \cdot
+# \mathrm{warmup}^{-3/2}\right).
 # $$
 #
 # The warmup matters for Post-LN: at initialisation the gradients near the output are
 # large, and a full learning rate from step one can wreck the model before it starts
-# {cite}`xiong2020layer` (chapter 6 returns to this). The paper used 4,000 warmup steps at
-# $d = 512$; our small model uses 100 (400 in the `FULL` run).
+# {cite}`xiong2020layer` ({doc}`chapter 6 <06_normalization>` returns to this). The paper
+# used 4,000 warmup steps at $d = 512$; our small model uses 100 (400 in the `FULL` run).
 
 # %%
 steps = 1500 if FULL else 400
@@ -340,16 +349,27 @@ plt.show()
 # %% [markdown]
 # The second ingredient is **label smoothing** with $\varepsilon = 0.1$
 # {cite}`szegedy2016rethinking`: the training target is not the one-hot word but a
-# distribution $q$ with $1 - \varepsilon$ on the right word and $\varepsilon / (V-1)$ on each
-# of the others.
+# distribution $q$ that takes $\varepsilon$ of the mass away from the right word. Where that
+# mass goes is a convention, and the two in use differ. Szegedy et al. mix the one-hot
+# target with the uniform distribution, so every class, the right one included, receives
+# $\varepsilon / V$ (PyTorch's `label_smoothing` argument of `F.cross_entropy` does this).
+# tensor2tensor, the library the paper's models were trained with, gives the right word
+# exactly $1 - \varepsilon$ and spreads $\varepsilon$ over the $V - 1$ others. `companion`
+# follows tensor2tensor: $q$ has $1 - \varepsilon$ on the right word and
+# $\varepsilon / (V-1)$ on each of the others (with our $V$ and $\varepsilon = 0.1$,
+# Szegedy's
+# target would put {glue:text}`ch03-ls-right-word` on the right word instead of 0.9).
 
 # %%
 Code(inspect.getsource(label_smoothed_cross_entropy), language="python")
 
 # %% [markdown]
-# Cross-entropy against $q$ is smallest when the model's distribution *equals* $q$, so a
-# smoothed model is pulled towards 90% confidence in the right word, never towards 100%.
-# The check: at logits $\log q$ the loss equals the entropy of $q$ and its gradient is zero.
+# The two conventions are the same loss at different strengths: our $\varepsilon'$ equals
+# Szegedy's $\varepsilon$ when $\varepsilon' = \varepsilon (V-1)/V$, which we check against
+# PyTorch's own implementation. Cross-entropy against $q$ is smallest when the model's
+# distribution *equals* $q$, so a smoothed model is pulled towards 90% confidence in the
+# right word, never towards 100%. The check: at logits $\log q$ the loss equals the entropy
+# of $q$ and its gradient is zero.
 
 # %%
 V = vocab.vocab_size
@@ -360,6 +380,12 @@ loss_at_q = label_smoothed_cross_entropy(z, torch.tensor([5]), 0.1)
 (grad,) = torch.autograd.grad(loss_at_q, z)
 entropy = -(q * q.log()).sum()
 assert torch.isclose(loss_at_q, entropy) and grad.abs().max() < 1e-6
+# the other convention: PyTorch's ε/V on every class is ours at ε·(V − 1)/V
+z_any = torch.randn(32, V, generator=torch.Generator().manual_seed(0))
+y_any = torch.arange(32) % V
+ours_at = label_smoothed_cross_entropy(z_any, y_any, 0.1 * (V - 1) / V)
+assert torch.isclose(ours_at, F.cross_entropy(z_any, y_any, label_smoothing=0.1))
+glue("ch03-ls-right-word", f"{1 - 0.1 + 0.1 / V:.4f}", display=False)
 print(
     "optimum: p(right word) = 0.9; "
     f"loss there = H(q) = {entropy.item():.3f} nats, not 0"
@@ -369,7 +395,9 @@ print(
 # The dropout of the paper ($P = 0.1$ on every sublayer output and on the embeddings) is a
 # config field; this CPU run sets it to 0 (the `FULL` run uses 0.1). Dropout guards against
 # memorising a finite corpus, and our task draws fresh numbers at every step, so on a CPU
-# it would only slow learning. We train two models that differ in one thing, the label
+# we expect it only to slow learning (we do not measure this here;
+# {doc}`chapter 12 <12_small_changes>` returns to why pretraining dropped dropout). We
+# train two models that differ in one thing, the label
 # smoothing, and follow the held-out accuracy as they go. The held-out score here is
 # *sequence* accuracy under teacher forcing: a number counts if the model's top choice is
 # right at every position. That is exactly the condition for greedy decoding to reproduce
@@ -427,6 +455,7 @@ acc, acc_ce = (
 )  # train() files eval_fn's value as eval_loss
 print(f"held-out sequence accuracy: smoothed {acc[-1]:.2f}, plain {acc_ce[-1]:.2f}")
 assert acc[-1] > 0.9
+glue("ch03-steps", f"{steps}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(6.0, 3.4))
@@ -459,8 +488,9 @@ Code(inspect.getsource(greedy_decode), language="python")
 # keeps the $K$ most probable prefixes at every step instead of one, and at the end picks
 # the best finished hypothesis by its log-probability divided by a length penalty
 # $((5 + |y|)/6)^\alpha$, which stops it from preferring short outputs merely because they
-# multiply fewer probabilities. The paper used $K = 4$ and $\alpha = 0.6$; so do we, with all
-# 400 test numbers decoded as one batch of $400 \times 4$ hypotheses.
+# multiply fewer probabilities. The paper used $K = 4$ and $\alpha = 0.6$; so do we,
+# with all
+# {glue:text}`ch03-n-test` test numbers decoded as one batch, four hypotheses each.
 
 # %%
 common = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=task.max_target_len)
@@ -479,12 +509,21 @@ assert em_greedy > 0.9 and em_beam > 0.9
 assert (
     beam.scores >= greedy.scores - 1e-4
 ).float().mean() > 0.95  # beam finds ≥ greedy's prob
+changed = sum(
+    vocab.decode(a) != vocab.decode(b)
+    for a, b in zip(greedy.tokens, beam.tokens, strict=True)
+)
+print(f"beam search changes {changed} of the {len(test_nums)} greedy answers")
+glue("ch03-em-greedy", f"{em_greedy:.1%}", display=False)
+glue("ch03-em-beam", f"{em_beam:.1%}", display=False)
+glue("ch03-beam-changed", f"{changed}", display=False)
 
 # %%
 wrong = (
     torch.nonzero(~task.exact_match(beam.tokens.cpu(), test_nums)).squeeze(1).tolist()
 )
 print(f"{len(wrong)} of {len(test_nums)} wrong after beam search; the first few:")
+glue("ch03-n-wrong", f"{len(wrong)}", display=False)
 for i in wrong[:5]:
     n = int(test_nums[i])
     print(f"{n:>7}  model: {vocab.decode(beam.tokens[i])}")
@@ -539,6 +578,9 @@ for name, m in (("smoothed", model), ("plain", model_ce)):
         f"{name:>8}: token accuracy {correct.float().mean():.3f}, mean confidence "
         f"{conf.mean():.3f}, ECE {ece:.3f}, NLL {nll:.3f} nats/token"
     )
+    glue(f"ch03-tokacc-{name}", f"{correct.float().mean():.1%}", display=False)
+    glue(f"ch03-ece-{name}", f"{ece:.3f}", display=False)
+    glue(f"ch03-nll-{name}", f"{nll:.3f}", display=False)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
@@ -587,11 +629,15 @@ assert (
 # The answer on this task is *no*, and the reason is instructive. Label smoothing pulls
 # every prediction towards 90% confidence. Müller et al. found that this corrects the
 # over-confidence of large networks trained on real, noisy data {cite}`muller2019when`;
-# our model sees unlimited, noise-free examples and is right about 99% of the time, so the
-# unsmoothed model is already close to calibrated, and smoothing makes it *under*-confident:
-# the smoothed curve sits above the diagonal. The paper reports the same trade from the
-# other side: with smoothing its model became less sure of itself, which raised perplexity,
-# while accuracy and BLEU improved — and a higher test NLL is exactly what we measure.
+# our model sees unlimited, noise-free examples and picks the right next word
+# {glue:text}`ch03-tokacc-plain` of the time unsmoothed ({glue:text}`ch03-tokacc-smoothed`
+# smoothed), so the unsmoothed model is already close to calibrated (ECE
+# {glue:text}`ch03-ece-plain`), and smoothing makes it *under*-confident (ECE
+# {glue:text}`ch03-ece-smoothed`): the smoothed curve sits above the diagonal. The paper
+# reports the same trade from the other side: with smoothing its model became less sure of
+# itself, which raised perplexity, while accuracy and BLEU improved — and a higher test NLL
+# is exactly what we measure ({glue:text}`ch03-nll-smoothed` against
+# {glue:text}`ch03-nll-plain` nats per token).
 # Whether smoothing helps calibration depends on whether the model was over-confident to
 # begin with.
 #
@@ -637,14 +683,25 @@ def draw(t: int) -> None:
     fig.suptitle(f"Choosing word {t + 1} of {len(words)}: {words[t]}")
 
 
+# for each number word of this example: is block 2's heaviest digit one it translates?
+steps_aligned = [(t, at) for t, (_, at) in enumerate(aligned_words(n_show)) if at]
+on_target = sum(int(maps[-1][t].argmax()) in at for t, at in steps_aligned)
+print(
+    f"block 2 looks hardest at a digit being translated for {on_target} "
+    f"of the {len(steps_aligned)} number words"
+)
+assert on_target > len(steps_aligned) / 2
+glue("ch03-example-on", f"{on_target}", display=False)
+glue("ch03-example-words", f"{len(steps_aligned)}", display=False)
 HTML(animate(fig, draw, len(words), interval_ms=700))
 
 # %% [markdown]
-# The second block does the reading: when the decoder is about to write *fourteen* it looks
-# at the "1" and the "4", before *six* at the "6", before *seven* at the "7". The function
-# words (*hundred*, *and*, *thousand*) are chosen with the gaze spread over several digits:
-# they depend on the length of the number and on where its zeros are, not on one digit.
-# The first block's maps are far less sharp. Is this one example typical? `aligned_words`
+# The second block does the reading: for {glue:text}`ch03-example-on` of the
+# {glue:text}`ch03-example-words` number words of this example, the digit it weighs most is
+# one the word translates (a teen such as *fourteen* reads two). The function words
+# (*hundred*, *and*, *thousand*) are chosen with the gaze spread over several digits: they
+# depend on the length of the number and on where its zeros are, not on one digit. The
+# first block's maps are far less sharp. Is this one example typical? `aligned_words`
 # tells, for each number word, which source digits it translates (a teen reads two), so we
 # can measure over the whole test set how much cross-attention weight each block puts on the
 # right digits when choosing a number word, against the share those digits have of the
@@ -670,17 +727,25 @@ print(
 )
 print(f"their share of the source {np.mean(chance):.2f}")
 assert share[-1] > 0.7 and share[-1] > 3 * np.mean(chance) and share[0] < share[-1]
+glue("ch03-share-1", f"{share[0]:.2f}", display=False)
+glue("ch03-share-2", f"{share[-1]:.2f}", display=False)
+glue("ch03-share-chance", f"{np.mean(chance):.2f}", display=False)
 
 # %% [markdown]
-# Nobody told the model which digit a word comes from; the alignment is a by-product of
+# Over the whole test set, block 2 puts {glue:text}`ch03-share-2` of its weight on the
+# digits being translated, block 1 {glue:text}`ch03-share-1`, against the
+# {glue:text}`ch03-share-chance` those digits make up of the source. Nobody told the model
+# which digit a word comes from; the alignment is a by-product of
 # learning to translate, as it was for the recurrent models with attention
 # {cite}`bahdanau2015neural`. One caveat: attention weights say where information is read
 # from, not how it is used — a head can look at a digit and pass on something else.
 #
 # ## The feed-forward layer as a key-value memory
 #
-# Two thirds of a block's parameters sit in its FFN, $\mathrm{FFN}(x) = \max(0, x W_1 +
-# b_1) W_2 + b_2$. Geva et al. read it as a memory {cite}`geva2021transformer`: each of the
+# With $d_{ff} = 4d$, the FFN $\mathrm{FFN}(x) = \max(0, x W_1 + b_1) W_2 + b_2$ holds two
+# thirds of an encoder block's parameters ({glue:text}`ch03-ffn-enc` in ours) and half of a
+# decoder block's ({glue:text}`ch03-ffn-dec`), which has a second attention layer for the
+# source. Geva et al. read it as a memory {cite}`geva2021transformer`: each of the
 # $d_{ff}$ hidden units has a *key* (its column of $W_1$), which decides on which inputs it
 # fires, and a *value* (its row of $W_2$), which it adds to the residual stream when it
 # does. In a language model they found keys that fire on recognisable input patterns and
@@ -689,7 +754,22 @@ assert share[-1] > 0.7 and share[-1] > 3 * np.mean(chance) and share[0] < share[
 # hardest, and which word does its value vector promote when read out through the tied
 # output embedding?
 
+
 # %%
+def ffn_share(b) -> float:
+    return sum(p.numel() for p in b.ffn.parameters()) / sum(
+        p.numel() for p in b.parameters()
+    )
+
+
+enc_share, dec_share = ffn_share(model.encoder[0]), ffn_share(model.decoder[-1])
+print(
+    f"FFN share of the parameters: encoder block {enc_share:.1%}, decoder block "
+    f"{dec_share:.1%}"
+)
+assert abs(enc_share - 2 / 3) < 0.01 and abs(dec_share - 1 / 2) < 0.01
+glue("ch03-ffn-enc", f"{enc_share:.1%}", display=False)
+glue("ch03-ffn-dec", f"{dec_share:.1%}", display=False)
 block = model.decoder[-1]
 captured = {}
 hook = block.ffn.up.register_forward_hook(
@@ -742,6 +822,10 @@ print(
 )
 assert purity.median() > 2 * chance_purity.median()
 assert agree > 5 / V
+glue("ch03-purity", f"{purity.median():.2f}", display=False)
+glue("ch03-purity-chance", f"{chance_purity.median():.2f}", display=False)
+glue("ch03-agree", f"{agree:.0%}", display=False)
+glue("ch03-agree-chance", f"{1 / V:.0%}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(6.0, 3.4))
@@ -770,8 +854,10 @@ plt.show()
 # The picture matches the key-value reading. Most units of the last decoder FFN fire on
 # positions that share their next word — *hundred → and*, a number word just before
 # *thousand*, the last word before `<eos>` — far more consistently than random positions
-# do, and for a large share of units the value vector, read out through the output
-# embedding, ranks that very word first. What this does not show: it is a correlation over
+# do (median purity {glue:text}`ch03-purity` against {glue:text}`ch03-purity-chance`), and
+# for {glue:text}`ch03-agree` of the units the value vector, read out through the output
+# embedding, ranks that very word first (chance: {glue:text}`ch03-agree-chance`). What
+# this does not show: it is a correlation over
 # the 20 strongest activations, many units are mixtures (purity well below 1), and the
 # readout ignores the LayerNorm's centring and all the other units writing at the same
 # time. Geva et al. make the case on large language models with more care; here it is a
@@ -779,10 +865,13 @@ plt.show()
 #
 # ## The real thing: 65 million parameters
 #
-# The paper's base model has $d = 512$, six encoder and six decoder blocks, eight heads,
-# $d_{ff} = 2048$ and a shared vocabulary of about 37,000 byte-pair tokens; Table 3 lists it
-# as 65 million parameters. `companion` builds exactly that configuration on PyTorch's
-# `meta` device (shapes without memory) and counts. Counted: the shared embedding table once
+# The paper's base model has $d_{\text{model}} = 512$, $N = 6$ encoder and six decoder
+# blocks, $h = 8$ heads of $d_k = d_v = d_{\text{model}}/h = 64$ each, $d_{ff} = 2048$ and a
+# shared vocabulary of about 37,000 byte-pair tokens; Table 3 lists it as 65 million
+# parameters {cite}`vaswani2017attention`. The paper chose eight narrow heads over one wide
+# one at the same cost: its Table 3 also reports that a single head of width 512 scored
+# worse on its development set, and so did too many heads. `companion` builds exactly
+# that configuration on PyTorch's `meta` device (shapes without memory) and counts. Counted: the shared embedding table once
 # (it is also the output projection), every attention projection with its bias, every FFN
 # matrix and bias, every LayerNorm gain and bias; the sinusoids are a fixed buffer, not
 # parameters.
@@ -794,6 +883,12 @@ for part, n in parts.items():
     print(f"{part:<22} {n:>12,}  {n / total:6.1%}")
 print(f"{'total':<22} {total:>12,}   vs the paper's ~{PAPER_BASE_PARAMS / 1e6:.0f}M")
 base_cfg = transformer_base_config()
+with torch.device("meta"):
+    base_attn = Seq2SeqTransformer(base_cfg).encoder[0].attn
+print(f"{base_attn.n_heads} heads of width {base_attn.head_dim} in a d = 512 layer")
+# the built layer has the paper's h = 8 heads of d_k = d_v = 64, spanning d_model
+assert (base_attn.n_heads, base_attn.head_dim) == (8, 64)
+assert base_attn.out_proj.in_features == base_attn.n_heads * base_attn.head_dim == 512
 d_b, ff_b, v_b, n_b = (
     base_cfg.d_model,
     base_cfg.d_ff,
@@ -815,12 +910,30 @@ print(
     f"(+{(untied - total) / 1e6:.1f}M)"
 )
 assert untied - total == v_b * d_b
+glue("ch03-base-total", f"{total / 1e6:.1f}M", display=False)
+glue("ch03-base-gap", f"{1 - total / PAPER_BASE_PARAMS:.0%}", display=False)
+glue("ch03-base-tokens-gap", f"{(PAPER_BASE_PARAMS - total) / d_b:,.0f}", display=False)
+glue("ch03-base-emb-share", f"{parts['embeddings'] / total:.0%}", display=False)
+glue("ch03-base-untied", f"{2 * v_b * d_b / 1e6:.0f}M", display=False)
+glue("ch03-small-untied", f"{vocab.vocab_size * d:,}", display=False)
 
 # %% [markdown]
-# We land on 63.1M, 3% under the paper's figure. The paper does not break its 65M down, and
-# "about 37,000 tokens" is itself a round number (3,700 more tokens would close the gap).
-# The breakdown shows what sharing buys: the one embedding table is 30% of the model, and a
-# separate target table plus a separate output projection would add 38M parameters.
+# We land on {glue:text}`ch03-base-total`, {glue:text}`ch03-base-gap` under the paper's
+# figure. The paper does not break its 65M down, and "about 37,000 tokens" is itself a
+# round number ({glue:text}`ch03-base-tokens-gap` more tokens would close the gap). The
+# breakdown shows what sharing buys: the one embedding table is
+# {glue:text}`ch03-base-emb-share` of the model, and a separate target table plus a
+# separate output projection would add {glue:text}`ch03-base-untied` parameters.
+#
+# What the base model achieved, as the paper reports it (its Table 2 and section 5.2)
+# {cite}`vaswani2017attention`: 27.3 BLEU on WMT 2014 English-German and 38.1 on
+# English-French, after 100,000 training steps that took about 12 hours on one machine with
+# eight NVIDIA P100 GPUs. The big model ($d_{\text{model}} = 1024$, $d_{ff} = 4096$, 16
+# heads) reached 28.4 and 41.8 BLEU after 300,000 steps, 3.5 days on the same eight GPUs.
+# Those scores beat every earlier single model and ensemble the paper compared against on
+# English-German, at a fraction of their training cost; that cost, more than the BLEU, is
+# what the removal of recurrence bought. None of these figures is measured here: the
+# nearest we come is the parameter count above.
 #
 # ## Summary
 #
@@ -831,14 +944,18 @@ assert untied - total == v_b * d_b
 #   puts tokens on the scale of the sinusoidal positions, whose shifts are rotations.
 # - The recipe — Adam (0.9, 0.98, 1e-9), linear warmup then $1/\sqrt{\text{step}}$, label
 #   smoothing 0.1, teacher forcing — trains our small model to translate unseen numbers
-#   into words with more than 90% exact match in a few hundred steps.
+#   into words in {glue:text}`ch03-steps` steps: {glue:text}`ch03-em-greedy` exact match
+#   with greedy decoding.
 # - Greedy decoding reproduces the reference exactly when the teacher-forced argmax is right
 #   everywhere; beam search ($K = 4$, $\alpha = 0.6$) finds sequences at least as probable,
-#   but on a task this regular it changes few answers.
+#   but on a task this regular it changes {glue:text}`ch03-beam-changed` of the
+#   {glue:text}`ch03-n-test` answers ({glue:text}`ch03-em-beam` exact match).
 # - Label smoothing caps confidence near $1 - \varepsilon$: it raises perplexity and, on a
 #   task the model nearly masters, makes it under-confident.
-# - The base model has 63M parameters by `companion`'s count (paper: 65M), 30% of them in
-#   the shared embedding table.
+# - The base model ($h = 8$ heads of $d_k = d_v = 64$) has {glue:text}`ch03-base-total`
+#   parameters by `companion`'s count (paper: 65M), {glue:text}`ch03-base-emb-share` of them
+#   in the shared embedding table; the paper reports 27.3 BLEU on English-German for it
+#   after 12 hours on eight P100 GPUs.
 #
 # ## Exercises
 #
@@ -849,9 +966,8 @@ assert untied - total == v_b * d_b
 #
 # ```{admonition} Hint
 # :class: dropdown
-# With two blocks per stack both still learn, only more slowly (on the author's machine
-# about 0.57 for Post-LN and 0.67 for Pre-LN after 300 steps, against about 0.95 with
-# warmup). Xiong et al. show that at initialisation the gradients of Post-LN's top layers
+# With two blocks per stack expect both still to learn, only more slowly than with warmup.
+# Xiong et al. show that at initialisation the gradients of Post-LN's top layers
 # are large whatever the depth, while Pre-LN's shrink as blocks are added
 # {cite}`xiong2020layer`: the case for warmup in Post-LN grows with depth.
 # ```
@@ -862,9 +978,9 @@ assert untied - total == v_b * d_b
 #
 # ```{admonition} Solution
 # :class: dropdown
-# Minimise the NLL over $\log T$ with a few hundred Adam steps. The smoothed model wants
-# $T \approx 0.5$ (sharpen), the plain one $T \approx 0.9$; after scaling both ECEs fall
-# below 0.01.
+# Minimise the NLL over $\log T$ with a few hundred Adam steps. Since the smoothed model is
+# under-confident, expect it to want $T < 1$ (sharpen) and the nearly calibrated plain one
+# a $T$ close to 1; scaling should remove most of the smoothed model's ECE.
 # Temperature scaling fixes the confidence level; it cannot change which word is ranked
 # first {cite}`guo2017calibration`.
 # ```
@@ -874,8 +990,9 @@ assert untied - total == v_b * d_b
 #
 # ```{admonition} Hint
 # :class: dropdown
-# The model gains $V \cdot d = 44 \times 64$ parameters — the output projection. With
-# 44 tokens the effect on accuracy is small; sharing matters when $V \cdot d$ is a large
+# The model gains $V \cdot d$ = {glue:text}`ch03-small-untied` parameters — the output
+# projection. With {glue:text}`ch03-vocab` tokens the effect on accuracy is small;
+# sharing matters when $V \cdot d$ is a large
 # fraction of the model, as in the base model.
 # ```
 #
