@@ -929,7 +929,9 @@ glue("ch03-small-untied", f"{vocab.vocab_size * d:,}", display=False)
 # {cite}`vaswani2017attention`: 27.3 BLEU on WMT 2014 English-German and 38.1 on
 # English-French, after 100,000 training steps that took about 12 hours on one machine with
 # eight NVIDIA P100 GPUs. The big model ($d_{\text{model}} = 1024$, $d_{ff} = 4096$, 16
-# heads) reached 28.4 and 41.8 BLEU after 300,000 steps, 3.5 days on the same eight GPUs.
+# heads) reached 28.4 and 41.8 BLEU after 300,000 steps, 3.5 days on the same eight GPUs
+# (41.8 English-French is the figure of the paper's revised arXiv version; its first
+# version gave 41.0).
 # Those scores beat every earlier single model and ensemble the paper compared against on
 # English-German, at a fraction of their training cost; that cost, more than the BLEU, is
 # what the removal of recurrence bought. None of these figures is measured here: the
