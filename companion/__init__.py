@@ -179,6 +179,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "train_regression",
     ),
     "tasks.recall": ("recall_pairs", "recall_read", "recall_scores", "RULES"),
+    "tasks.sentiment": (
+        "fit_linear_probe", "LABELS", "LinearProbe", "load_sentiment",
+        "prompt_label_scores", "split_pairs",
+    ),
     "tasks.synthetic": ("associative_recall", "copy_task", "IGNORE"),
     "tasks.text": (
         "BPETokenizer", "CharTokenizer", "load_bpe", "load_shakespeare", "sample_windows",
