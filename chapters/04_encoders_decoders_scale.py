@@ -931,15 +931,16 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# Our fitted exponent is {glue:text}`ch04-exponent`, and we do not compare it with
-# Kaplan's 0.076: five points, one seed each, over a span of sizes tens of thousands of
-# times narrower than theirs, cannot pin an exponent, and a match within a factor of two
-# would be easy to get by chance. The data are characters, the models are tiny, and every
-# model saw the same $D$ tokens, so the bigger ones are further from convergence (the
-# extrapolated dashed line is a guess, and a power law with no floor must eventually be
-# wrong: the text has an entropy below which no model can go). What the sweep does show is
-# the shape: a straight line on log–log axes ($R^2$ = {glue:text}`ch04-r2`), about
-# {glue:text}`ch04-doubling` off the loss for each doubling of $N$.
+# Our fitted exponent is {glue:text}`ch04-exponent` (Kaplan's, written the same way, is
+# −0.076), and we do not compare the two: five points, one seed each, over a span of sizes
+# tens of thousands of times narrower than theirs, cannot pin an exponent, and a match
+# within a factor of two would be easy to get by chance. The data are characters, the
+# models are tiny, and every model saw the same $D$ tokens, so the bigger ones are
+# further from convergence (the extrapolated dashed line is a guess, and a power law
+# with no floor must eventually be wrong: the text has an entropy below which no model
+# can go). What the sweep does show is the shape: a straight line on log–log axes ($R^2$
+# = {glue:text}`ch04-r2`), about {glue:text}`ch04-doubling` off the loss for each
+# doubling of $N$.
 #
 # ### Chinchilla: how to split a budget between N and D
 #
@@ -1048,17 +1049,17 @@ glue(
 # %% [markdown]
 # Both prompts beat a coin by far more than {glue:text}`ch04-n-prompts` reviews could
 # produce by luck: zero-shot is right {glue:text}`ch04-zero-shot` of the time, few-shot
-# {glue:text}`ch04-few-shot`. The few-shot prompt gets {glue:text}`ch04-only-few` reviews
-# right that the zero-shot one gets wrong, and the other way round
-# {glue:text}`ch04-only-zero`; an exact sign test on those gives $p$ =
-# {glue:text}`ch04-icl-p`: {glue:text}`ch04-icl-verdict`. A dozen pairs of easy reviews
-# is a small test: the few-shot gains GPT-3 reported were measured with far bigger
-# models, harder tasks and thousands of prompts. The printout also shows a lean that
-# accuracy hides: half the reviews are positive, but the zero-shot prompt answers
-# "positive" for {glue:text}`ch04-zero-shot-pos` of them and the few-shot prompt for
-# {glue:text}`ch04-few-shot-pos`. A small model's answers depend on the prompt's wording
-# and examples, which is one reason few-shot results are sensitive to which examples
-# are chosen and in what order.
+# {glue:text}`ch04-few-shot`. The few-shot prompt gets {glue:text}`ch04-only-few`
+# reviews right that the zero-shot one gets wrong, and the zero-shot prompt
+# {glue:text}`ch04-only-zero` that the few-shot one gets wrong; an exact sign test on
+# those gives $p$ = {glue:text}`ch04-icl-p`: {glue:text}`ch04-icl-verdict`. A dozen
+# pairs of easy reviews is a small test: the few-shot gains GPT-3 reported were measured
+# with far bigger models, harder tasks and thousands of prompts. The printout also shows
+# a lean that accuracy hides: half the reviews are positive, but the zero-shot prompt
+# answers "positive" for {glue:text}`ch04-zero-shot-pos` of them and the few-shot prompt
+# for {glue:text}`ch04-few-shot-pos`. A small model's answers depend on the prompt's
+# wording and examples, which is one reason few-shot results are sensitive to which
+# examples are chosen and in what order.
 #
 # ## Emergence, or a choice of metric?
 #
