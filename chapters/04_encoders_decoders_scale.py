@@ -763,13 +763,13 @@ glue("ch04-probe-se", f"{se_chance:.2f}", display=False)
 # carries. Half the time B was the text that followed A in the corpus, half the time a
 # segment from a random document, and a classifier on the first position (`[CLS]`) had to
 # say which: next-sentence prediction (NSP). The BERT paper reported that removing NSP
-# hurt some sentence-pair benchmarks {cite}`devlin2019bert`. RoBERTa (Liu et al., 2019,
-# "RoBERTa: A Robustly Optimized BERT Pretraining Approach") compared input formats and
+# hurt some sentence-pair benchmarks {cite}`devlin2019bert`. RoBERTa
+# {cite}`liu2019roberta` compared input formats and
 # found the opposite: inputs packed with contiguous full sentences from one document, with
 # no NSP loss, matched or slightly beat BERT's segment pairs with NSP on their downstream
 # tasks, and pairs of single sentences with NSP did worst. The authors suggested that
 # BERT's own ablation may have dropped the loss but kept the segment-pair inputs. ALBERT
-# (Lan et al., 2020) added that a random B usually comes from another topic, so NSP can
+# {cite}`lan2020albert` added that a random B usually comes from another topic, so NSP can
 # be solved by topic detection, which masked LM already teaches; it replaced NSP by
 # sentence-order prediction, two consecutive segments in the right or swapped order. Most
 # encoders since train with masked LM alone.
