@@ -55,6 +55,7 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
+import copy
 import inspect
 import time
 
@@ -70,6 +71,7 @@ from companion.layers.additive_attention import (
     AttentionSeq2Seq,
     reversal_task,
 )
+from companion.layers.recording import recorded_inputs
 from companion.layers.rnn import (
     GRU,
     LSTM,
@@ -82,7 +84,7 @@ from companion.layers.rnn import (
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
+from companion.plotting import PALETTE, animate, glue, heatmap, loglog_fit, use_style
 from companion.training import cosine_lr, make_adamw, seed_everything, train
 
 FULL = False  # True: longer sequences, more samples and a bigger model pair (use a GPU)
@@ -214,6 +216,8 @@ print("LSTM chain:     ", depth_lstm, f"= {per_step}·T + {offset}")
 print("attention chain:", depth_attn)
 assert all(d == per_step * t + offset for d, t in zip(depth_lstm, lengths, strict=True))
 assert per_step > 0 and len(set(depth_attn)) == 1  # linear in T vs. independent of T
+glue("ch01-chain-per-step", f"{per_step}", display=False)
+glue("ch01-chain-offset", f"{offset}", display=False)
 
 # %% [markdown]
 # Every step adds the same handful of operations to the LSTM's chain: the gate matrix
@@ -280,6 +284,20 @@ for name, s in slopes.items():
 print(f"64 sequences through the loop cost {batch_ratio:.1f}× one sequence")
 assert 0.7 < slopes["LSTM, reference loop"] < 1.3  # one step after another: linear in T
 assert batch_ratio < 16  # 64× the arithmetic, far less than 64× the time
+for key, name in (
+    ("loop", "LSTM, reference loop"),
+    ("fused", "LSTM, fused (nn.LSTM)"),
+    ("attn", "attention block"),
+):
+    for i in (0, -1):
+        glue(
+            f"ch01-ms-{key}-{time_lengths[i]}",
+            f"{1e3 * timings[name][i]:.2f}",
+            display=False,
+        )
+glue("ch01-loop-slope", f"{slopes['LSTM, reference loop']:.2f}", display=False)
+glue("ch01-batch-ratio", f"{batch_ratio:.1f}", display=False)
+glue("ch01-t-max", f"{time_lengths[-1]}", display=False)
 
 # %%
 COLORS = {
@@ -318,7 +336,7 @@ for (name, ts), style, color in zip(
 axes[1].set(
     xlabel="sequence length T (tokens)",
     ylabel="forward time (ms, " + ("one thread)" if DEVICE.type == "cpu" else "GPU)"),
-    title="…and so does the time of the loop",
+    title="…and its time, one step after another",
 )
 axes[1].set_xticks(time_lengths, [str(t) for t in time_lengths])
 axes[1].legend()
@@ -327,18 +345,28 @@ for ax in axes:
 plt.show()
 
 # %% [markdown]
-# The reference loop's time is a straight line of slope one: each step costs the same,
-# mostly the fixed price of launching a dozen small operations. Running 64 sequences
-# instead of one costs only a few times more, because the extra sequences fill the *width*
-# of each step; nothing can fill its *length*. The fused kernel makes each step cheaper
-# but cannot remove one of them. The attention block does more arithmetic — its score
-# matrix has $T^2$ entries (chapter 2), so its curve bends upward on a CPU with little
-# parallel hardware — but that arithmetic comes as a few large matrix products. A GPU runs
-# tens of thousands of multiply-adds at once, so until the chip is full a product over all
-# $T$ positions takes little longer than one over a single position, while the recurrent
-# loop still waits $T$ times (set `FULL = True` on a GPU to measure it). That is how the
-# 2017 Transformer trained in a fraction of the time of the best recurrent translators
-# {cite}`vaswani2017attention`.
+# The reference loop's time is close to a straight line: its fitted slope is
+# {glue:text}`ch01-loop-slope`, and each step costs about the same, mostly the fixed price
+# of launching a dozen small operations. Running 64 sequences instead of one costs
+# {glue:text}`ch01-batch-ratio`× as much, because the extra sequences fill the *width* of
+# each step; nothing can fill its *length*. The fused kernel makes each step cheaper but
+# cannot remove one of them.
+#
+# The panel does not settle which of the two is faster on a CPU. In the run stored with
+# this page, on one CPU thread, the fused LSTM took
+# {glue:text}`ch01-ms-fused-64` ms at $T = 64$ and {glue:text}`ch01-ms-fused-1024` ms at
+# $T = 1024$, the attention block {glue:text}`ch01-ms-attn-64` and
+# {glue:text}`ch01-ms-attn-1024` ms. A single thread executes attention's arithmetic one
+# multiply-add after another too, and that arithmetic grows faster than the loop: its
+# score matrix has $T^2$ entries ({doc}`chapter 2 <02_attention>`), so its curve bends
+# upward (the fitted exponents are in the legend). What the chain costs is
+# the parallel hardware it cannot use. Attention's work comes as a few large matrix
+# products, and a GPU runs tens of thousands of multiply-adds at once, so until the chip is
+# full a product over all $T$ positions takes little longer than one over a single
+# position, while the recurrent loop still waits $T$ times. This chapter does not measure
+# that on a GPU (set `FULL = True` on one to do it); the 2017 paper reports the
+# consequence: the Transformer trained in a fraction of the time of the best recurrent
+# translators {cite}`vaswani2017attention`.
 #
 # ## Gradients that fade with distance
 #
@@ -416,12 +444,46 @@ span = {name: g[1] / g[127] for name, g in reach.items()}  # decay from d = 1 to
 assert (
     reach["vanilla RNN"][1] / reach["vanilla RNN"][64] > 1e20
 )  # 20 orders in 64 steps
-assert span["LSTM"] > 1e10  # a half-open forget gate halves the signal at every step
+assert span["LSTM"] > 1e10  # a half-open forget gate shrinks the signal at every step
 assert (
     span["LSTM, forget gate open"] < 1e2
 )  # the carousel: an open gate lets it through
 g_attn = reach["attention block"][1:]
 assert g_attn.max() / g_attn.min() < 3  # attention: no decay with distance at all
+# the untrained block's last query spreads its weight over all positions, favouring none
+x_probe = torch.randn(16, 128, 64, generator=torch.Generator().manual_seed(1))
+with torch.no_grad(), recorded_inputs([attn_block.attn]) as calls:
+    attn_block(x_probe.double())
+args, kwargs = calls[0]
+last_row = attn_block.attn.attention_weights(*args[:2], **kwargs)[:, :, -1]  # (B, H, T)
+print(
+    f"last query's weights: {last_row.min():.5f} to {last_row.max():.5f} "
+    f"(1/128 = {1 / 128:.5f})"
+)
+assert 0.1 / 128 < last_row.min() and last_row.max() < 10 / 128  # broad, no favourite
+glue("ch01-attn-w-min", f"{last_row.min():.4f}", display=False)
+glue("ch01-attn-w-max", f"{last_row.max():.4f}", display=False)
+orders = {name: np.log10(g[1] / g[64]) for name, g in reach.items()}
+glue("ch01-rnn-orders-64", f"{orders['vanilla RNN']:.0f}", display=False)
+glue("ch01-lstm-orders-64", f"{orders['LSTM']:.0f}", display=False)
+glue(
+    "ch01-lstm-orders-100",
+    f"{np.log10(reach['LSTM'][1] / reach['LSTM'][100]):.0f}",
+    display=False,
+)
+glue(
+    "ch01-open-fold-100",
+    f"{reach['LSTM, forget gate open'][1] / reach['LSTM, forget gate open'][100]:.1f}",
+    display=False,
+)
+
+# %% tags=["remove-cell"]
+# exercise 3's answer, measured here so that its solution quotes a number, not a guess
+rnn_x4 = copy.deepcopy(rnn64)  # the same weights, without touching the random state
+with torch.no_grad():
+    rnn_x4.core.weight_hh_l0 *= 4
+g_x4 = gradient_reach(lambda x: rnn_x4(x)[0])
+glue("ch01-explode-orders", f"{np.log10(g_x4[127] / g_x4[1]):.0f}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(6.6, 3.8))
@@ -441,14 +503,16 @@ plt.show()
 
 # %% [markdown]
 # At the distances that matter for language — a pronoun and the name it refers to, dozens
-# of tokens apart — the vanilla RNN receives a signal twenty orders of magnitude smaller
-# than at the neighbouring token (64 tokens back): in practice nothing. The LSTM at its default start is hardly better;
-# it *can* learn to open its forget gates, and then gradients survive much longer (the
-# third curve), but it has to discover this from a signal that starts out vanishingly
-# small. Attention's curve is flat. Its level is lower than the recurrent networks' first
-# few steps because, untrained, the last position spreads its attention evenly over all 128
-# inputs, so each gets about 1/128 of it — but that share does not depend on how far away
-# the input is.
+# of tokens apart — the signal is gone. At 64 tokens back, the vanilla RNN's gradient is
+# {glue:text}`ch01-rnn-orders-64` orders of magnitude smaller than at the neighbouring
+# token: in practice nothing. The LSTM at its default start is hardly better
+# ({glue:text}`ch01-lstm-orders-64` orders over the same distance); it *can* learn to open
+# its forget gates, and then gradients survive much longer (the third curve), but it has
+# to discover this from a signal that starts out vanishingly small. Attention's curve is
+# flat. Its level is lower than the recurrent networks' first few steps because, untrained,
+# the last position spreads its attention over all 128 inputs: each gets between
+# {glue:text}`ch01-attn-w-min` and {glue:text}`ch01-attn-w-max` of it (the check above;
+# 1/128 is 0.0078) — but that share does not depend on how far away the input is.
 #
 # ## A long-range task
 #
@@ -560,8 +624,22 @@ print(
     f"chance {chance:.3f}; LSTM at d ≥ 64: {acc_lstm[far].mean():.2f}; "
     f"Transformer: {acc_tf[far].min():.2f}"
 )
+glue("ch01-tf-mastered-steps", f"{STEPS // 10 * mastered[0]}", display=False)
+glue("ch01-steps", f"{STEPS}", display=False)
+glue("ch01-tf-min-acc", f"{acc_tf.min():.2f}", display=False)
+glue("ch01-lstm-far-acc", f"{acc_lstm[far].mean():.2f}", display=False)
+glue("ch01-lstm-near-acc", f"{acc_lstm[0]:.2f}", display=False)
+glue("ch01-chance", f"{chance:.3f}", display=False)
+glue("ch01-max-distance", f"{eval_distances[-1]}", display=False)
 
 # %% [markdown]
+# With this seed, after {glue:text}`ch01-steps` steps the Transformer recalls the signal
+# at every distance (its lowest accuracy is {glue:text}`ch01-tf-min-acc`, and it was above
+# 0.9 everywhere after {glue:text}`ch01-tf-mastered-steps` steps), while the LSTM gets
+# {glue:text}`ch01-lstm-near-acc` right one step back and {glue:text}`ch01-lstm-far-acc`
+# at 64 steps and beyond, against a chance level of {glue:text}`ch01-chance`. This is one
+# seed per model: the gap is large, but the chapter does not measure its spread.
+#
 # Watch the two learn (press play). The Transformer's curve rises *as a whole*: finding the
 # signal is the same operation — attend to the one token that looks like a signal — at
 # every distance. The LSTM's curve rises from the left, at the short distances first,
@@ -622,7 +700,8 @@ HTML(animate(fig, draw_recall, len(snaps_tf), interval_ms=600))
 # c_i = \sum_j \alpha_{ij}\, h_j ,
 # $$
 #
-# and reads the weighted average $c_i$, the *context*. Chapter 2's dot-product attention
+# and reads the weighted average $c_i$, the *context*. The dot-product attention of
+# {doc}`chapter 2 <02_attention>`
 # replaces the little network $v^\top \tanh(\cdot)$ by a scaled dot product, which is
 # cheaper and runs as one matrix product.
 
@@ -705,14 +784,18 @@ plt.show()
 #   a separate memory $c_t$. `companion`'s written-out cells match PyTorch's fused kernels
 #   in outputs and gradients.
 # - The recurrence is a chain: the longest sequence of dependent operations grows as
-#   $9T + 3$ for our LSTM and stays constant for an attention block; the loop's time grows
-#   linearly in $T$, and extra hardware only widens each step.
-# - Gradients through the chain shrink geometrically with distance: twenty orders of
-#   magnitude over 64 steps for a vanilla RNN at initialisation. An LSTM with open forget
-#   gates keeps them alive; attention's gradient does not depend on distance at all.
-# - With the same parameter count and training budget, a one-layer Transformer recalls a
-#   token 128 steps back reliably (within half the budget) while an LSTM is at chance
-#   beyond 64 steps.
+#   {glue:text}`ch01-chain-per-step`$T$ + {glue:text}`ch01-chain-offset` for our LSTM and
+#   stays constant for an attention block; the loop's time grows linearly in $T$, and
+#   extra hardware only widens each step. On one CPU thread attention's own arithmetic,
+#   which grows as $T^2$, weighs as much; the chain's cost is the parallel hardware it
+#   leaves idle.
+# - Gradients through the chain shrink geometrically with distance:
+#   {glue:text}`ch01-rnn-orders-64` orders of magnitude over 64 steps for a vanilla RNN at
+#   initialisation. An LSTM with open forget gates keeps them alive; attention's gradient
+#   does not depend on distance at all.
+# - With the same parameter count and training budget (one seed), a one-layer Transformer
+#   recalls a token {glue:text}`ch01-max-distance` steps back reliably (within half the
+#   budget) while an LSTM is near chance from 64 steps on.
 # - Bahdanau's additive attention let a recurrent decoder read every encoder state
 #   directly and learn its own alignment. The Transformer kept the attention and dropped the
 #   recurrence.
@@ -738,9 +821,10 @@ plt.show()
 # ```{admonition} Hint
 # :class: dropdown
 # The bias of the forget gate is `lstm_lm.rnn.core.bias_ih_l0[H:2 * H]` (and likewise
-# `bias_hh_l0`). With $f \approx 0.95$ at the start, the gradient curve above falls only a
-# few-fold over 100 steps instead of by ten orders of magnitude, so the long distances send
-# a usable signal from the first step. Expect the reach to grow, by an amount that depends
+# `bias_hh_l0`). With $f \approx 0.95$ at the start, the gradient curve above falls
+# {glue:text}`ch01-open-fold-100`-fold from $d = 1$ to $d = 100$ instead of by
+# {glue:text}`ch01-lstm-orders-100` orders of magnitude, so the long distances send a
+# usable signal from the first step. Expect the reach to grow, by an amount that depends
 # on the seed.
 # ```
 #
@@ -750,15 +834,16 @@ plt.show()
 #
 # ```{admonition} Solution
 # :class: dropdown
-# The curve now *rises* with distance: about $10^{9}$ times larger 127 steps back than one
-# step back (with the chapter's seed). Each step Jacobian $\operatorname{diag}(1-h^2)\,W_{hh}$
+# The curve now *rises* with distance: about {glue:text}`ch01-explode-orders` orders of
+# magnitude larger 127 steps back than one step back (with the chapter's seed). Each step Jacobian $\operatorname{diag}(1-h^2)\,W_{hh}$
 # now stretches more than the saturating $\tanh$ squeezes. Updates driven by such
 # gradients throw the weights far away. Clipping rescales the whole gradient when its norm
 # exceeds a threshold: it caps the step size but keeps the direction, which is dominated by
 # the far past. It does nothing for vanishing gradients.
 # ```
 #
-# 4. Where do the $9$ operations per step of the LSTM's chain come from? Count them in
+# 4. Where do the {glue:text}`ch01-chain-per-step` operations per step of the LSTM's
+#    chain come from? Count them in
 #    `lstm_cell` and predict the chain of `GRU` per step; check with `autograd_depth`.
 #
 # ```{admonition} Hint
