@@ -25,7 +25,9 @@
 # and trains a small model on Shakespeare to watch real attention heads form
 # {cite}`vaswani2017attention`.
 #
-# Every claim below is checked by an `assert`; if a future version of PyTorch (or of this
+# It then trains two-layer attention-only models until one of their heads becomes an
+# *induction head*, the circuit that copies from an earlier occurrence. Every measured
+# claim below is checked by an `assert`; if a future version of PyTorch (or of this
 # book's code) breaks one, the book's CI fails.
 
 # %%
@@ -51,12 +53,14 @@ pin_cpu_path()
 import inspect
 import math
 import time
+from unittest import mock
 
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import HTML, Code
 from torch.utils.flop_counter import FlopCounterMode
 
+import companion.ops.tiled as tiled_ops
 from companion.analysis.peak_memory import PeakMemory
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
@@ -76,7 +80,13 @@ from companion.ops.tiled import (
     tiled_attention,
     tiled_attention_forward,
 )
-from companion.plotting import PALETTE, animate, heatmap, loglog_fit, use_style
+from companion.plotting import PALETTE, animate, glue, heatmap, loglog_fit, use_style
+from companion.tasks.induction import (
+    AttentionOnlyLM,
+    induction_targets,
+    prefix_matching_score,
+    repeated_segments,
+)
 from companion.tasks.text import (
     CharTokenizer,
     load_bpe,
@@ -97,8 +107,8 @@ print(describe(DEVICE))
 #
 # A model never sees text. A tokenizer cuts the text into pieces and numbers them; an
 # embedding table turns each number into a vector of $d$ learned values. Our tokenizer is a
-# byte-level BPE with 2,048 pieces, trained on the eight Shakespeare plays that ship with
-# `companion`.
+# byte-level BPE with {glue:text}`ch02-bpe-size` pieces, trained on the eight Shakespeare
+# plays that ship with `companion`.
 
 # %%
 bpe = load_bpe()
@@ -108,6 +118,7 @@ pieces = [p.replace("Ġ", "·") for p in bpe.tokens(sentence)]
 print(len(ids), "tokens:", " | ".join(pieces))
 print("ids:", ids)
 assert bpe.decode(ids) == sentence
+glue("ch02-bpe-size", f"{bpe.vocab_size:,}", display=False)
 
 # %%
 seed_everything(0)
@@ -318,7 +329,7 @@ assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
 #
 # A two-layer, four-head decoder trained for a few hundred steps on the plays is enough for
 # heads to stop being uniform and to start doing different jobs. To learn quickly on a CPU
-# it reads *characters* (76 distinct ones) rather than BPE pieces. While it trains we keep a
+# it reads *characters* ({glue:text}`ch02-n-chars` distinct ones) rather than BPE pieces. While it trains we keep a
 # snapshot of one head's attention on a short line at regular intervals.
 
 # %%
@@ -339,6 +350,7 @@ cfg = ModelConfig(
     attn_impl="sdpa",
 )
 model = DecoderLM(cfg).to(DEVICE)
+glue("ch02-n-chars", f"{chars.vocab_size}", display=False)
 gen = torch.Generator().manual_seed(0)
 val_batches = [
     sample_windows(val_ids, 32, seq_len, torch.Generator().manual_seed(i), DEVICE)
@@ -415,35 +427,78 @@ fig.suptitle("Trained heads on «" + line + "»: eight different patterns")
 plt.show()
 
 # %% [markdown]
-# Do the heads really differ? A simple summary of a head is *how far back it looks*: the
-# average distance $\sum_j w_{ij}\,(i-j)$ between a query and the keys it attends to, and how
-# much weight it puts on the immediately preceding character. We measure both on held-out
-# text (a head that spreads evenly over 64 characters looks back about 16 on average).
+# Do the heads really differ? Three summaries of a head, measured on held-out text. *How
+# far back it looks*: the average distance $\sum_j w_{ij}\,(i-j)$ between a query and the
+# keys it attends to. *How much weight it puts on the immediately preceding character.*
+# And *how spread out it is*: the entropy $-\sum_j w_{ij} \log w_{ij}$ of each row, as a
+# fraction of $\log(i+1)$, the entropy of a uniform row over the $i+1$ visible keys. The
+# look-back alone cannot tell a head that reads far back from one that reads everything:
+# a uniform head over the visible prefix of {glue:text}`ch02-seq-len` characters looks
+# back {glue:text}`ch02-uniform-lookback` on average. A head that reads selectively far
+# back has a large look-back *and* an entropy well below uniform; a broad head has both
+# near their uniform values.
+
 
 # %%
+def head_summary(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per head ``(H,)``: mean look-back, weight on the previous token, and the row
+    entropy as a fraction of the uniform row's, from weights ``(B, H, T, T)``."""
+    t = m.shape[-1]
+    pos = torch.arange(t, device=m.device)
+    dist = (pos[:, None] - pos[None, :]).clamp(min=0).float()  # (T, T)
+    look = (m * dist).sum(-1).mean(dim=(0, 2))
+    prev = torch.diagonal(m, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+    ent = -(m * m.clamp(min=1e-30).log()).sum(-1)  # (B, H, T)
+    frac = (ent[..., 1:] / (pos[1:] + 1).float().log()).mean(dim=(0, 2))  # row 0: 1 key
+    return look, prev, frac
+
+
 xv = val_batches[0][0]
+t_val = xv.shape[1]
+uniform = torch.tril(torch.ones(t_val, t_val)) / torch.arange(1, t_val + 1)[:, None]
+u_look, _, u_frac = head_summary(uniform[None, None])
 head_stats = []
 for layer, m in enumerate(model.attention_maps(xv)):
-    t = m.shape[-1]
-    dist = (
-        (torch.arange(t)[:, None] - torch.arange(t)[None, :])
-        .clamp(min=0)
-        .float()
-        .to(m.device)
-    )
-    mean_dist = (m * dist).sum(-1).mean(dim=(0, 2))  # (H,)
-    prev = torch.diagonal(m, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (H,)
-    for h in range(m.shape[1]):
-        head_stats.append((layer + 1, h + 1, mean_dist[h].item(), prev[h].item()))
-print("layer head  mean look-back  weight on previous char")
-for layer, h, md, pv in head_stats:
-    print(f"{layer:>5} {h:>4} {md:>15.1f} {pv:>25.2f}")
-look_back = [r[2] for r in head_stats]
-prev_weight = [r[3] for r in head_stats]
-assert max(look_back) > 3 * min(
-    look_back
-)  # some heads look far back, others stay local
-assert max(prev_weight) > 0.3  # at least one head leans on the previous character
+    for h, (lb, pv, fr) in enumerate(zip(*head_summary(m), strict=True)):
+        head_stats.append((layer + 1, h + 1, lb.item(), pv.item(), fr.item()))
+print("layer head  look-back  weight on previous  entropy / uniform")
+for layer, h, lb, pv, fr in head_stats:
+    print(f"{layer:>5} {h:>4} {lb:>10.1f} {pv:>19.2f} {fr:>18.2f}")
+print(f"  uniform {u_look.item():>10.1f} {'':>19} {u_frac.item():>18.2f}")
+glue("ch02-seq-len", f"{t_val}", display=False)
+glue("ch02-uniform-lookback", f"{u_look.item():.2f}", display=False)
+# %%
+stats = {la: [r for r in head_stats if r[0] == la] for la in (1, 2)}
+u_look, u_frac = u_look.item(), u_frac.item()
+# layer 1: local heads, far narrower than uniform, one leaning on the previous char
+assert max(r[2] for r in stats[1]) < 0.3 * u_look
+assert max(r[3] for r in stats[1]) > 0.3
+assert min(r[4] for r in stats[1]) < 0.5 * u_frac
+# layer 2: looks back about as far as a uniform head (so the look-back cannot tell them
+# apart), but the entropy can: broad, yet measurably more selective than uniform
+assert all(abs(r[2] / u_look - 1) < 0.15 for r in stats[2])
+assert all(0.6 < r[4] < 0.9 for r in stats[2])
+# the animated head: uniform before training, far from it after
+snap_frac = [head_summary(m[None, None])[2].item() for m in snapshots]
+assert snap_frac[0] > 0.99 and snap_frac[-1] < 0.7
+for la in (1, 2):
+    for i, col in ((2, "look"), (4, "ent")):
+        vals = [r[i] for r in stats[la]]
+        glue(f"ch02-l{la}-{col}", f"{min(vals):.2f} to {max(vals):.2f}", display=False)
+glue("ch02-l1-prev-max", f"{max(r[3] for r in stats[1]):.2f}", display=False)
+glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=False)
+
+# %% [markdown]
+# The first layer's heads are local: they look back {glue:text}`ch02-l1-look` characters
+# on average, with an entropy of {glue:text}`ch02-l1-ent` of the uniform one, and one puts
+# {glue:text}`ch02-l1-prev-max` of its weight on the previous character. The second
+# layer's heads look back {glue:text}`ch02-l2-look` characters, about what a uniform head
+# would; by that measure alone they could be averaging the whole line. Their entropy
+# ({glue:text}`ch02-l2-ent` of uniform) says they are broad but not uniform: they read the
+# whole prefix with preferences, not a few far-away characters. Long-range specialists
+# (heads with a large look-back *and* a low entropy) do not appear in this small, briefly
+# trained model. The animated head's entropy fell from {glue:text}`ch02-snap-ent` of
+# uniform during training.
 
 # %% [markdown]
 # Each head up close, on the line the training animation used. In Jupyter, the sliders
@@ -496,6 +551,170 @@ HTML(
 )
 
 # %% [markdown]
+# (ch02-induction)=
+# ### Induction heads: two layers that copy
+#
+# One kind of head matters more than the others for how language models use their context.
+# Anthropic's interpretability team found it in two-layer attention-only models
+# {cite}`elhage2021mathematical` and named it the *induction head*: at a token it has seen
+# before, it attends to the token that *followed* the earlier occurrence and copies it, so
+# that "… Harry Potter … Harry" predicts "Potter". One layer cannot do this. The head must
+# find the key whose *previous* token matches the current one, and a key only knows its
+# previous token if a head in an earlier layer has written it there (a previous-token
+# head). Olsson et al. later tied the sudden appearance of these heads during training to
+# the onset of in-context learning in larger models (*In-context Learning and Induction
+# Heads*, 2022).
+#
+# A task that only induction can solve: a random segment of $P$ tokens repeated until the
+# sequence is full, with $P$ drawn afresh for every sequence, so that no fixed offset finds
+# the copy. Past the first period every token is predictable, but only by looking up where
+# the current token occurred before. The *prefix-matching score* of a head is the weight a
+# query in the repeat puts on the keys that follow earlier occurrences of its token. We
+# train attention-only models (`companion.tasks.induction.AttentionOnlyLM`: embeddings,
+# two-head attention layers with residuals and norms, no feed-forward network) with two
+# layers and with one, three seeds each, and score every head of the last layer on held-out
+# sequences; the untrained two-layer model is the baseline. Positions enter through RoPE
+# ({doc}`chapter 5 <05_position>`), under which "the previous token" is one and the same
+# pattern at every position, an easy thing for a first-layer head to learn.
+
+# %%
+Code(inspect.getsource(prefix_matching_score), language="python")
+
+# %%
+IND = {"vocab": 64, "seq_len": 32, "periods": (6, 16), "d_model": 32, "heads": 2}
+IND |= {"steps": 600, "batch": 32, "lr": 2e-2}
+IND_SEEDS = (0, 1, 2)
+ind_eval, ind_periods = repeated_segments(
+    256, IND["seq_len"], IND["periods"], IND["vocab"], torch.Generator().manual_seed(99)
+)
+
+
+def induction_model(n_layers: int, seed: int, steps: int) -> AttentionOnlyLM:
+    seed_everything(seed)
+    net = AttentionOnlyLM(
+        IND["vocab"], IND["d_model"], n_layers, IND["heads"], IND["seq_len"]
+    )
+    data = torch.Generator().manual_seed(100 + seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=IND["lr"], weight_decay=0.0)
+    for _ in range(steps):
+        ids, _ = repeated_segments(
+            IND["batch"], IND["seq_len"], IND["periods"], IND["vocab"], data
+        )
+        loss = torch.nn.functional.cross_entropy(
+            net(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return net
+
+
+@torch.no_grad()
+def induction_summary(net: AttentionOnlyLM) -> tuple[float, float]:
+    """The last layer's best prefix-matching score, and the loss (nats) on the tokens
+    that only a copy can predict (a query in the repeat)."""
+    score = prefix_matching_score(net(ind_eval, maps=True)[-1], ind_periods).max()
+    logp = torch.log_softmax(net(ind_eval)[:, :-1], dim=-1)
+    nll = -logp.gather(-1, ind_eval[:, 1:, None])[..., 0]  # (B, T-1)
+    in_repeat = torch.arange(IND["seq_len"] - 1)[None] >= ind_periods[:, None]
+    return score.item(), nll[in_repeat].mean().item()
+
+
+ind_names = ["two layers, untrained", "one layer, trained", "two layers, trained"]
+ind_nets, ind_rows = {}, {}
+torch.set_num_threads(1)  # small matrices: a second thread only waits
+for seed in IND_SEEDS:
+    for name, n_layers, steps in zip(
+        ind_names, (2, 1, 2), (0, IND["steps"], IND["steps"]), strict=True
+    ):
+        ind_nets[name, seed] = induction_model(n_layers, seed, steps)
+        ind_rows[name, seed] = induction_summary(ind_nets[name, seed])
+torch.set_num_threads(2)
+print(f"{'':>22}" + "".join(f"{'seed ' + str(s):>14}" for s in IND_SEEDS))
+print(f"{'':>22}" + "".join(f"{'score':>7}{'nats':>7}" for _ in IND_SEEDS))
+for name in ind_names:
+    cells = "".join(
+        f"{ind_rows[name, s][0]:>7.2f}{ind_rows[name, s][1]:>7.2f}" for s in IND_SEEDS
+    )
+    print(f"{name:>22}{cells}")
+print(f"uniform guess: {math.log(IND['vocab']):.2f} nats")
+
+# %%
+ind_score = {n: [ind_rows[n, s][0] for s in IND_SEEDS] for n in ind_names}
+ind_nll = {n: [ind_rows[n, s][1] for s in IND_SEEDS] for n in ind_names}
+baseline = max(max(ind_score[ind_names[0]]), max(ind_score[ind_names[1]]))
+two = ind_names[2]
+formed = [i for i, sc in enumerate(ind_score[two]) if sc > 3 * baseline]
+waiting = [i for i in range(len(IND_SEEDS)) if i not in formed]
+print(f"induction head formed in seeds {[IND_SEEDS[i] for i in formed]}")
+# most seeds form it within the budget, far above every baseline seed...
+assert len(formed) >= 2
+assert min(ind_score[two][i] for i in formed) - baseline > 0.5
+# ...and where it formed, the copy predicts the repeat: far below the one-layer loss
+assert max(ind_nll[two][i] for i in formed) < 0.5 * min(ind_nll[ind_names[1]])
+# a seed without it is still on the plateau: no better than one layer
+assert all(ind_nll[two][i] > 0.8 * min(ind_nll[ind_names[1]]) for i in waiting)
+
+
+def span(vals: list[float]) -> str:
+    lo, hi = f"{min(vals):.2f}", f"{max(vals):.2f}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+for key, name in zip(("untrained", "one"), ind_names[:2], strict=True):
+    glue(f"ch02-ind-score-{key}", span(ind_score[name]), display=False)
+    glue(f"ch02-ind-nll-{key}", span(ind_nll[name]), display=False)
+glue("ch02-ind-score-two", span([ind_score[two][i] for i in formed]), display=False)
+glue("ch02-ind-nll-two", span([ind_nll[two][i] for i in formed]), display=False)
+words = {1: "one", 2: "two", 3: "three"}
+glue("ch02-ind-n-formed", words[len(formed)], display=False)
+glue("ch02-ind-n-seeds", words[len(IND_SEEDS)], display=False)
+if waiting:
+    glue(
+        "ch02-ind-score-waiting",
+        span([ind_score[two][i] for i in waiting]),
+        display=False,
+    )
+    glue(
+        "ch02-ind-nll-waiting", span([ind_nll[two][i] for i in waiting]), display=False
+    )
+glue("ch02-ind-uniform-nll", f"{math.log(IND['vocab']):.2f}", display=False)
+glue("ch02-ind-steps", f"{IND['steps']:,}", display=False)
+
+# %% [markdown]
+# After {glue:text}`ch02-ind-steps` steps, in {glue:text}`ch02-ind-n-formed` of the
+# {glue:text}`ch02-ind-n-seeds` seeds the best head of the second layer puts
+# {glue:text}`ch02-ind-score-two` of its weight on the tokens after earlier occurrences;
+# the untrained model's best head puts {glue:text}`ch02-ind-score-untrained` there, and
+# the trained one-layer model's {glue:text}`ch02-ind-score-one`. The loss on the repeated
+# tokens says the same from the other side: {glue:text}`ch02-ind-nll-two` nats with the
+# induction head, against {glue:text}`ch02-ind-nll-one` for one layer (a uniform guess
+# costs {glue:text}`ch02-ind-uniform-nll`). The one-layer model, with no earlier layer to
+# tell each key its predecessor, finds no such head; it only learns that tokens seen
+# before are likely again. The remaining seed is still where the one-layer models are
+# (score {glue:text}`ch02-ind-score-waiting`, {glue:text}`ch02-ind-nll-waiting` nats):
+# Olsson et al. report that induction heads appear abruptly, after a plateau, and here the
+# plateau's length varies from seed to seed, so a fixed budget catches some runs before
+# the jump (raise `IND["steps"]` to give the third more time). Here is one of the heads on a
+# held-out sequence:
+
+# %%
+ind_net = ind_nets["two layers, trained", 0]
+with torch.no_grad():
+    ind_maps = ind_net(ind_eval[:1], maps=True)
+best = prefix_matching_score(ind_maps[-1], ind_periods[:1]).argmax().item()
+fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.2))
+target_map = induction_targets(ind_periods[:1], IND["seq_len"])[0].float()
+for ax, data, title in (
+    (axes[0], ind_maps[-1][0, best].numpy(), f"layer 2, head {best + 1} (trained)"),
+    (axes[1], target_map.numpy(), "keys after an earlier copy of the query's token"),
+):
+    heatmap(ax, data, title=title, vmax=1.0)
+    ax.set(xlabel="key position", ylabel="query position")
+fig.suptitle(f"An induction head, period P = {ind_periods[0].item()}")
+plt.show()
+
+# %% [markdown]
 # ## The $n^2$ bill
 #
 # The score matrix has one entry per (query, key) pair: $n^2$ of them per head. Doubling the
@@ -532,6 +751,8 @@ print(f"memory grows as n^{mem_slope:.2f}, FLOPs as n^{flop_slope:.2f}")
 assert 1.9 < mem_slope < 2.1
 assert abs(flop_slope - 2) < 0.01  # two n×n×D matmuls per head: 4·H·n²·D FLOPs
 assert flops[-1] == 4 * H * lengths[-1] ** 2 * D
+glue("ch02-mem-slope", f"{mem_slope:.2f}", display=False)
+glue("ch02-flop-slope", f"{flop_slope:.2f}", display=False)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -669,7 +890,8 @@ for name in ("sdpa", "tiled"):
 # %% [markdown]
 # And the memory: at each length the tiled form holds a few $64 \times 64$ tiles instead of
 # the $n \times n$ matrix. Its peak is the output and the per-row statistics, which grow
-# linearly in $n$, plus a fixed tile budget, so the fitted slope is at most 1.
+# linearly in $n$, plus a fixed tile budget, so the fitted slope is at most 1 (over these
+# short lengths the fixed part still dominates, which flattens it further).
 
 # %%
 mem_tiled = []
@@ -685,6 +907,8 @@ for n, a, b in zip(lengths, mem_naive, mem_tiled, strict=True):
 print(f"tiled memory grows as n^{tiled_slope:.2f}")
 assert tiled_slope < 1.2
 assert mem_naive[-1] > 20 * mem_tiled[-1]
+glue("ch02-tiled-slope", f"{tiled_slope:.2f}", display=False)
+glue("ch02-mem-ratio", f"{mem_naive[-1] / mem_tiled[-1]:.0f}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 3.4))
@@ -709,11 +933,138 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# On this CPU the pure-PyTorch tiled loop is *slower* than PyTorch's fused SDPA: Python
-# drives each tile, and a CPU has no small fast memory for the tile to live in. On a GPU the
-# same algorithm, written as one fused kernel, keeps each tile in on-chip SRAM; it is what
-# SDPA's flash backend runs. `make bench` (`python -m companion.bench attention`) prints
-# the three side by side.
+# (ch02-hbm-sram)=
+# ### Why the tiles pay off on a GPU: bytes through HBM
+#
+# Saving memory is half of FlashAttention's argument; the other half is time, and on a GPU
+# time is mostly *traffic*. A GPU has a large, slow memory and a small, fast one. The
+# FlashAttention paper gives the A100's figures {cite}`dao2022flashattention`: 40–80 GB of
+# high-bandwidth memory (HBM) at 1.5–2.0 TB/s, and 192 KB of on-chip SRAM in each of its
+# 108 streaming multiprocessors, at about 19 TB/s. NVIDIA's A100 datasheet rates its
+# dense fp16 tensor-core arithmetic at 312 TFLOP/s. The standard implementation (the
+# paper's Algorithm 0) writes the $n \times n$ scores $S$ to HBM, reads them back for the
+# softmax, writes the weights $P$, and reads them again for $PV$: four passes over $n^2$
+# numbers that do not fit in SRAM. The tiled form reads $Q$ and writes $O$ once, and reads
+# one $K$ tile and one $V$ tile per (query tile, key tile) pair; scores never leave SRAM.
+# We count the tiled traffic by counting the tiles `companion`'s own loop touches (we wrap
+# `tile_scores` and run it), for one head of width 64 at $n = 4096$, in fp16, with
+# $128 \times 128$ tiles, and price both at the paper's lower bandwidth.
+
+# %%
+A100 = {  # FlashAttention paper, section 2.1; fp16 peak: NVIDIA A100 datasheet
+    "hbm_bytes_per_s": 1.5e12,
+    "sram_bytes_per_sm": 192e3,
+    "fp16_flops_per_s": 312e12,
+}
+N_FA, D_FA, TILE, FP16, FP32 = 4096, 64, 128, 2, 4
+
+
+def standard_hbm_bytes(n: int, d: int) -> int:
+    """Algorithm 0: read Q, K; write S; read S; write P; read P, V; write O."""
+    return FP16 * (2 * n * d + 4 * n * n + 2 * n * d)
+
+
+def tiled_hbm_bytes(n: int, d: int, causal: bool) -> tuple[int, int]:
+    """(HBM bytes, tiles) of companion's tiled forward, one head: Q in and O out
+    once, the log-sum-exp out once, one K and one V tile in per tile visited."""
+    q = torch.randn(1, 1, n, d)
+    with mock.patch(
+        "companion.ops.tiled.tile_scores", wraps=tiled_ops.tile_scores
+    ) as counted:
+        tiled_attention_forward(q, q, q, causal=causal, block_q=TILE, block_k=TILE)
+    tiles = counted.call_count
+    return FP16 * (2 * n * d + tiles * 2 * TILE * d) + FP32 * n, tiles
+
+
+flops_fa = 4 * N_FA**2 * D_FA  # QKᵀ and PV, as measured above
+std_bytes = standard_hbm_bytes(N_FA, D_FA)
+print(f"one head, n = {N_FA}, d = {D_FA}, fp16, tiles {TILE}×{TILE}")
+print(f"{'':>22} {'HBM MB':>8} {'at 1.5 TB/s':>12} {'tiles':>6}")
+print(
+    f"{'standard (Alg. 0)':>22} {std_bytes / 1e6:>8.1f} "
+    f"{1e6 * std_bytes / A100['hbm_bytes_per_s']:>9.1f} µs"
+)
+fa_rows = {}
+for causal in (False, True):
+    b, tiles = tiled_hbm_bytes(N_FA, D_FA, causal)
+    fa_rows[causal] = (b, tiles)
+    name = "tiled, causal" if causal else "tiled"
+    print(
+        f"{name:>22} {b / 1e6:>8.1f} "
+        f"{1e6 * b / A100['hbm_bytes_per_s']:>9.1f} µs {tiles:>6}"
+    )
+t_math = flops_fa / A100["fp16_flops_per_s"]
+print(f"{'arithmetic (no mask)':>22} {'':>8} {1e6 * t_math:>9.1f} µs")
+sram_tile = FP16 * 3 * TILE * D_FA + FP32 * (TILE * TILE + TILE * D_FA + 2 * TILE)
+print(f"one tile's working set: {sram_tile / 1e3:.0f} kB of the SM's 192 kB")
+print(f"the score matrix alone: {FP16 * N_FA**2 / 1e6:.1f} MB")
+tiled_full = fa_rows[False][0]
+glue("ch02-fa-std-mb", f"{std_bytes / 1e6:.0f}", display=False)
+glue("ch02-fa-tiled-mb", f"{tiled_full / 1e6:.0f}", display=False)
+glue("ch02-fa-ratio", f"{std_bytes / tiled_full:.1f}", display=False)
+glue(
+    "ch02-fa-std-us", f"{1e6 * std_bytes / A100['hbm_bytes_per_s']:.0f}", display=False
+)
+glue("ch02-fa-math-us", f"{1e6 * t_math:.0f}", display=False)
+glue("ch02-fa-tile-kb", f"{sram_tile / 1e3:.0f}", display=False)
+
+# %%
+n_tiles = N_FA // TILE
+# the loop visits every tile once, or the lower triangle with its diagonal if causal
+assert fa_rows[False][1] == n_tiles**2
+assert fa_rows[True][1] == n_tiles * (n_tiles + 1) // 2
+# the reference really stores the n×n matrices the standard count charges to HBM
+assert mem_naive[-1] >= 2 * H * lengths[-1] ** 2 * 4
+assert sram_tile < A100["sram_bytes_per_sm"]  # a tile fits where the matrix cannot
+assert FP16 * N_FA**2 > 100 * A100["sram_bytes_per_sm"]
+# the standard form waits on HBM longer than on arithmetic; the tiled one moves less
+assert std_bytes / A100["hbm_bytes_per_s"] > 3 * t_math
+assert std_bytes > 3 * tiled_full
+
+# %% [markdown]
+# At this size the standard form moves {glue:text}`ch02-fa-std-mb` MB through HBM per
+# head, {glue:text}`ch02-fa-std-us` µs at 1.5 TB/s, against {glue:text}`ch02-fa-math-us`
+# µs for the arithmetic: it is bound by memory, not by the tensor cores. The tiled form
+# moves {glue:text}`ch02-fa-tiled-mb` MB, {glue:text}`ch02-fa-ratio`× less, with one
+# tile's working set ({glue:text}`ch02-fa-tile-kb` kB) inside one multiprocessor's SRAM.
+# The counts show where the remaining traffic goes: $K$ and $V$ are re-read once per query
+# tile, so the saving grows with the tile size, which SRAM bounds — the paper's
+# $\Theta(n^2 d^2 / M)$ accesses for SRAM size $M$, against $\Theta(n d + n^2)$
+# {cite}`dao2022flashattention`. (Re-read $K$ and $V$ tiles often come from the GPU's L2
+# cache rather than HBM, so the real traffic is lower still; the count is an upper bound.)
+#
+# On a CPU there is no such split to exploit, and the pure-PyTorch tiled loop pays for
+# Python driving each tile. We time it against PyTorch's fused SDPA at the longest length
+# above:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings differ from run to run and machine to machine: shown, not asserted)
+qq, kk, vv = (torch.randn(1, H, lengths[-1], D, generator=gen) for _ in range(3))
+
+
+def seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+t_loop = min(
+    seconds(lambda: tiled_attention(qq, kk, vv, causal=True)) for _ in range(3)
+)
+t_sdpa = min(seconds(lambda: sdpa_attention(qq, kk, vv, causal=True)) for _ in range(3))
+print(
+    f"n = {lengths[-1]}: tiled loop {1e3 * t_loop:.1f} ms, "
+    f"SDPA {1e3 * t_sdpa:.1f} ms ({t_loop / t_sdpa:.1f}×)"
+)
+glue("ch02-loop-vs-sdpa", f"{t_loop / t_sdpa:.1f}", display=False)
+
+# %% [markdown]
+# In the run stored with this page the tiled loop took {glue:text}`ch02-loop-vs-sdpa`×
+# as long as SDPA.
+# On a GPU the same algorithm, written as one fused kernel, keeps each tile in SRAM; it is
+# what SDPA's flash backend runs. `make bench` (`python -m companion.bench attention`)
+# prints the three side by side.
 #
 # ## Summary
 #
@@ -724,11 +1075,20 @@ plt.show()
 # - A boolean causal mask makes every position blind to its future, which lets one forward
 #   pass train all positions of a sequence.
 # - Heads are cheap to multiply: the same $4d^2$ parameters, each head with its own softmax.
-#   Trained, they specialise (local, previous-character, long-range).
-# - The score matrix is $n^2$: memory and FLOPs grow quadratically (slope 2, measured and
-#   asserted); so does the time, which is shown but depends on the machine.
+#   Trained on characters, the first layer's heads became local, one of them leaning on
+#   the previous character; the second layer's spread wide, with an entropy that tells
+#   broad reading from selective.
+# - Two attention layers can do what one cannot: an induction head, which finds the
+#   earlier occurrence of the current token and copies what followed it. It formed in
+#   {glue:text}`ch02-ind-n-formed` of {glue:text}`ch02-ind-n-seeds` seeds within the
+#   budget; one layer never found it.
+# - The score matrix is $n^2$: memory and FLOPs grow quadratically (fitted slopes
+#   {glue:text}`ch02-mem-slope` and {glue:text}`ch02-flop-slope`, asserted); so does the
+#   time, which is shown but depends on the machine.
 # - FlashAttention changes *how*, not *what*: the online softmax gives identical outputs and
-#   gradients with memory linear in $n$.
+#   gradients with memory linear in $n$ ({glue:text}`ch02-mem-ratio`× less at the longest
+#   length here). On a GPU it also cuts the traffic through HBM, which is what bounds the
+#   standard form's time ({glue:text}`ch02-fa-ratio`× fewer bytes in the A100 example).
 #
 # ## Exercises
 #
