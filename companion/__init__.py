@@ -174,6 +174,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "tiled_attention", "tiled_attention_forward",
     ),
     "plotting": ("animate", "glue", "heatmap", "loglog_fit", "PALETTE", "use_style"),
+    "tasks.induction": (
+        "AttentionOnlyLM", "induction_targets", "prefix_matching_score",
+        "repeated_segments",
+    ),
     "tasks.products": (
         "exact_product_glu", "mse", "product_surface", "product_task", "RegressionHistory",
         "train_regression",
