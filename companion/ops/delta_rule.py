@@ -88,7 +88,8 @@ def delta_rule_chunks(
         w_rhs = kb * q_decay
         k_end = k * (gam[:, :, :, -1:] - gam).exp()
         chunk_decay = gam[:, :, :, -1:].exp()  # (B, H, N, 1, 1)
-    # solve_triangular reads only the strict lower triangle of kk (L): unit diagonal implied.
+    # solve_triangular reads only kk's strict lower triangle (L); the unit diagonal
+    # is implied.
     uw = torch.linalg.solve_triangular(
         kk, torch.cat([v * beta, w_rhs], dim=-1), upper=False, unitriangular=True
     )
