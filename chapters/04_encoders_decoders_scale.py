@@ -117,10 +117,10 @@ os.environ.setdefault(
 FULL = False  # True: longer contexts, wider models, more steps (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine,
-# and several times faster when other programs share the cores (two threads wait on each
-# other).
-torch.set_num_threads(1)
+# Two threads, the count companion.numerics pins: on an idle 2-core machine the
+# chapter's training steps run nearly twice as fast as on one. If other programs share
+# the cores, one thread can be faster (the two wait on each other).
+torch.set_num_threads(2)
 print(describe(DEVICE))
 
 
