@@ -620,7 +620,7 @@ for p in PLACEMENTS:
 # This page trains one seed per cell of the table, so it shows what happens, not how
 # reliably. With `FULL = True` the table averages four seeds. When we ran Post-LN and
 # Pre-LN without warmup on seeds 0 to 3 while writing this chapter, Post-LN stayed on the
-# plateau on three of them and left it late on the fourth, ending about 0.1 nats above
+# plateau on three of them and left it late on the fourth, ending a little above
 # Pre-LN; that is a report of our runs, which this page does not check (exercise 1 asks
 # you to).
 
@@ -1429,7 +1429,7 @@ plt.show()
 # ```{admonition} Hint
 # :class: dropdown
 # While writing the chapter, Post-LN without warmup was the worst run on every seed, but
-# on one seed of four it escaped the collapse late and ended only 0.1 nats above Pre-LN.
+# on one seed of four it escaped the collapse late and ended only a little above Pre-LN.
 # The collapse is an attractor that a run can leave; the claim is about how reliably it
 # leaves.
 # ```
@@ -1441,7 +1441,7 @@ plt.show()
 # ```{admonition} Hint
 # :class: dropdown
 # Change `LR` before the training cell. At $3\cdot10^{-3}$, in our runs, Post-LN without
-# warmup trained as well as Pre-LN (about 2.77 nats) and warmup changed almost nothing,
+# warmup trained about as well as Pre-LN and warmup changed almost nothing,
 # but every run ended above the $8\cdot10^{-3}$ runs with warmup. Warmup buys a larger
 # usable peak learning rate.
 # ```
