@@ -562,8 +562,7 @@ HTML(
 # find the key whose *previous* token matches the current one, and a key only knows its
 # previous token if a head in an earlier layer has written it there (a previous-token
 # head). Olsson et al. later tied the sudden appearance of these heads during training to
-# the onset of in-context learning in larger models (*In-context Learning and Induction
-# Heads*, 2022).
+# the onset of in-context learning in larger models {cite}`olsson2022induction`.
 #
 # A task that only induction can solve: a random segment of $P$ tokens repeated until the
 # sequence is full, with $P$ drawn afresh for every sequence, so that no fixed offset finds
@@ -693,7 +692,8 @@ glue("ch02-ind-steps", f"{IND['steps']:,}", display=False)
 # tell each key its predecessor, finds no such head; it only learns that tokens seen
 # before are likely again. The remaining seed is still where the one-layer models are
 # (score {glue:text}`ch02-ind-score-waiting`, {glue:text}`ch02-ind-nll-waiting` nats):
-# Olsson et al. report that induction heads appear abruptly, after a plateau, and here the
+# Olsson et al. report that induction heads appear abruptly, after a plateau
+# {cite}`olsson2022induction`, and here the
 # plateau's length varies from seed to seed, so a fixed budget catches some runs before
 # the jump (raise `IND["steps"]` to give the third more time). Here is one of the heads on a
 # held-out sequence:
