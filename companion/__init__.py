@@ -62,6 +62,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "input_gradient_norms", "layer_masks", "receptive_field_size", "receptive_fields",
         "visible_pairs",
     ),
+    "analysis.seeds": ("compare", "Spread", "spread"),
     "analysis.scaling": (
         "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM", "compute_optimal",
         "count_flops", "dense_flops_per_token", "fit_power_law", "kaplan_flops_per_token",
@@ -181,6 +182,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "tasks.products": (
         "exact_product_glu", "mse", "product_surface", "product_task", "RegressionHistory",
         "train_regression",
+    ),
+    "tasks.probes": (
+        "accuracy", "fit", "induction_copy", "memorisation", "memorisation_table",
+        "mqar", "mqar_vocab", "needle", "needle_vocab", "position_accuracy",
+        "scored_loss",
     ),
     "tasks.recall": ("recall_pairs", "recall_read", "recall_scores", "RULES"),
     "tasks.sentiment": (

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from companion.bench import deltanet as bench_deltanet_module
-from companion.layers.gated_deltanet import GatedDeltaNet
+from companion.layers.gated_deltanet import RULES, GatedDeltaNet
 from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -281,11 +281,14 @@ def test_layer_cached_decoding_equals_transformers_cache():
     )
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("impl", ["chunk", "recurrent"])
 @pytest.mark.parametrize("prefill", [1, 3, 13])
-def test_layer_prefill_then_steps_equals_full_forward(impl, prefill):
+def test_layer_prefill_then_steps_equals_full_forward(impl, prefill, rule):
     torch.manual_seed(0)
-    layer = GatedDeltaNet(24, 2, 4, 8, 4, conv_kernel=4, impl=impl, chunk_size=8)
+    layer = GatedDeltaNet(
+        24, 2, 4, 8, 4, conv_kernel=4, impl=impl, chunk_size=8, rule=rule
+    )
     x = torch.randn(3, 18, 24)
     with torch.no_grad():
         want = layer(x)
@@ -300,10 +303,11 @@ def test_layer_prefill_then_steps_equals_full_forward(impl, prefill):
         )
 
 
-def test_layer_chunk_equals_recurrent_forward_and_backward():
+@pytest.mark.parametrize("rule", RULES)
+def test_layer_chunk_equals_recurrent_forward_and_backward(rule):
     torch.manual_seed(0)
-    chunk = GatedDeltaNet(24, 2, 4, 8, 4, impl="chunk", chunk_size=8)
-    recurrent = GatedDeltaNet(24, 2, 4, 8, 4, impl="recurrent")
+    chunk = GatedDeltaNet(24, 2, 4, 8, 4, impl="chunk", chunk_size=8, rule=rule)
+    recurrent = GatedDeltaNet(24, 2, 4, 8, 4, impl="recurrent", rule=rule)
     recurrent.load_state_dict(chunk.state_dict())
     x = torch.randn(2, 19, 24, dtype=torch.float64)
     chunk.double(), recurrent.double()
@@ -314,7 +318,44 @@ def test_layer_chunk_equals_recurrent_forward_and_backward():
     for (name, p_c), p_r in zip(
         chunk.named_parameters(), recurrent.parameters(), strict=True
     ):
+        if p_c.grad is None:  # a parameter the rule does not use (a, b, the decay)
+            assert p_r.grad is None, name
+            continue
         torch.testing.assert_close(p_c.grad, p_r.grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_delta_rule_layer_is_the_gated_layer_with_no_decay():
+    torch.manual_seed(0)
+    gated = GatedDeltaNet(24, 2, 4, 8, 4, chunk_size=8)
+    delta = GatedDeltaNet(24, 2, 4, 8, 4, chunk_size=8, rule="delta")
+    delta.load_state_dict(gated.state_dict())
+    with torch.no_grad():
+        gated.A_log.fill_(-float("inf"))  # exp(A_log) = 0: g = 0, no decay
+    x = torch.randn(2, 19, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(delta(x), gated(x))
+
+
+def test_linear_rule_sums_outer_products_without_correction():
+    """The state a prefix leaves is Σ k̂ vᵀ over it, so two halves add up: the state of
+    the whole is the sum of the states of the halves, each run from zero, which no
+    delta rule satisfies (its write depends on what is stored)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 24)
+    states = {}
+    for rule in ("linear", "delta"):
+        layer = GatedDeltaNet(24, 2, 4, 8, 4, conv_kernel=1, chunk_size=4, rule=rule)
+        parts = []
+        with torch.no_grad():
+            for piece in (x, x[:, :9], x[:, 9:]):
+                cache = layer.new_cache(2)
+                layer(piece, cache=cache)
+                parts.append(cache.recurrent_state.clone())
+        states[rule] = parts
+    whole, first, second = states["linear"]
+    torch.testing.assert_close(whole, first + second, atol=1e-5, rtol=1e-5)
+    whole, first, second = states["delta"]
+    assert (whole - first - second).abs().max() > 1e-2
 
 
 def test_layer_parameter_count_and_shapes():
@@ -345,6 +386,8 @@ def test_layer_parameter_count_and_shapes():
 def test_layer_bad_arguments_raise():
     with pytest.raises(ValueError, match="impl must be one of"):
         GatedDeltaNet(8, 1, 1, 4, 4, impl="fused")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        GatedDeltaNet(8, 1, 1, 4, 4, rule="mamba")
     with pytest.raises(ValueError, match="multiple of n_key_heads"):
         GatedDeltaNet(8, 2, 3, 4, 4)
 

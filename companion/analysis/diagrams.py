@@ -97,9 +97,10 @@ def _mixer(cfg: ModelConfig, layer: int) -> Part:
     if kind == "linear":
         state = f"state {cfg.linear_key_dim}×{cfg.linear_value_dim} per head"
         heads = f"{cfg.linear_key_heads}:{cfg.linear_value_heads} heads"
+        title = {"gated_delta": "Gated DeltaNet", "delta": "DeltaNet"}
         return Part(
             "linear",
-            "Gated DeltaNet",
+            title.get(cfg.linear_rule, "linear attention"),
             f"{heads}, {state}, conv {cfg.linear_conv_kernel}",
         )
     extras = [_position(cfg, layer)]

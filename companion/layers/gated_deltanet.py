@@ -31,11 +31,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.ops.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from companion.ops.delta_rule import (
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    recurrent_delta_rule,
+    recurrent_gated_delta_rule,
+)
+from companion.ops.linear_attention import (
+    chunk_linear_attention,
+    l2norm,
+    recurrent_linear_attention,
+)
 
-__all__ = ["IMPLS", "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"]
+__all__ = ["IMPLS", "RULES", "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"]
 
 IMPLS = ("chunk", "recurrent")
+# the state update, for ablations inside the same layer: "gated_delta" (the layer as
+# released), "delta" (no decay, g = 0: DeltaNet), "linear" (no correction and no decay:
+# S += k vᵀ, linear attention with L2-normalised q and k)
+RULES = ("gated_delta", "delta", "linear")
 
 
 class GatedRMSNorm(nn.Module):
@@ -94,7 +108,9 @@ class GatedDeltaNet(nn.Module):
 
     ``impl`` picks the op for every call, one-token decode steps included: ``"chunk"``
     (:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`) or ``"recurrent"`` (the
-    token loop reference).
+    token loop reference). ``rule`` swaps the state update for an ablation
+    (:data:`RULES`); the parameters stay the same, the unused ones (``a`` for
+    ``"delta"``, ``a`` and ``b`` for ``"linear"``) get no gradient.
     """
 
     def __init__(
@@ -108,10 +124,13 @@ class GatedDeltaNet(nn.Module):
         norm_eps: float = 1e-6,
         impl: str = "chunk",
         chunk_size: int = 64,
+        rule: str = "gated_delta",
     ) -> None:
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         if n_value_heads % n_key_heads:
             raise ValueError(
                 f"n_value_heads must be a multiple of n_key_heads, got {n_value_heads} "
@@ -128,6 +147,7 @@ class GatedDeltaNet(nn.Module):
             value_dim,
         )
         self.conv_kernel, self.impl, self.chunk_size = conv_kernel, impl, chunk_size
+        self.rule = rule
         self.conv_dim = 2 * n_key_heads * key_dim + n_value_heads * value_dim
         self.in_proj_qkvz = nn.Linear(
             d_model,
@@ -218,28 +238,39 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(b_, t, self.hk, self.dk)
         k = k.reshape(b_, t, self.hk, self.dk)
         v = v.reshape(b_, t, self.hv, self.dv)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(
-            a.float() + self.dt_bias
-        )  # (B, T, H)
         state, keep = (None, False) if cache is None else (cache.recurrent_state, True)
-        if self.impl == "chunk":
-            o, state = chunk_gated_delta_rule(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                state,
-                keep,
-                chunk_size=self.chunk_size,
-                use_qk_l2norm_in_kernel=True,
-            )
-        else:
-            o, state = recurrent_gated_delta_rule(
-                q, k, v, g, beta, state, keep, use_qk_l2norm_in_kernel=True
-            )
+        o, state = self._update(q, k, v, b, a, state, keep)
         if cache is not None:
             cache.recurrent_state.copy_(state)
         o = self.norm(o, z)  # (B, T, H, D_v)
         return self.out_proj(o.reshape(b_, t, self.hv * self.dv))
+
+    def _update(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        b: Tensor,
+        a: Tensor,
+        state: Tensor | None,
+        keep: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The recurrence of ``self.rule`` with ``self.impl``: outputs ``(B, T, H,
+        D_v)`` and the final state."""
+        chunk = self.impl == "chunk"
+        if self.rule == "linear":
+            op = chunk_linear_attention if chunk else recurrent_linear_attention
+            sizes = {"chunk_size": self.chunk_size} if chunk else {}
+            return op(l2norm(q), l2norm(k), v, state, keep, **sizes)
+        beta = b.sigmoid()
+        extra: dict[str, object] = {"use_qk_l2norm_in_kernel": True}
+        if chunk:
+            extra["chunk_size"] = self.chunk_size
+        if self.rule == "delta":
+            op = chunk_delta_rule if chunk else recurrent_delta_rule
+            return op(q, k, v, beta, state, keep, **extra)
+        g = -self.A_log.float().exp() * F.softplus(
+            a.float() + self.dt_bias
+        )  # (B, T, H)
+        op = chunk_gated_delta_rule if chunk else recurrent_gated_delta_rule
+        return op(q, k, v, g, beta, state, keep, **extra)

@@ -147,6 +147,7 @@ def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.
             cfg.linear_value_dim,
             cfg.linear_conv_kernel,
             norm_eps=cfg.norm_eps,
+            rule=cfg.linear_rule,
         )
     sliding = kind == "sliding"
     rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)

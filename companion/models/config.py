@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 
 from companion.layers.block import PLACEMENTS
 from companion.layers.ffn import ACTIVATIONS, FFN_FORMS
+from companion.layers.gated_deltanet import RULES as LINEAR_RULES
 from companion.layers.mha import QK_NORMS
 from companion.layers.mla import FORMS as MLA_FORMS
 from companion.layers.moe import EXPERT_KINDS
@@ -47,6 +48,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "router": SCORINGS,
     "expert_kind": EXPERT_KINDS,
     "mla_form": MLA_FORMS,
+    "linear_rule": LINEAR_RULES,
 }
 
 
@@ -164,6 +166,7 @@ class ModelConfig:
     linear_key_dim: int = 0  # ... width of one query/key head
     linear_value_dim: int = 0  # ... width of one value head
     linear_conv_kernel: int = 4  # ... the short causal convolution's width
+    linear_rule: str = "gated_delta"  # ... its state update ("delta", "linear": ablations)
     _derived: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -88,8 +88,7 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             raise ConfigError(
                 "layer_types has 'sliding' layers but sliding_window is None"
             )
-        if "linear" in cfg.layer_types:
-            _validate_linear(cfg)
+        _validate_linear(cfg)
     bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
     if bad_layers:
         raise ConfigError(
@@ -195,6 +194,13 @@ def _validate_mla(cfg: ModelConfig) -> None:
 
 
 def _validate_linear(cfg: ModelConfig) -> None:
+    if "linear" not in cfg.layer_types:
+        if cfg.linear_rule != "gated_delta":
+            raise ConfigError(
+                f"linear_rule={cfg.linear_rule!r} has no effect: layer_types has no "
+                "'linear' layer"
+            )
+        return
     for name in (
         "linear_key_heads",
         "linear_value_heads",
