@@ -152,6 +152,16 @@ BAD = [
         {"qkv_bias": 1}, "qkv_bias must be None, True or False", id="qkv-bias"
     ),
     pytest.param({"head_dim": 0}, "head_dim must be a positive integer", id="head-dim"),
+    pytest.param(
+        {"linear_rule": "delta"},
+        "linear_rule='delta' has no effect: layer_types has no 'linear' layer",
+        id="linear-rule-unused",
+    ),
+    pytest.param(
+        {"linear_rule": "mamba"},
+        r"linear_rule must be one of \('gated_delta', 'delta', 'linear'\)",
+        id="linear-rule-value",
+    ),
 ]
 
 

@@ -166,7 +166,7 @@ class ModelConfig:
     linear_key_dim: int = 0  # ... width of one query/key head
     linear_value_dim: int = 0  # ... width of one value head
     linear_conv_kernel: int = 4  # ... the short causal convolution's width
-    linear_rule: str = "gated_delta"  # ... its state update ("delta", "linear": ablations)
+    linear_rule: str = "gated_delta"  # ... its update ("delta", "linear": ablations)
     _derived: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

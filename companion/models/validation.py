@@ -88,7 +88,7 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             raise ConfigError(
                 "layer_types has 'sliding' layers but sliding_window is None"
             )
-        _validate_linear(cfg)
+    _validate_linear(cfg)
     bad_layers = [i for i in cfg.nope_layers if not 0 <= i < cfg.n_layers]
     if bad_layers:
         raise ConfigError(
@@ -194,7 +194,7 @@ def _validate_mla(cfg: ModelConfig) -> None:
 
 
 def _validate_linear(cfg: ModelConfig) -> None:
-    if "linear" not in cfg.layer_types:
+    if "linear" not in (cfg.layer_types or ()):
         if cfg.linear_rule != "gated_delta":
             raise ConfigError(
                 f"linear_rule={cfg.linear_rule!r} has no effect: layer_types has no "

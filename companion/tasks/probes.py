@@ -122,7 +122,9 @@ def needle(
             f"distance must lie in 1 .. seq_len - 1 = {seq_len - 1}, got {distance!r}"
         )
     b = batch_size
-    x = torch.randint(n_needles, n_needles + n_filler, (b, seq_len), generator=generator)
+    x = torch.randint(
+        n_needles, n_needles + n_filler, (b, seq_len), generator=generator
+    )
     x[:, -1] = n_needles + n_filler
     d = torch.randint(lo, hi + 1, (b,), generator=generator)
     target = torch.randint(0, n_needles, (b,), generator=generator)
@@ -143,7 +145,9 @@ def induction_copy(
     sequence from ``periods``); every position after the first segment is scored on the
     next token, which an induction head copies from one period back."""
     _positive(batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size)
-    tokens, p = repeated_segments(batch_size, seq_len + 1, periods, vocab_size, generator)
+    tokens, p = repeated_segments(
+        batch_size, seq_len + 1, periods, vocab_size, generator
+    )
     x, y = tokens[:, :-1], tokens[:, 1:].clone()
     first = torch.arange(seq_len)[None, :] < p[:, None] - 1  # target not yet seen
     y[first] = IGNORE
@@ -187,7 +191,9 @@ def scored_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Cross-entropy over the scored positions only (a ``loss_fn`` for
     :func:`~companion.training.train`)."""
     logits = model(x)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE
+    )
 
 
 def fit(
