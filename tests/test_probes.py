@@ -69,9 +69,8 @@ def test_needle_sits_distance_tokens_before_the_query():
     assert (y[:, :-1] == IGNORE).all()
     seen = set()
     for row, target in zip(x.tolist(), y[:, -1].tolist(), strict=True):
-        (where,) = [
-            i for i, t in enumerate(row) if t < 4
-        ]  # one needle, the rest filler
+        # one needle, the rest filler
+        (where,) = [i for i, t in enumerate(row) if t < 4]
         assert row[where] == target and all(4 <= t < 14 for t in row[:-1] if t >= 4)
         seen.add(19 - where)
     assert seen == set(range(3, 10))
