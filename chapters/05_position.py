@@ -1049,11 +1049,11 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # ## A probe that decides: copying past the trained length
 #
 # What can the Shakespeare runs show, and what can they not? They show where the loss
-# *blows up* past the trained length: the learned table cannot run, the sinusoid jumps by
-# tenths of a nat at position 64, RoPE climbs and the windowed or hybrid models stay flat.
-# Those gaps are tenths of a nat and sit where the mechanism says they should (at the
-# first untrained position, or growing with the share of unseen offsets), so one seed is
-# enough to see them, if not to put an error bar on them. They cannot show which scheme is
+# *blows up* past the trained length: the learned table cannot run, the sinusoid jumps at
+# position 64, RoPE climbs, and the windowed and hybrid models stay flat. Those gaps are
+# tenths of a nat and sit where the mechanism says they should (at the first untrained
+# position, or growing with the share of unseen offsets), so one seed is enough to see
+# them, if not to put an error bar on them. They cannot show which scheme is
 # *better* inside the trained range. There the gaps are a few hundredths of a nat from one
 # seed each, after 300 steps on text whose loss mixes every skill a model has: they
 # measure how fast each model converged, not what it can do. To rank the schemes we need a
@@ -1068,16 +1068,16 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # absolute position, and the nearest copy is never more than six tokens back at any
 # length. We train the five schemes on sequences of **32 tokens** and test them at 32
 # (inside), 64, 128, 256 and 512 (2× to 16×), scoring positions $T/2$ to $T-1$ of each
-# length, the bands of the tables above. On top of RoPE we apply linear, NTK and YaRN
+# length, like the bands of the tables above. On top of RoPE we apply linear, NTK and YaRN
 # rescaling at test time with $s = T/32$, to the very same weights. Every scheme is trained
 # with {glue:text}`ch05-cp-nseeds` seeds, paired: seed $i$ sets the model's initialisation
-# and the batches, which are the same for every scheme. The learning rate ($10^{-2}$, 300
-# steps) is fixed, one for all, and was tuned on RoPE alone (with the default
-# initialisation of standard deviation 0.02, 300 to 400 steps left RoPE near half the
-# accuracy; 0.1, which the sinusoidal model already has, is used for all, and the
-# feed-forward layers are twice rather than four times the width, to save time). A rate
-# tuned on one scheme could favour it inside the trained range, so read the inside column
-# with that in mind; the question here is what happens past it, at lengths no tuning saw.
+# and the batches, which are the same for every scheme. The recipe is one for all and was
+# tuned on RoPE alone: learning rate $10^{-2}$, 300 steps, an initialisation of standard
+# deviation 0.1 (the sinusoidal model's; with the default 0.02, 300 to 400 steps left
+# RoPE near half the accuracy), and feed-forward layers twice rather than four times the
+# width, to save time. A recipe tuned on one scheme could favour it inside the trained
+# range, so read the inside column with that in mind; the question here is what happens
+# past it, at lengths no tuning saw.
 #
 # The learned table needs a decision: it has no row past its training length. Here it
 # gets a 512-row table, of which rows 32 to 511 never receive a gradient and keep their
@@ -1325,9 +1325,10 @@ plt.close(fig)
 #   ({glue:text}`ch05-cp-sinusoidal-128` against {glue:text}`ch05-cp-floor-128`). RoPE
 #   still copies at 2× ({glue:text}`ch05-cp-rope-64`) and falls to
 #   {glue:text}`ch05-cp-rope-512` at 16×, towards the guess
-#   ({glue:text}`ch05-cp-floor-512`). The copy itself is never more than six tokens back:
-#   what breaks it is the hundreds of keys at offsets it never trained on, whose scores
-#   are now wrong. The local-RoPE + global-NoPE hybrid copies as well at 512
+#   ({glue:text}`ch05-cp-floor-512`). The copy itself is never more than six tokens back,
+#   and more keys alone do not break a copy (the hybrid's global layer sees just as
+#   many), so what breaks RoPE's must be the keys at offsets it never trained on: hundreds
+#   of them at 512. The local-RoPE + global-NoPE hybrid copies as well at 512
 #   ({glue:text}`ch05-cp-hybrid-512`) as at 32 ({glue:text}`ch05-cp-hybrid-32`): no
 #   difference, the null result the design predicts, and above RoPE at 512 beyond the
 #   spread. Its rotated layer never sees an offset past 15, all of them trained; its
