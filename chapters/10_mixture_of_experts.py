@@ -95,6 +95,7 @@ from companion.ops.experts import expert_load, experts_grouped
 from companion.plotting import animate, glue, use_style
 from companion.tasks.probes import (
     accuracy,
+    fit,
     memorisation,
     memorisation_table,
     scored_loss,
@@ -107,7 +108,6 @@ from companion.tasks.text import (
     split_tokens,
 )
 from companion.training import (
-    cosine_lr,
     lm_loss,
     make_adamw,
     seed_everything,
@@ -751,18 +751,13 @@ def memorise(cfg: ModelConfig, alpha: float, seed: int, lr: float) -> DecoderLM:
             )
         return loss
 
-    batches = torch.Generator().manual_seed(seed)
-
-    def batch(_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = memorisation(MEM_BATCH, mem_table, batches)
-        return x.to(DEVICE), y.to(DEVICE)
-
-    train(
+    fit(
         model,
-        batch,
+        lambda g: memorisation(MEM_BATCH, mem_table, g),
         MEM_STEPS,
-        make_adamw(model, lr),
-        lambda s: cosine_lr(s, lr, 0, MEM_STEPS, 0.1 * lr),
+        lr,
+        seed,
+        weight_decay=0.1,
         loss_fn=loss_fn,
     )
     return model

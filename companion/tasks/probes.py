@@ -204,9 +204,11 @@ def fit(
     seed: int = 0,
     warmup: int = 0,
     weight_decay: float = 0.0,
+    loss_fn: Callable[[nn.Module, Tensor, Tensor], Tensor] = scored_loss,
 ) -> list[float]:
     """Train ``model`` for ``steps`` AdamW steps on fresh batches ``task(generator)``,
     with a cosine schedule after ``warmup`` steps; returns the loss per step.
+    ``loss_fn`` may add terms to the scored loss (an MoE's balancing loss).
 
     ``seed`` seeds the batches (the model's initialisation is the caller's); the same
     seed gives the same batches to every model, so runs of two variants are paired.
@@ -227,7 +229,7 @@ def fit(
         steps,
         make_adamw(model, lr, weight_decay=weight_decay),
         lambda s: cosine_lr(s, lr, warmup, steps, 0.1 * lr),
-        loss_fn=scored_loss,
+        loss_fn=loss_fn,
     )
     return hist.loss
 
