@@ -204,8 +204,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "training": (
         "cosine_lr", "evaluate", "History", "inverse_sqrt_lr",
-        "label_smoothed_cross_entropy", "lm_loss", "make_adamw", "progress",
-        "seed_everything", "train",
+        "label_smoothed_cross_entropy", "lm_loss", "make_adamw", "portable_adam",
+        "progress", "seed_everything", "train",
     ),
 }
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}

@@ -30,6 +30,21 @@ each value:
 * ``OPENBLAS_CORETYPE=Haswell`` and ``NPY_DISABLE_CPU_FEATURES``: NumPy (``np.polyfit``
   in the plots) has its own BLAS and its own AVX-512 loops; both are held at AVX2.
 
+Two paths no variable pins, found by running the same binary under an emulated EPYC
+(``qemu-x86_64 -cpu EPYC-Rome``) beside an AVX-512 Xeon: matrix products, attention,
+softmax, the norms, the losses, every gradient and ``torch.randn`` agreed bit for bit,
+and two things did not.
+
+* ``torch.sqrt`` of a float32 CPU tensor goes to MKL's vector library, whose results
+  are not correctly rounded and whose last bits follow the CPU kind whatever
+  ``MKL_CBWR`` says (1,650 of 12,288 square roots differed). Adam's per-tensor update
+  takes ``exp_avg_sq.sqrt()``, so every trained digit drifted. The companion's Adam
+  optimisers are built with ``fused=True`` (:func:`companion.training.portable_adam`),
+  ATen's own kernel, which agreed bit for bit.
+* Dropout's ``bernoulli_`` takes an MKL generator on Intel CPUs only, so its masks
+  differ by vendor. No stored output trains with dropout: chapter 3 uses it only with
+  ``FULL = True``.
+
 What it costs, measured on a 2-core EPYC: a 1024 × 1024 float32 product takes 64 ms
 instead of 24 ms; a training step of chapter 4's 48-wide decoder 47 ms instead of 31 ms;
 whole chapters run 1.3 to 1.7 times longer (chapter 4: 204 s instead of 147 s). MKL's

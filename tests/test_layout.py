@@ -178,3 +178,31 @@ def test_early_chapters_display_no_later_mechanism(chapter):
         assert not found, (
             f"{chapter.stem} shows {expr}, which mentions {sorted(set(found))}"
         )
+
+
+def _adam_calls(path: Path) -> list[tuple[int, bool]]:
+    """(line, passes ``**portable_adam(...)``) for each ``torch.optim.Adam[W](...)``."""
+    calls = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in ("Adam", "AdamW"):
+            continue
+        portable = any(
+            k.arg is None
+            and isinstance(k.value, ast.Call)
+            and getattr(k.value.func, "id", None) == "portable_adam"
+            for k in node.keywords
+        )
+        calls.append((node.lineno, portable))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "path", [*sorted(PKG.rglob("*.py")), *CHAPTERS], ids=lambda p: p.stem
+)
+def test_every_adam_takes_the_portable_kernel(path):
+    """Stored digits reproduce across CPU kinds only with the fused Adam kernel (see
+    companion.numerics); a plain Adam would drift in the last bits on another CPU."""
+    bare = [line for line, portable in _adam_calls(path) if not portable]
+    assert not bare, f"{path.name}: torch.optim.Adam[W] without portable_adam at {bare}"

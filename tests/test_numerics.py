@@ -33,10 +33,11 @@ pin_cpu_path()
 import json, torch
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.training import make_adamw
 torch.manual_seed(0)
 cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)
 model = DecoderLM(cfg)
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+opt = make_adamw(model, lr=3e-3)
 ids = torch.randint(0, 64, (8, 64))
 for _ in range(5):
     loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten())

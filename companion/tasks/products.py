@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion.layers.ffn import GatedFeedForward
-from companion.training import cosine_lr
+from companion.training import cosine_lr, portable_adam
 
 __all__ = [
     "RegressionHistory",
@@ -111,7 +111,9 @@ def train_regression(
     model) and once more after the last with ``step == steps``: use it to take
     snapshots.
     """
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=lr, **portable_adam(model.parameters())
+    )
     hist = RegressionHistory()
     warmup = max(1, steps // 20)
     model.train()

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from companion.training import portable_adam
+
 __all__ = [
     "fit_linear_probe",
     "LABELS",
@@ -85,7 +87,12 @@ def fit_linear_probe(
     x = features.detach().float()
     torch.manual_seed(seed)
     probe = LinearProbe(x.mean(0), x.std(0) + 1e-6, n_classes).to(x.device)
-    opt = torch.optim.AdamW(probe.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(
+        probe.parameters(),
+        lr=lr,
+        weight_decay=weight_decay,
+        **portable_adam(probe.parameters()),
+    )
     for _ in range(steps):
         loss = nn.functional.cross_entropy(probe(x), labels)
         opt.zero_grad()
