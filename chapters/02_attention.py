@@ -94,7 +94,14 @@ from companion.tasks.text import (
     sample_windows,
     split_tokens,
 )
-from companion.training import cosine_lr, evaluate, make_adamw, seed_everything, train
+from companion.training import (
+    cosine_lr,
+    evaluate,
+    make_adamw,
+    portable_adam,
+    seed_everything,
+    train,
+)
 
 FULL = False  # True: a bigger model, longer training and longer sequences (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
@@ -594,7 +601,12 @@ def induction_model(n_layers: int, seed: int, steps: int) -> AttentionOnlyLM:
         IND["vocab"], IND["d_model"], n_layers, IND["heads"], IND["seq_len"]
     )
     data = torch.Generator().manual_seed(100 + seed)
-    opt = torch.optim.AdamW(net.parameters(), lr=IND["lr"], weight_decay=0.0)
+    opt = torch.optim.AdamW(
+        net.parameters(),
+        lr=IND["lr"],
+        weight_decay=0.0,
+        **portable_adam(net.parameters()),
+    )
     for _ in range(steps):
         ids, _ = repeated_segments(
             IND["batch"], IND["seq_len"], IND["periods"], IND["vocab"], data

@@ -86,6 +86,7 @@ from companion.tasks.translation import (
 from companion.training import (
     inverse_sqrt_lr,
     label_smoothed_cross_entropy,
+    portable_adam,
     seed_everything,
     train,
 )
@@ -326,7 +327,7 @@ print("decoder causal ✓  encoder bidirectional ✓  masked padding invisible �
 # used 4,000 warmup steps at $d = 512$; our small model uses 100 (400 in the `FULL` run).
 
 # %%
-steps = 1500 if FULL else 400
+steps = 1500 if FULL else 560
 batch_size = 256 if FULL else 128
 warmup = 400 if FULL else 100
 paper = [inverse_sqrt_lr(s, 512, 4000) for s in range(100_000)]
@@ -425,7 +426,13 @@ def sequence_accuracy(m) -> float:
 def run(smoothing: float):
     seed_everything(0)
     m = Seq2SeqTransformer(cfg).to(DEVICE)
-    opt = torch.optim.Adam(m.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    opt = torch.optim.Adam(
+        m.parameters(),
+        lr=0.0,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        **portable_adam(m.parameters()),
+    )
     gen = torch.Generator().manual_seed(0)
 
     def get_batch(step):
@@ -474,6 +481,12 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
+# Neither curve rises monotonically: the inverse-square-root schedule keeps the learning
+# rate high, and a whole number counts as wrong when one word is, so the accuracy dips
+# and recovers between checks. This is one seed per model; the calibration question
+# below does not rest on the small accuracy gap between them. We keep the model at the
+# last step.
+#
 # ## Decoding: greedy and beam search
 #
 # At test time there is no reference to feed the decoder: it must read its own output. The

@@ -69,6 +69,7 @@ from companion.analysis.calculator import (
     kv_cache_bytes_per_token,
 )
 from companion.analysis.peak_memory import PeakMemory
+from companion.analysis.seeds import compare, spread
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.rotary import RotaryEmbedding
@@ -656,13 +657,16 @@ cfg = tiny(
     n_kv_heads=None,
 )
 x_val, y_val = sample_windows(val_ids, 128, SEQ, torch.Generator().manual_seed(5))
-results = {}
-for lam in (0.0, 0.3):
-    seed_everything(0)
+SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
+
+
+def train_with_mtp(lam: float, seed: int) -> tuple[DecoderLM, MTPModule]:
+    """Trunk and MTP module trained on L1 + lam * L2 (seed: weights and batches)."""
+    seed_everything(seed)
     model, mtp = DecoderLM(cfg).to(DEVICE), MTPModule(cfg).to(DEVICE)
     params = [*model.parameters(), *mtp.parameters()]
     opt = make_adamw(torch.nn.ModuleList([model, mtp]), lr=LR)
-    batches = torch.Generator().manual_seed(1)
+    batches = torch.Generator().manual_seed(1 + seed)
     for step in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, LR, STEPS // 10, STEPS, LR / 10)
@@ -673,6 +677,19 @@ for lam in (0.0, 0.3):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
     model.eval()
+    mtp.eval()
+    return model, mtp
+
+
+results, trunk_loss = {}, {0.0: [], 0.3: []}
+for seed in SEEDS[1:]:  # seed 0 runs below, with everything it is measured on
+    for lam in trunk_loss:
+        model, mtp = train_with_mtp(lam, seed)
+        with torch.no_grad():
+            l1, _ = mtp_losses(model, mtp, x_val.to(DEVICE), y_val.to(DEVICE))
+        trunk_loss[lam].append(l1.item())
+for lam in (0.0, 0.3):
+    model, mtp = train_with_mtp(lam, SEEDS[0])
     mtp.eval()
     with torch.no_grad():
         l1, l2 = mtp_losses(model, mtp, x_val.to(DEVICE), y_val.to(DEVICE))
@@ -690,6 +707,7 @@ for lam in (0.0, 0.3):
         after = mtp(model, h_val[:, :-1], y_val[:, :-1].to(DEVICE)).argmax(-1)
         after_ok = (after == y_val[:, 1:].to(DEVICE)).float().mean().item()
     results[lam] = (l1.item(), l2.item(), accept, next_ok, after_ok)
+    trunk_loss[lam].insert(0, l1.item())
 counts = np.bincount(train_ids.numpy(), minlength=chars.vocab_size) / len(train_ids)
 unigram = float(-(np.log(counts[y_val.numpy()] + 1e-12)).mean())
 n_mtp = sum(p.numel() for p in mtp.parameters())
@@ -730,11 +748,28 @@ assert (
 )  # only the trained module predicts t+2
 assert results[0.3][2] > 0.5 > 10 * results[0.0][2]  # and only its drafts are accepted
 assert after_ok < results[0.3][2]  # real text is harder to draft than greedy text
+mtp_helps = compare(trunk_loss[0.0], trunk_loss[0.3])  # +1: the MTP loss lowers L1
+print(
+    f"next-token loss over seeds {SEEDS}: λ = 0 {spread(trunk_loss[0.0]).format(3)}, "
+    f"λ = 0.3 {spread(trunk_loss[0.3]).format(3)}"
+)
 glue("ch12-trunk-params", f"{model.num_params():,}", display=False)
 glue("ch12-mtp-params", f"{n_mtp:,}", display=False)
 glue("ch12-unigram", f"{unigram:.2f}", display=False)
 glue("ch12-l1-plain", f"{results[0.0][0]:.3f}", display=False)
 glue("ch12-l1-mtp", f"{results[0.3][0]:.3f}", display=False)
+glue("ch12-l1-plain-seeds", spread(trunk_loss[0.0]).format(3), display=False)
+glue("ch12-l1-mtp-seeds", spread(trunk_loss[0.3]).format(3), display=False)
+glue("ch12-n-seeds", str(len(SEEDS)), display=False)
+glue(
+    "ch12-mtp-verdict",
+    {
+        1: "lower with the MTP loss, beyond the spread and on every seed",
+        0: "the same within the spread: the seeds cannot tell the two apart",
+        -1: "higher with the MTP loss, beyond the spread and on every seed",
+    }[mtp_helps],
+    display=False,
+)
 glue("ch12-l2-plain", f"{results[0.0][1]:.3f}", display=False)
 glue("ch12-l2-mtp", f"{results[0.3][1]:.3f}", display=False)
 glue("ch12-accept-mtp", f"{results[0.3][2]:.1%}", display=False)
@@ -746,9 +781,12 @@ glue("ch12-after-ok", f"{after_ok:.0%}", display=False)
 # %% [markdown]
 # Both trunks learn: their next-token losses, {glue:text}`ch12-l1-plain` without the MTP
 # loss and {glue:text}`ch12-l1-mtp` with it, are far below the unigram baseline of
-# {glue:text}`ch12-unigram` and close to each other. At this scale, on one seed, we cannot
-# tell whether the extra signal helps the trunk, and we assert nothing about it. The
-# trained MTP module predicts the token after next with a loss of
+# {glue:text}`ch12-unigram` and close to each other. Does the extra signal help the trunk?
+# Over {glue:text}`ch12-n-seeds` seeds (weights and batches paired) the next-token loss is
+# {glue:text}`ch12-l1-plain-seeds` without it and {glue:text}`ch12-l1-mtp-seeds` with it
+# (mean ± sd): {glue:text}`ch12-mtp-verdict`. At 100 steps of a 64-wide model that is all
+# this page can say; the gains DeepSeek-V3 reports come from ablations at far larger
+# scale. The trained MTP module predicts the token after next with a loss of
 # {glue:text}`ch12-l2-mtp`, about as well as the trunk predicts the next one; that is less
 # surprising than it looks, since it is given the true next token as input and has one
 # more block. The untrained one ({glue:text}`ch12-l2-plain`) does worse than the unigram
