@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
+from companion.analysis.seeds import compare, spread
 from companion.device import default_device, describe
 from companion.layers.additive_attention import (
     AdditiveAttention,
@@ -563,12 +564,13 @@ def accuracy_by_distance(model: torch.nn.Module) -> list[float]:
 
 
 def train_on_recall(
-    model: torch.nn.Module, seed: int = 0
+    model: torch.nn.Module, seed: int = 0, lr: float = LR, every: int = STEPS // 10
 ) -> tuple[list[list[float]], list[float]]:
-    """Train with the shared budget; return accuracy snapshots (10 + the start) and
-    losses."""
+    """Train with the shared budget (peak learning rate ``lr``); return the accuracy
+    snapshots (the start and every ``every`` steps; with ``every=0`` only the end) and
+    the losses."""
     gen = torch.Generator().manual_seed(seed)
-    snaps = [accuracy_by_distance(model)]
+    snaps = [accuracy_by_distance(model)] if every else []
 
     def snapshot() -> float:
         snaps.append(accuracy_by_distance(model))
@@ -584,12 +586,12 @@ def train_on_recall(
         model,
         batch,
         STEPS,
-        make_adamw(model, lr=LR, weight_decay=0.0),
+        make_adamw(model, lr=lr, weight_decay=0.0),
         lr_at=lambda s: cosine_lr(
-            s, LR, warmup=STEPS // 10, total=STEPS, min_lr=LR / 10
+            s, lr, warmup=STEPS // 10, total=STEPS, min_lr=lr / 10
         ),
         eval_fn=snapshot,
-        eval_every=STEPS // 10,
+        eval_every=every,
     )
     return snaps, hist.loss
 
@@ -637,8 +639,9 @@ glue("ch01-max-distance", f"{eval_distances[-1]}", display=False)
 # at every distance (its lowest accuracy is {glue:text}`ch01-tf-min-acc`, and it was above
 # 0.9 everywhere after {glue:text}`ch01-tf-mastered-steps` steps), while the LSTM gets
 # {glue:text}`ch01-lstm-near-acc` right one step back and {glue:text}`ch01-lstm-far-acc`
-# at 64 steps and beyond, against a chance level of {glue:text}`ch01-chance`. This is one
-# seed per model: the gap is large, but the chapter does not measure its spread.
+# at 64 steps and beyond, against a chance level of {glue:text}`ch01-chance`. One seed, and
+# a learning rate chosen for the Transformer: the section after the animation asks
+# whether either of those decided the result.
 #
 # Watch the two learn (press play). The Transformer's curve rises *as a whole*: finding the
 # signal is the same operation — attend to the one token that looks like a signal — at
@@ -676,10 +679,99 @@ def draw_recall(i: int) -> None:
 HTML(animate(fig, draw_recall, len(snaps_tf), interval_ms=600))
 
 # %% [markdown]
+# ### The seed, or the learning rate?
+#
+# A single run cannot say how much of that gap is luck, and the shared learning rate
+# $3 \times 10^{-3}$ was picked for the Transformer: an LSTM often wants a larger one. So
+# we repeat the experiment on three seeds (each seed fixes both the initial weights and
+# the batches, the same for both models) and train the LSTM once more at ten times the
+# peak learning rate, $3 \times 10^{-2}$, with the same budget (the `FULL` run adds
+# $10^{-2}$ and two more seeds). The number we compare is the mean accuracy at distances
+# of 64 and more.
+
+# %%
+SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
+LSTM_LRS = (3e-3, 1e-2, 3e-2) if FULL else (3e-3, 3e-2)
+recall = {("Transformer", LR, 0): acc_tf, ("LSTM", LR, 0): acc_lstm}
+for seed in SEEDS:
+    for kind, lr in [("Transformer", LR)] + [("LSTM", lr) for lr in LSTM_LRS]:
+        if (kind, lr, seed) in recall:
+            continue  # the runs above
+        seed_everything(seed)
+        net = (
+            DecoderLM(tf_cfg)
+            if kind == "Transformer"
+            else RecurrentLM(VOCAB, D_EMBED, HIDDEN, kind="lstm", impl="torch")
+        )
+        snaps, _ = train_on_recall(net.to(DEVICE), seed, lr, every=0)
+        recall[kind, lr, seed] = np.array(snaps[-1])
+runs = [("Transformer", LR)] + [("LSTM", lr) for lr in LSTM_LRS]
+far_acc = {r: [recall[(*r, s)][far].mean() for s in SEEDS] for r in runs}
+print(f"{'':>22}" + "".join(f"{'seed ' + str(s):>8}" for s in SEEDS) + "   d ≥ 64")
+for kind, lr in runs:
+    print(
+        f"{kind + f', lr {lr:.0e}':>22}"
+        + "".join(f"{a:>8.2f}" for a in far_acc[kind, lr])
+        + f"   {spread(far_acc[kind, lr]).format()}"
+    )
+best_lr = max(LSTM_LRS, key=lambda lr: np.mean(far_acc["LSTM", lr]))
+print(f"the LSTM's best learning rate here: {best_lr:.0e}")
+
+# %%
+tf_runs = np.array([recall["Transformer", LR, s] for s in SEEDS])
+assert (tf_runs > 0.9).all()  # every Transformer seed recalls at every distance
+shared, best = far_acc["LSTM", LR], far_acc["LSTM", best_lr]
+assert max(shared) < chance + 0.1  # at the Transformer's rate, every LSTM seed guesses
+assert compare(best, shared) == 1  # the LSTM's own rate helps, beyond the spread...
+assert compare(far_acc["Transformer", LR], best) == 1  # ...but not enough to catch up
+glue("ch01-n-seeds", str(len(SEEDS)), display=False)
+glue("ch01-best-lr", f"{best_lr:.0e}".replace("e-0", "e-"), display=False)
+glue("ch01-lstm-best", spread(best).format(), display=False)
+glue("ch01-lstm-best-range", f"{min(best):.2f} to {max(best):.2f}", display=False)
+glue("ch01-lstm-shared-max", f"{max(shared):.2f}", display=False)
+glue("ch01-tf-min-all", f"{tf_runs.min():.2f}", display=False)
+
+fig, axes = plt.subplots(1, len(runs), figsize=(11.5, 3.0), sharey=True)
+for ax, (kind, lr) in zip(axes, runs, strict=True):
+    color = COLORS["attention" if kind == "Transformer" else "LSTM"]
+    curves = np.array([recall[kind, lr, s] for s in SEEDS])
+    for curve in curves:
+        ax.semilogx(eval_distances, curve, color=color, lw=0.8, alpha=0.5)
+    ax.semilogx(eval_distances, curves.mean(0), "o-", color=color, ms=3)
+    ax.axhline(chance, color="grey", ls=":")
+    ax.set_xticks([1, 8, 64], ["1", "8", "64"])
+    ax.minorticks_off()
+    ax.set(title=f"{kind}, lr {lr:.0e}", xlabel="distance d", ylim=(0, 1.05))
+axes[0].set_ylabel("recall accuracy")
+glue("fig-recall-seeds", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-recall-seeds
+# :name: fig-recall-seeds
+#
+# Recall accuracy against the distance from signal to query after the shared budget, for
+# the Transformer at its learning rate and the LSTM at that rate and a higher one (more
+# in the `FULL` run): one thin line per seed,
+# the mean with dots. The dotted line is chance, $1/16$.
+# ```
+#
+# On all {glue:text}`ch01-n-seeds` seeds the Transformer recalls at every distance (its
+# lowest accuracy anywhere is {glue:text}`ch01-tf-min-all`), and at its learning rate no
+# LSTM seed gets beyond {glue:text}`ch01-lstm-shared-max` at 64 steps and more. The shared
+# rate did handicap the LSTM: at {glue:text}`ch01-best-lr` its far accuracy is
+# {glue:text}`ch01-lstm-best` (mean ± sd over seeds; the seeds range from
+# {glue:text}`ch01-lstm-best-range`), a gain beyond the spread. It is still below the
+# Transformer's on every seed, again beyond the spread. So the tuned comparison keeps the
+# chapter's point but shrinks it: a recurrent network can learn to carry a token across a
+# hundred steps, and whether it does in a fixed budget depends on its learning rate and
+# its seed; the attention layer found it every time, at the first rate tried.
+
+# %% [markdown]
 # This is a budget result, not an impossibility result. An LSTM *can* bridge long gaps —
 # Hochreiter and Schmidhuber designed it for exactly such tasks {cite}`hochreiter1997long` —
-# given enough training, careful initialisation (the forget-gate bias above) or a larger
-# learning rate (try the exercises). The point is the cost: the recurrent network has to
+# given enough training, careful initialisation (the forget-gate bias above) or its own
+# learning rate (measured just below). The point is the cost: the recurrent network has to
 # grow its memory outward from its recent past, step by step, through a gradient that
 # shrinks with every step; the attention layer starts with a direct line to every token.
 #
@@ -793,9 +885,10 @@ plt.show()
 #   {glue:text}`ch01-rnn-orders-64` orders of magnitude over 64 steps for a vanilla RNN at
 #   initialisation. An LSTM with open forget gates keeps them alive; attention's gradient
 #   does not depend on distance at all.
-# - With the same parameter count and training budget (one seed), a one-layer Transformer
-#   recalls a token {glue:text}`ch01-max-distance` steps back reliably (within half the
-#   budget) while an LSTM is near chance from 64 steps on.
+# - With the same parameter count and training budget, a one-layer Transformer recalls a
+#   token {glue:text}`ch01-max-distance` steps back on every seed, while an LSTM at the
+#   same learning rate is near chance from 64 steps on. At ten times that rate the LSTM
+#   reaches further, by an amount that depends on the seed, and stays behind.
 # - Bahdanau's additive attention let a recurrent decoder read every encoder state
 #   directly and learn its own alignment. The Transformer kept the attention and dropped the
 #   recurrence.
@@ -815,8 +908,8 @@ plt.show()
 #
 # 2. Open the forget gate of `lstm_lm` before training (add a constant to the slice
 #    `[H:2H]` of both LSTM biases, as in the gradient experiment) and train it again. How
-#    do the gradient curve and the accuracy at $d = 128$ change? Try a learning rate of
-#    $10^{-2}$ too.
+#    do the gradient curve and the accuracy at $d = 128$ change, at the shared learning
+#    rate and at the LSTM's best one?
 #
 # ```{admonition} Hint
 # :class: dropdown
