@@ -57,6 +57,22 @@ def test_config_and_chat_template(ours):
         tok.apply_chat_template([{"role": "user", "text": "Hi"}])
 
 
+def test_chat_template_cannot_reach_python(ours):
+    """A GGUF file's template is data: the sandbox refuses the classic escape to ``os``."""
+    import copy
+
+    from jinja2.exceptions import SecurityError
+
+    _, tok = ours
+    evil = copy.copy(tok)
+    evil.chat_template = "{{ cycler.__init__.__globals__.os.getcwd() }}"
+    with pytest.raises(SecurityError):
+        evil.apply_chat_template([{"role": "user", "content": "Hi"}])
+    evil.chat_template = "{% set _ = messages.append({}) %}{{ messages | length }}"
+    with pytest.raises(SecurityError):  # immutable: the caller's list stays as it was
+        evil.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
 @pytest.mark.parametrize("text", PROMPTS)
 def test_tokenizer_matches_transformers(ours, reference, text):
     _, tok = ours

@@ -199,15 +199,20 @@ class GGUFTokenizer:
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
         """Render a conversation (``[{"role": ..., "content": ...}]``) as the model
-        expects."""
-        import jinja2
+        expects.
+
+        The template comes from the file, so it runs in jinja2's immutable sandbox: it
+        can format the messages but not reach Python's internals (attributes such as
+        ``__globals__`` raise ``jinja2.exceptions.SecurityError``)."""
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         for m in messages:
             if set(m) != {"role", "content"}:
                 raise ValueError(
                     f"each message needs exactly 'role' and 'content', got {sorted(m)}"
                 )
-        template = jinja2.Environment(autoescape=False).from_string(self.chat_template)
+        env = ImmutableSandboxedEnvironment(autoescape=False)
+        template = env.from_string(self.chat_template)
         return template.render(
             messages=messages, add_generation_prompt=add_generation_prompt
         )
