@@ -9,6 +9,7 @@ silence.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -39,8 +40,36 @@ T = TypeVar("T")
 Batch = tuple[Tensor, Tensor]
 
 
+def _count(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int ≥ ``minimum``, or a ValueError/TypeError naming ``name``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
+    if n < minimum:
+        raise ValueError(f"{name} must be ≥ {minimum}, got {n}")
+    return n
+
+
+def _rate(name: str, value: float) -> float:
+    """``value`` as a finite float ≥ 0, or a ValueError naming ``name``."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
+    return float(value)
+
+
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch; return a torch Generator seeded the same way."""
+    """Seed Python, NumPy and torch; return a torch Generator seeded the same way.
+
+    The seed is checked before anything is seeded: an integer in [0, 2**32), NumPy's
+    range."""
+    seed = _count("seed", seed, 0)
+    if seed >= 2**32:
+        raise ValueError(f"seed must be < 2**32 (NumPy's range), got {seed}")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -94,7 +123,9 @@ def portable_adam(params: Iterable[Tensor]) -> dict[str, bool]:
 def inverse_sqrt_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The 2017 schedule: factor · d^-½ · min(s^-½, s · warmup^-1.5), with s = step +
     1."""
-    s = step + 1
+    warmup = _count("warmup", warmup, 1)  # the schedule divides by it
+    s = _count("step", step, 0) + 1
+    d_model = _count("d_model", d_model, 1)
     return factor * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
 
 
@@ -103,6 +134,9 @@ def cosine_lr(
 ) -> float:
     """Linear warmup to ``max_lr``, then a half cosine down to ``min_lr`` at
     ``total``."""
+    step, warmup = _count("step", step, 0), _count("warmup", warmup, 0)
+    total = _count("total", total, 0)
+    max_lr, min_lr = _rate("max_lr", max_lr), _rate("min_lr", min_lr)
     if step < warmup:
         return max_lr * (step + 1) / warmup
     progress_frac = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -165,33 +199,43 @@ def train(
     :class:`History`.
 
     ``lr_at(step)`` sets the learning rate before each step; ``clip`` bounds the global
-    gradient norm; ``eval_fn`` runs every ``eval_every`` steps and after the last.
+    gradient norm; ``eval_fn`` runs every ``eval_every`` steps and after the last. The
+    model is left in eval mode; if a step raises, in the mode it came in.
     """
+    steps = _count("steps", steps, 0)
+    eval_every = _count("eval_every", eval_every, 0)
+    if clip is not None and not (isinstance(clip, int | float) and clip > 0):
+        raise ValueError(f"clip must be a number > 0 or None (no clipping), got {clip}")
+    was_training = model.training
     hist = History()
-    model.train()
-    for step in progress(range(steps), desc=desc):
-        if lr_at is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-        x, y = get_batch(step)
-        loss = loss_fn(model, x, y)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        hist.step.append(step)
-        hist.loss.append(loss.item())
-        hist.lr.append(optimizer.param_groups[0]["lr"])
-        last = step == steps - 1
-        if eval_fn is not None and (
-            last or (eval_every and (step + 1) % eval_every == 0)
-        ):
-            hist.eval_step.append(step)
-            hist.eval_loss.append(eval_fn())
-            model.train()
+    try:
+        model.train()
+        for step in progress(range(steps), desc=desc):
+            if lr_at is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(step)
+            x, y = get_batch(step)
+            loss = loss_fn(model, x, y)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at step {step}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            hist.step.append(step)
+            hist.loss.append(loss.item())
+            hist.lr.append(optimizer.param_groups[0]["lr"])
+            last = step == steps - 1
+            if eval_fn is not None and (
+                last or (eval_every and (step + 1) % eval_every == 0)
+            ):
+                hist.eval_step.append(step)
+                hist.eval_loss.append(eval_fn())
+                model.train()
+    except BaseException:
+        model.train(was_training)
+        raise
     model.eval()
     return hist
 
@@ -206,10 +250,12 @@ def evaluate(
     was_training = model.training
     model.eval()
     total, n = 0.0, 0
-    for x, y in batches:
-        total += loss_fn(model, x, y).item()
-        n += 1
-    model.train(was_training)
+    try:
+        for x, y in batches:
+            total += loss_fn(model, x, y).item()
+            n += 1
+    finally:
+        model.train(was_training)
     if n == 0:
         raise ValueError("evaluate got no batches")
     return total / n

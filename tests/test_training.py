@@ -1,6 +1,7 @@
 """Schedules, label smoothing, AdamW groups, the training loop, progress silencing."""
 
 import copy
+import random
 
 import pytest
 import torch
@@ -162,3 +163,82 @@ def test_progress_is_silenced_by_env(monkeypatch, capsys):
     monkeypatch.setenv("COMPANION_PROGRESS", "0")
     assert list(progress(range(3), desc="x")) == [0, 1, 2]
     assert capsys.readouterr().err == ""
+
+
+def _tiny() -> torch.nn.Module:
+    return torch.nn.Linear(3, 2)
+
+
+def _train(**changes):
+    model = _tiny()
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    kwargs = dict(
+        model=model,
+        get_batch=lambda s: (x, y),
+        steps=2,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss_fn=lambda m, a, b: F.mse_loss(m(a), b),
+    )
+    return train(**{**kwargs, **changes})
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "names"),
+    [
+        (lambda: seed_everything(-1), ValueError, "seed"),
+        (lambda: seed_everything(2**32), ValueError, "seed"),
+        (lambda: seed_everything("abc"), TypeError, "seed"),
+        (lambda: seed_everything(1.5), TypeError, "seed"),
+        (lambda: seed_everything(True), TypeError, "seed"),
+        (lambda: inverse_sqrt_lr(0, 64, 0), ValueError, "warmup"),
+        (lambda: inverse_sqrt_lr(-1, 64, 10), ValueError, "step"),
+        (lambda: inverse_sqrt_lr(0, 0, 10), ValueError, "d_model"),
+        (lambda: cosine_lr(0, 1.0, -1, 10), ValueError, "warmup"),
+        (lambda: cosine_lr(0, 1.0, 2.5, 10), TypeError, "warmup"),
+        (lambda: cosine_lr(0, -1.0, 1, 10), ValueError, "max_lr"),
+        (lambda: cosine_lr(0, float("nan"), 1, 10), ValueError, "max_lr"),
+        (lambda: cosine_lr(0, 1.0, 1, 10, min_lr=-0.1), ValueError, "min_lr"),
+        (lambda: cosine_lr(0, 1.0, 1, -5), ValueError, "total"),
+        (lambda: _train(steps=-1), ValueError, "steps"),
+        (lambda: _train(steps=2.0), TypeError, "steps"),
+        (lambda: _train(clip=-1.0), ValueError, "clip"),
+        (lambda: _train(clip=0), ValueError, "clip"),
+        (lambda: _train(clip=float("nan")), ValueError, "clip"),
+        (lambda: _train(eval_every=-3), ValueError, "eval_every"),
+    ],
+)
+def test_bad_arguments_name_themselves(call, error, names):
+    with pytest.raises(error, match=names):
+        call()
+
+
+def test_a_bad_seed_seeds_nothing():
+    """Python's random accepts a string seed and NumPy's does not: checked first."""
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    with pytest.raises(TypeError):
+        seed_everything("abc")
+    assert random.random() == expected
+
+
+def test_train_and_evaluate_restore_the_mode_when_they_fail():
+    def boom(step):
+        raise RuntimeError("no data")
+
+    model = _tiny().eval()
+    with pytest.raises(RuntimeError, match="no data"):
+        _train(model=model, get_batch=boom, optimizer=torch.optim.SGD(model.parameters()))
+    assert not model.training  # came in eval mode, left in eval mode
+
+    model.train()
+
+    def bad_loss(m, x, y):
+        raise ValueError("bad batch")
+
+    with pytest.raises(ValueError, match="bad batch"):
+        evaluate(model, [(torch.zeros(1, 3), torch.zeros(1, 2))], loss_fn=bad_loss)
+    assert model.training
+    model.eval()  # a successful train() leaves eval mode, whatever it came in
+    _train(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert not model.training
