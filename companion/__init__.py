@@ -78,7 +78,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
-    "checks": ("check_choice", "check_int", "check_positive"),
+    "checks": (
+        "check_choice", "check_int", "check_number", "check_positive", "read_checked",
+    ),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),

