@@ -771,7 +771,7 @@ plt.close(fig)
 # This is a budget result, not an impossibility result. An LSTM *can* bridge long gaps —
 # Hochreiter and Schmidhuber designed it for exactly such tasks {cite}`hochreiter1997long` —
 # given enough training, careful initialisation (the forget-gate bias above) or its own
-# learning rate (measured just below). The point is the cost: the recurrent network has to
+# learning rate (measured above). The point is the cost: the recurrent network has to
 # grow its memory outward from its recent past, step by step, through a gradient that
 # shrinks with every step; the attention layer starts with a direct line to every token.
 #
