@@ -109,7 +109,7 @@ class GatedDeltaNet(nn.Module):
     ``impl`` picks the op for every call, one-token decode steps included: ``"chunk"``
     (:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`) or ``"recurrent"`` (the
     token loop reference). ``rule`` swaps the state update for an ablation
-    (:data:`RULES`); the parameters stay the same, the unused ones (``a`` for
+    (``RULES``); the parameters stay the same, the unused ones (``a`` for
     ``"delta"``, ``a`` and ``b`` for ``"linear"``) get no gradient.
     """
 

@@ -16,8 +16,9 @@ between variants are mostly convergence speed. A probe isolates one thing:
   learned by heart. It measures parameter capacity (dense against MoE).
 
 Every function returns ``(x, y)``, ``x (B, T)`` token ids and ``y (B, T)`` targets with
-:data:`~companion.tasks.synthetic.IGNORE` where a position is not scored. Scored
-positions have exactly one right answer, so chance is ``1 / (number of answers)``.
+``IGNORE`` (-100, from :mod:`companion.tasks.synthetic`) where a position is not scored.
+Scored positions have exactly one right answer, so chance is ``1 / (number of
+answers)``.
 :func:`fit` trains any ``(B, T) → (B, T, V)`` model on a task and :func:`accuracy`
 scores it.
 """
