@@ -592,10 +592,8 @@ per_seed = {
     for p in PLACEMENTS
     for warm in (0, WARMUP)
 }
-print(
-    f"held-out loss after {STEPS} steps, mean ± sd over seeds {SEEDS} "
-    f"(nats/char; letter frequencies alone: {unigram:.2f})"
-)
+print(f"held-out loss after {STEPS} steps, mean ± sd over seeds {SEEDS}")
+print(f"(nats/char; letter frequencies alone: {unigram:.2f})")
 print(f"{'':<12} {'no warmup':>12} {'warmup':>12}")
 for p in PLACEMENTS:
     cold, warm_ = spread(per_seed[p, 0]), spread(per_seed[p, WARMUP])
