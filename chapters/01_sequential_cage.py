@@ -692,9 +692,10 @@ HTML(animate(fig, draw_recall, len(snaps_tf), interval_ms=600))
 # %%
 SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
 LSTM_LRS = (3e-3, 1e-2, 3e-2) if FULL else (3e-3, 3e-2)
+runs = [("Transformer", LR)] + [("LSTM", lr) for lr in LSTM_LRS]
 recall = {("Transformer", LR, 0): acc_tf, ("LSTM", LR, 0): acc_lstm}
 for seed in SEEDS:
-    for kind, lr in [("Transformer", LR)] + [("LSTM", lr) for lr in LSTM_LRS]:
+    for kind, lr in runs:
         if (kind, lr, seed) in recall:
             continue  # the runs above
         seed_everything(seed)
@@ -705,7 +706,6 @@ for seed in SEEDS:
         )
         snaps, _ = train_on_recall(net.to(DEVICE), seed, lr, every=0)
         recall[kind, lr, seed] = np.array(snaps[-1])
-runs = [("Transformer", LR)] + [("LSTM", lr) for lr in LSTM_LRS]
 far_acc = {r: [recall[(*r, s)][far].mean() for s in SEEDS] for r in runs}
 print(f"{'':>22}" + "".join(f"{'seed ' + str(s):>8}" for s in SEEDS) + "   d ≥ 64")
 for kind, lr in runs:

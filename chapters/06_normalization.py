@@ -576,22 +576,17 @@ runs = {
 }
 held_out = {key: evaluate(r["model"], val_batches) for key, r in runs.items()}
 
-
-def mean_over_seeds(placement: str, warm: int) -> float:
-    return float(np.mean([held_out[(placement, warm, s)] for s in SEEDS]))
-
-
 counts = torch.bincount(train_ids, minlength=V).float()
 p_char = counts[counts > 0] / counts.sum()
 unigram = (
     -(p_char * p_char.log()).sum().item()
 )  # the loss of predicting letter frequencies
-loss = {(p, warm): mean_over_seeds(p, warm) for p in PLACEMENTS for warm in (0, WARMUP)}
 per_seed = {
     (p, warm): [held_out[(p, warm, s)] for s in SEEDS]
     for p in PLACEMENTS
     for warm in (0, WARMUP)
 }
+loss = {key: float(np.mean(values)) for key, values in per_seed.items()}
 print(f"held-out loss after {STEPS} steps, mean ± sd over seeds {SEEDS}")
 print(f"(nats/char; letter frequencies alone: {unigram:.2f})")
 print(f"{'':<12} {'no warmup':>12} {'warmup':>12}")

@@ -690,7 +690,6 @@ for seed in SEEDS[1:]:  # seed 0 runs below, with everything it is measured on
         trunk_loss[lam].append(l1.item())
 for lam in (0.0, 0.3):
     model, mtp = train_with_mtp(lam, SEEDS[0])
-    mtp.eval()
     with torch.no_grad():
         l1, l2 = mtp_losses(model, mtp, x_val.to(DEVICE), y_val.to(DEVICE))
         # self-speculation: greedy text from the trunk, drafts of the token after next
