@@ -135,7 +135,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "transformer_base_config",
     ),
     "models.validation": (
-        "check_token_ids", "ConfigError", "LAYER_TYPES", "validate", "validate_rope",
+        "check_mask", "check_token_ids", "ConfigError", "LAYER_TYPES", "validate",
+        "validate_rope",
     ),
     "numerics": ("applies", "pin_cpu_path", "PINNED_ENV", "pinned_path", "read_path", "THREADS"),
     "ops.attention": (

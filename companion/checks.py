@@ -10,9 +10,11 @@ from typing import TypeVar
 
 __all__ = [
     "check_choice",
+    "check_id_list",
     "check_int",
     "check_number",
     "check_positive",
+    "check_text",
     "read_checked",
 ]
 
@@ -50,6 +52,43 @@ def check_number(
         or value < minimum
     ):
         raise error(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+
+
+def check_id_list(name: str, ids: object, vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints, or a ValueError/TypeError naming ``name``: a sequence
+    or 1-D integer tensor (or array) of ids in [0, vocab_size), what a tokenizer's
+    ``decode`` takes."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(
+            f"{name} must be a list or 1-D tensor of token ids, got {type(ids).__name__}"
+        )
+    if getattr(ids, "ndim", 1) != 1:
+        raise ValueError(
+            f"{name} must be 1-D (one sequence), got shape {tuple(ids.shape)}; "
+            f"decode each row of a batch on its own"
+        )
+    dtype = getattr(ids, "dtype", None)  # a torch tensor's or a numpy array's
+    if dtype is not None and not str(dtype).removeprefix("torch.").startswith(
+        ("int", "uint")
+    ):
+        raise TypeError(f"{name} must hold integer ids, got dtype {dtype}")
+    out = [int(i) if dtype is not None else i for i in ids]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in out):
+        bad = next(i for i in out if not isinstance(i, int) or isinstance(i, bool))
+        raise TypeError(f"{name} must hold integer ids, got {bad!r}")
+    wrong = [i for i in out if not 0 <= i < vocab_size]
+    if wrong:
+        raise ValueError(
+            f"{name} must lie in [0, vocab_size={vocab_size}), got {wrong[:5]}"
+        )
+    return out
+
+
+def check_text(name: str, text: object) -> str:
+    """``text``, or a TypeError naming ``name`` unless it is a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    return text
 
 
 def read_checked(path: Path | str, kind: str, read: Callable[[str], T]) -> T:

@@ -175,13 +175,13 @@ def test_errors():
     src, tgt = ids(2, 5), ids(2, 4)
     with pytest.raises(ValueError, match="src must have shape"):
         model(src[0], tgt)
-    with pytest.raises(ValueError, match="tgt_in ids must lie"):
+    with pytest.raises(ValueError, match="tgt_in must lie"):
         model(src, tgt + V)
-    with pytest.raises(ValueError, match="src ids must lie"):
+    with pytest.raises(ValueError, match="src must lie"):
         model(src - 5, tgt)
     with pytest.raises(ValueError, match="max_seq_len=16"):
         model(ids(2, 17), tgt)
-    with pytest.raises(ValueError, match="int64 or int32"):
+    with pytest.raises(TypeError, match="int64 or int32"):
         model(src.float(), tgt)
     with pytest.raises(ValueError, match="share the batch size"):
         model(src, ids(3, 4))

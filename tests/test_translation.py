@@ -97,7 +97,7 @@ def test_vocab_roundtrip_and_special_ids():
         assert vocab.decode(vocab.target_ids(n)) == " ".join(number_to_words(n))
         assert vocab.target_ids(n)[-1] == EOS
     assert vocab.decode([BOS, *vocab.target_ids(12), 5, 6]) == "twelve"  # stops at EOS
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, vocab_size=44\)"):
         vocab.decode([99])
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.checks import read_checked
+from companion.checks import check_text, read_checked
 from companion.models.config import ModelConfig
 from companion.models.encoder import Encoder, mean_pool
 
@@ -206,13 +206,15 @@ class BertTokenizer:
 
     def tokens(self, text: str) -> list[str]:
         """The WordPiece pieces of one text, with [CLS] and [SEP]."""
-        return self._tok.encode(text).tokens
+        return self._tok.encode(check_text("text", text)).tokens
 
     def encode(self, texts: str | Sequence[str]) -> tuple[Tensor, Tensor]:
         """Token ids and 1/0 mask, both ``(N, T_max)``, right-padded."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ValueError("texts must hold at least one string")
+        for i, text in enumerate(texts):
+            check_text(f"texts[{i}]", text)
         encs = self._tok.encode_batch(texts)
         t_max = max(len(e.ids) for e in encs)
         ids = torch.full((len(encs), t_max), self.pad_id, dtype=torch.long)

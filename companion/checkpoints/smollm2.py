@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from companion.checkpoints.transformers import load_state_dict_strict
-from companion.checks import read_checked
+from companion.checks import check_id_list, check_text, read_checked
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 
@@ -193,11 +193,12 @@ class GGUFTokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(check_text("text", text), add_special_tokens=False).ids
 
     def decode(self, ids: list[int] | Tensor, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(
-            [int(i) for i in ids], skip_special_tokens=skip_special_tokens
+            check_id_list("ids", ids, self.vocab_size),
+            skip_special_tokens=skip_special_tokens,
         )
 
     def apply_chat_template(

@@ -24,7 +24,7 @@ from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block, rotary_embedding
 from companion.models.config import ModelConfig
 from companion.models.generation import generate
-from companion.models.validation import check_token_ids
+from companion.models.validation import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = ["DecodeCache", "DecoderLM"]
@@ -51,6 +51,15 @@ class DecodeCache(nn.Module):
                 "make the cache with a larger max_len"
             )
         return torch.arange(self.length, self.length + t, device=device)
+
+
+def _layout(cache: nn.Module) -> tuple[str, dict[str, tuple[tuple[int, ...], str]]]:
+    """A layer cache's kind and each buffer's shape and dtype: what a step checks."""
+    buffers = {
+        n: (tuple(b.shape), str(b.dtype).removeprefix("torch."))
+        for n, b in cache.named_buffers()
+    }
+    return type(cache).__name__, buffers
 
 
 class DecoderLM(nn.Module):
@@ -96,10 +105,53 @@ class DecoderLM(nn.Module):
         return n
 
     def check_input_ids(self, input_ids: Tensor, start: int = 0) -> None:
-        """Raise a ValueError that names what is wrong with ``input_ids``."""
+        """Raise an error that names what is wrong with ``input_ids`` (type, dtype,
+        shape, device, range, length from position ``start``)."""
         check_token_ids(
-            input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len, start
+            input_ids,
+            "input_ids",
+            self.cfg.vocab_size,
+            self.cfg.max_seq_len,
+            start,
+            device=self.tok_emb.weight.device,
         )
+
+    def check_cache(self, cache: object, batch: int) -> None:
+        """Raise an error naming ``cache`` unless it is a cache this model could have
+        made for ``batch`` sequences: per layer the same kind, buffer shapes and dtypes
+        as :meth:`new_cache` makes (compared on the meta device, so nothing is
+        allocated), on the weights' device. Run before any layer writes, so a step that
+        fails leaves every layer's cache as it was."""
+        if not isinstance(cache, DecodeCache):
+            raise TypeError(
+                f"cache must be a DecodeCache from model.new_cache(batch, max_len), got "
+                f"{type(cache).__name__}"
+            )
+        if len(cache.layers) != len(self.blocks):
+            raise ValueError(
+                f"cache holds {len(cache.layers)} layer caches but this model has "
+                f"{len(self.blocks)} blocks: it was made for another model; use "
+                "model.new_cache(batch, max_len)"
+            )
+        ref = self.tok_emb.weight
+        for i, (block, got) in enumerate(zip(self.blocks, cache.layers, strict=True)):
+            want = block.attn.new_cache(
+                batch, cache.max_len, dtype=ref.dtype, device="meta"
+            )
+            (have_kind, have), (need_kind, need) = _layout(got), _layout(want)
+            if have_kind != need_kind or have != need:
+                raise ValueError(
+                    f"cache layer {i} is a {have_kind} with buffers {have}, but a step "
+                    f"of batch {batch} through this model needs a {need_kind} with "
+                    f"{need}: make the cache with model.new_cache({batch}, max_len) "
+                    "(same batch, the weights' dtype)"
+                )
+            for name, buf in got.named_buffers():
+                if buf.device != ref.device:
+                    raise ValueError(
+                        f"cache layer {i} holds {name} on {buf.device} but the model is "
+                        f"on {ref.device}; make the cache with model.new_cache"
+                    )
 
     def embed(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
         """Token embeddings (scaled by √d if configured) plus absolute positions: (B, T,
@@ -152,7 +204,13 @@ class DecoderLM(nn.Module):
             raise ValueError(
                 "attention_mask with a cache is not supported: decode unpadded batches"
             )
-        self.check_input_ids(input_ids, 0 if cache is None else cache.length)
+        self.check_input_ids(
+            input_ids, cache.length if isinstance(cache, DecodeCache) else 0
+        )
+        if cache is not None:
+            self.check_cache(cache, input_ids.shape[0])
+        if attention_mask is not None:
+            check_mask(attention_mask, "attention_mask", input_ids)
         t = input_ids.shape[1]
         if cache is None:
             positions = torch.arange(t, device=input_ids.device)

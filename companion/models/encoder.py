@@ -28,7 +28,7 @@ from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
-from companion.models.validation import check_token_ids
+from companion.models.validation import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = ["IGNORE_INDEX", "Encoder", "MLMHead", "mask_tokens", "mean_pool", "mlm_loss"]
@@ -129,25 +129,27 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None,
     ) -> None:
         check_token_ids(
-            input_ids, "input_ids", self.cfg.vocab_size, self.cfg.max_seq_len
+            input_ids,
+            "input_ids",
+            self.cfg.vocab_size,
+            self.cfg.max_seq_len,
+            device=self.tok_emb.weight.device,
         )
-        for name, t in (
-            ("attention_mask", attention_mask),
-            ("token_type_ids", token_type_ids),
-        ):
-            if t is not None and t.shape != input_ids.shape:
-                raise ValueError(
-                    f"{name} must have the shape of input_ids {tuple(input_ids.shape)}, "
-                    f"got {tuple(t.shape)}"
-                )
+        if attention_mask is not None:
+            check_mask(attention_mask, "attention_mask", input_ids)
         if token_type_ids is not None:
             n_types = 0 if self.type_emb is None else self.type_emb.num_embeddings
-            if token_type_ids.numel() and (
-                token_type_ids.min() < 0 or token_type_ids.max() >= n_types
-            ):
+            check_token_ids(
+                token_type_ids,
+                "token_type_ids",
+                n_types,
+                self.cfg.max_seq_len,
+                vocab_name="type_vocab_size",
+            )
+            if token_type_ids.shape != input_ids.shape:
                 raise ValueError(
-                    f"token_type_ids must lie in [0, type_vocab_size={n_types}), got ids in "
-                    f"[{int(token_type_ids.min())}, {int(token_type_ids.max())}]"
+                    f"token_type_ids must have the shape of input_ids "
+                    f"{tuple(input_ids.shape)}, got {tuple(token_type_ids.shape)}"
                 )
 
     def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:

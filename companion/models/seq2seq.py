@@ -24,7 +24,7 @@ from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
-from companion.models.validation import check_token_ids
+from companion.models.validation import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = [
@@ -146,16 +146,19 @@ class Seq2SeqTransformer(nn.Module):
     def check_ids(self, ids: Tensor, name: str) -> None:
         """Raise a ValueError that names what is wrong with ``ids`` (``src`` or
         ``tgt_in``)."""
-        check_token_ids(ids, name, self.cfg.vocab_size, self.cfg.max_seq_len)
+        check_token_ids(
+            ids,
+            name,
+            self.cfg.vocab_size,
+            self.cfg.max_seq_len,
+            device=self.lm_head.weight.device,
+        )
 
     @staticmethod
     def _key_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
         if mask is None:
             return None
-        if tuple(mask.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"{name} must have the shape of its ids {tuple(ids.shape)}, got {tuple(mask.shape)}"
-            )
+        check_mask(mask, name, ids)
         return padding_mask(mask)  # (B, 1, 1, length)
 
     def embed(self, ids: Tensor, name: str = "ids") -> Tensor:

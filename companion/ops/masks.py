@@ -57,7 +57,10 @@ def guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
 
     A row with no visible key has no defined softmax. We let it attend everywhere (so
     every backend computes finite numbers) and return ``has_key`` (``(..., T, 1)``) so
-    the caller can zero those rows afterwards: fully masked queries output zeros.
+    the caller can zero those rows afterwards: fully masked queries output zeros. A
+    1-D key mask ``(S,)`` is one row for every query.
     """
+    if mask.ndim < 2:
+        mask = mask[None]
     has_key = mask.any(dim=-1, keepdim=True)
     return mask | ~has_key, has_key

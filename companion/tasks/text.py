@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from companion.checks import check_id_list, check_int, check_text
+
 __all__ = [
     "BPETokenizer",
     "CharTokenizer",
@@ -48,6 +50,7 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
+        check_text("text", text)
         unknown = sorted(set(text) - set(self.stoi))
         if unknown:
             raise ValueError(
@@ -56,7 +59,9 @@ class CharTokenizer:
         return [self.stoi[c] for c in text]
 
     def decode(self, ids: list[int] | Tensor) -> str:
-        return "".join(self.chars[int(i)] for i in ids)
+        return "".join(
+            self.chars[i] for i in check_id_list("ids", ids, self.vocab_size)
+        )
 
 
 class BPETokenizer:
@@ -71,18 +76,22 @@ class BPETokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+        return self._tok.encode(check_text("text", text)).ids
 
     def decode(self, ids: list[int] | Tensor) -> str:
-        return self._tok.decode([int(i) for i in ids])
+        return self._tok.decode(check_id_list("ids", ids, self.vocab_size))
 
     def tokens(self, text: str) -> list[str]:
         """The pieces a text splits into (``Ġ`` marks a leading space)."""
-        return self._tok.encode(text).tokens
+        return self._tok.encode(check_text("text", text)).tokens
 
 
 def train_bpe(text: str, vocab_size: int = BPE_VOCAB_SIZE) -> BPETokenizer:
-    """Train a byte-level BPE on ``text`` (deterministic, about a second for 1 MB)."""
+    """Train a byte-level BPE on ``text`` (deterministic, about a second for 1 MB).
+    ``vocab_size`` counts the 256 byte symbols and one special token, so it must be at
+    least 257."""
+    check_text("text", text)
+    check_int("vocab_size", vocab_size, 257)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -108,12 +117,34 @@ def load_bpe() -> BPETokenizer:
     )
 
 
+def _check_stream(ids: object) -> None:
+    """Raise naming ``ids`` unless it is a 1-D integer tensor (a token stream)."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(
+            f"ids must be a 1-D tensor of token ids, got {type(ids).__name__}"
+        )
+    if ids.ndim != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(
+            f"ids must be a 1-D integer tensor (one token stream), got shape "
+            f"{tuple(ids.shape)} {ids.dtype}"
+        )
+
+
 def split_tokens(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """Split a 1-D token tensor into train and validation parts (the tail is
     validation)."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    _check_stream(ids)
+    if (
+        isinstance(val_fraction, bool)
+        or not isinstance(val_fraction, (int, float))
+        or not 0.0 < val_fraction < 1.0
+    ):
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     n = int(len(ids) * (1.0 - val_fraction))
+    if n == 0 or n == len(ids):
+        raise ValueError(
+            f"val_fraction={val_fraction} of {len(ids)} tokens leaves an empty split"
+        )
     return ids[:n], ids[n:]
 
 
@@ -126,6 +157,9 @@ def sample_windows(
 ) -> tuple[Tensor, Tensor]:
     """Random windows ``x (B, T)`` and their next tokens ``y (B, T)`` from a 1-D token
     tensor."""
+    _check_stream(ids)
+    check_int("batch_size", batch_size, 1)
+    check_int("seq_len", seq_len, 1)
     if len(ids) <= seq_len:
         raise ValueError(f"need more than seq_len={seq_len} tokens, got {len(ids)}")
     start = torch.randint(0, len(ids) - seq_len, (batch_size,), generator=generator)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from companion.checks import check_id_list
 from companion.tasks.synthetic import IGNORE
 
 __all__ = [
@@ -118,15 +119,11 @@ class NumberVocab:
         """Tokens up to the first EOS, without PAD/BOS, joined by spaces (digits
         glued)."""
         out: list[str] = []
-        for i in [int(i) for i in ids]:
+        for i in check_id_list("ids", ids, self.vocab_size):
             if i == EOS:
                 break
             if i in (PAD, BOS):
                 continue
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(
-                    f"id {i} is outside the vocabulary [0, {self.vocab_size})"
-                )
             out.append(self.tokens[i])
         glue = "" if out and all(t.isdigit() for t in out) else " "
         return glue.join(out)
