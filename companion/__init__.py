@@ -79,7 +79,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
-        "check_choice", "check_int", "check_number", "check_positive", "read_checked",
+        "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
+        "check_text", "read_checked",
     ),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
@@ -125,7 +126,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "models.encoder": (
         "Encoder", "IGNORE_INDEX", "mask_tokens", "mean_pool", "mlm_loss", "MLMHead",
     ),
-    "models.generation": ("decode_n_tokens", "decode_one_token", "generate", "prefill", "sample"),
+    "models.generation": (
+        "check_generation_args", "decode_n_tokens", "decode_one_token", "generate", "prefill",
+        "sample",
+    ),
     "models.mtp": ("mtp_losses", "MTPModule", "trunk_forward"),
     "models.presets": (
         "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base", "spec_row", "tiny",
@@ -134,10 +138,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "base_param_breakdown", "PAPER_BASE_PARAMS", "Seq2SeqTransformer",
         "transformer_base_config",
     ),
-    "models.validation": (
-        "check_mask", "check_token_ids", "ConfigError", "LAYER_TYPES", "validate",
-        "validate_rope",
-    ),
+    "models.inputs": ("check_mask", "check_token_ids"),
+    "models.validation": ("ConfigError", "LAYER_TYPES", "validate", "validate_rope"),
     "numerics": ("applies", "pin_cpu_path", "PINNED_ENV", "pinned_path", "read_path", "THREADS"),
     "ops.attention": (
         "attention_weights", "check_qkv", "full_mask", "masked_scores", "naive_attention",

@@ -63,9 +63,11 @@ BAD = [
         id="impl",
     ),
     pytest.param({"fused_qkv": 1}, "fused_qkv must be True or False", id="fused-int"),
-    pytest.param({"norm_eps": 0}, "norm_eps must be a positive number", id="eps-zero"),
     pytest.param(
-        {"init_std": -1.0}, "init_std must be a positive number", id="init-std"
+        {"norm_eps": 0}, "norm_eps must be a finite number > 0", id="eps-zero"
+    ),
+    pytest.param(
+        {"init_std": -1.0}, "init_std must be a finite number > 0", id="init-std"
     ),
     pytest.param({"ffn": "moe"}, r"ffn must be one of \('mlp', 'glu'\)", id="ffn"),
     pytest.param(
@@ -162,7 +164,90 @@ BAD = [
         r"linear_rule must be one of \('gated_delta', 'delta', 'linear'\)",
         id="linear-rule-value",
     ),
+    *[
+        pytest.param(
+            {"position": "rope", name: value},
+            f"{name} must be a finite number > 0, got {value}",
+            id=f"{name}-{value}",
+        )
+        for name in ("rope_theta", "attn_scale", "norm_eps", "init_std", "router_scale")
+        for value in (float("nan"), float("inf"), -1e4)
+    ],
+    pytest.param(
+        {"position": "rope", "rope_local_theta": float("nan")},
+        "rope_local_theta must be a finite number > 0",
+        id="local-theta-nan",
+    ),
+    pytest.param(
+        {"norm_offset": float("nan")},
+        "norm_offset must be a finite number, got nan",
+        id="norm-offset-nan",
+    ),
+    pytest.param(
+        {"position": "rope", "partial_rotary_factor": 1.5},
+        r"partial_rotary_factor must be in \(0, 1\]",
+        id="partial-rotary-above-one",
+    ),
+    pytest.param(
+        {"sliding_window": 4, "layer_types": ("full", "full")},
+        "sliding_window=4 has no effect: layer_types has no 'sliding' layer",
+        id="window-unused",
+    ),
+    pytest.param(
+        {"experts_per_token": 2},
+        "experts_per_token=2 has no effect without routed experts",
+        id="top-k-without-experts",
+    ),
+    pytest.param(
+        {"dense_layers": 1},
+        "dense_layers=1 has no effect without routed experts",
+        id="dense-layers-without-experts",
+    ),
+    pytest.param(
+        {"n_experts": 4, "experts_per_token": 2, "dense_layers": 2},
+        "dense_layers=2 leaves no MoE layer in n_layers=2",
+        id="dense-layers-past-depth",
+    ),
+    pytest.param(
+        {"rope_scaling": RopeScaling("linear", factor=2.0)},
+        "rope_scaling has no effect with position='learned'",
+        id="scaling-without-rope",
+    ),
+    pytest.param(
+        {"nope_layers": (0,)},
+        "nope_layers has no effect with position='learned'",
+        id="nope-without-rope",
+    ),
+    pytest.param(
+        {
+            "position": "rope",
+            "kv_lora_rank": 8,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 3,
+            "v_head_dim": 8,
+        },
+        "from qk_rope_head_dim=3",
+        id="mla-rope-width",
+    ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rope_type": "linear", "factor": -2.0}, "factor must be a finite number > 0"),
+        ({"rope_type": "linear", "factor": float("nan")}, "factor must be a finite"),
+        ({"rope_type": "linear"}, "rope_type 'linear' needs a positive factor"),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0}, "beta_fast must be"),
+        ({"rope_type": "yarn", "factor": 4.0, "mscale": -1.0}, "mscale must be"),
+        ({"rope_type": "ntk"}, "rope_type must be one of"),
+    ],
+)
+def test_bad_rope_scaling_is_rejected(changes, message):
+    with pytest.raises(ValueError, match=message):
+        RopeScaling(**changes)
+    with pytest.raises(ValueError, match="unknown RoPE scaling key"):
+        RopeScaling.from_mapping({"rope_type": "linear", "factr": 2.0})
 
 
 @pytest.mark.parametrize(("changes", "message"), BAD)

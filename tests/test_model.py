@@ -133,7 +133,7 @@ def test_bad_input_ids_are_named(ids, message):
 def test_bad_generation_arguments():
     model = DecoderLM(small())
     x = torch.zeros(1, 3, dtype=torch.long)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         model.generate(x, 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k must be in"):
         model.generate(x, 2, temperature=1.0, top_k=0)

@@ -24,7 +24,7 @@ from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block, rotary_embedding
 from companion.models.config import ModelConfig
 from companion.models.generation import generate
-from companion.models.validation import check_mask, check_token_ids
+from companion.models.inputs import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = ["DecodeCache", "DecoderLM"]

@@ -28,7 +28,7 @@ from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
-from companion.models.validation import check_mask, check_token_ids
+from companion.models.inputs import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = ["IGNORE_INDEX", "Encoder", "MLMHead", "mask_tokens", "mean_pool", "mlm_loss"]

@@ -26,7 +26,57 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-__all__ = ["decode_n_tokens", "decode_one_token", "generate", "prefill", "sample"]
+from companion.checks import check_int, check_number
+
+__all__ = [
+    "check_generation_args",
+    "decode_n_tokens",
+    "decode_one_token",
+    "generate",
+    "prefill",
+    "sample",
+]
+
+
+def check_generation_args(
+    vocab_size: int,
+    max_new_tokens: object,
+    temperature: object,
+    top_k: object,
+    eos_token_id: object,
+    generator: object,
+) -> None:
+    """Raise an error naming the first of :func:`generate`'s arguments that is not
+    allowed."""
+    check_int("max_new_tokens", max_new_tokens, 0)
+    try:
+        check_number("temperature", temperature, 0.0)
+    except ValueError:
+        raise ValueError(
+            f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}"
+        ) from None
+    if top_k is not None and (
+        isinstance(top_k, bool)
+        or not isinstance(top_k, int)
+        or not 1 <= top_k <= vocab_size
+    ):
+        raise ValueError(
+            f"top_k must be None or an integer in [1, vocab_size={vocab_size}], got "
+            f"{top_k!r}"
+        )
+    if eos_token_id is not None and (
+        isinstance(eos_token_id, bool)
+        or not isinstance(eos_token_id, int)
+        or not 0 <= eos_token_id < vocab_size
+    ):
+        raise ValueError(
+            f"eos_token_id must be None or an id in [0, vocab_size={vocab_size}), got "
+            f"{eos_token_id!r}"
+        )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
 
 
 def sample(
@@ -85,6 +135,16 @@ def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
     return stance(skip_guard_eval_unsafe=True)
 
 
+def _check_finite(seen_nan: Tensor) -> None:
+    """Raise if any logits read so far were NaN (``seen_nan``: a bool flag on the
+    device, so the decode loop adds no host sync of its own)."""
+    if bool(seen_nan):
+        raise ValueError(
+            "the model produced NaN logits while generating, so no token can be chosen; "
+            "check the weights and the inputs (an fp16 overflow gives this, for one)"
+        )
+
+
 def _mark_finished(
     token: Tensor, done: Tensor | None, eos_token_id: int | None
 ) -> Tensor:
@@ -111,11 +171,14 @@ def decode_n_tokens(
 ) -> list[Tensor]:
     """Up to ``n`` more ids, each ``(B, 1)``, continuing from ``token`` (the last id
     chosen, not yet in the cache). Stops early once every sequence has produced
-    ``eos_token_id``."""
+    ``eos_token_id``. NaN logits raise a ValueError: at once when sampling (the
+    softmax of a NaN cannot be sampled from), else when the loop ends (no host sync per
+    greedy step)."""
     step = _step(compile)
     out: list[Tensor] = []
     done = token == eos_token_id if eos_token_id is not None else None
     input_pos = torch.tensor([cache.length], device=token.device)
+    seen_nan = torch.zeros((), dtype=torch.bool, device=token.device)
     for i in range(n):
         if done is not None and bool(done.all()):
             break
@@ -125,9 +188,13 @@ def decode_n_tokens(
             logits = step(model, token, input_pos, cache)
         cache.length += 1
         input_pos += 1
+        seen_nan |= logits.isnan().any()
+        if temperature > 0:
+            _check_finite(seen_nan)
         token = sample(logits.float(), temperature, top_k, generator).to(token.dtype)
         token = _mark_finished(token, done, eos_token_id)
         out.append(token)
+    _check_finite(seen_nan)
     return out
 
 
@@ -149,14 +216,9 @@ def generate(
     tokens)."""
     cfg = model.cfg
     model.check_input_ids(input_ids)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and not 1 <= top_k <= cfg.vocab_size:
-        raise ValueError(
-            f"top_k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}"
-        )
+    check_generation_args(
+        cfg.vocab_size, max_new_tokens, temperature, top_k, eos_token_id, generator
+    )
     total = input_ids.shape[1] + max_new_tokens
     sliding_context = cfg.position in ("learned", "sinusoidal")
     if total > cfg.max_seq_len and not sliding_context:
@@ -170,9 +232,9 @@ def generate(
     with torch.no_grad():
         if use_cache and total <= cfg.max_seq_len:
             cache = model.new_cache(input_ids.shape[0], total)
-            first = sample(prefill(model, input_ids, cache).float(), **kw).to(
-                input_ids.dtype
-            )
+            logits = prefill(model, input_ids, cache)
+            _check_finite(logits.isnan().any())
+            first = sample(logits.float(), **kw).to(input_ids.dtype)
             rest = decode_n_tokens(
                 model,
                 first,
@@ -189,6 +251,7 @@ def generate(
             done = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
             logits = model(ids[:, -cfg.max_seq_len :], last_only=True)[:, -1]
+            _check_finite(logits.isnan().any())
             nxt = sample(logits.float(), **kw).to(ids.dtype)
             ids = torch.cat([ids, _mark_finished(nxt, done, eos_token_id)], dim=1)
             if done is not None and bool(done.all()):

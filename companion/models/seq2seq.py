@@ -24,7 +24,7 @@ from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.layers.recording import recorded_inputs
 from companion.models.builders import build_block
 from companion.models.config import ModelConfig
-from companion.models.validation import check_mask, check_token_ids
+from companion.models.inputs import check_mask, check_token_ids
 from companion.ops.masks import padding_mask
 
 __all__ = [

@@ -6,9 +6,8 @@ Each error names the field, what it got and what it accepts.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
-
-import torch
 
 from companion.checks import check_int
 from companion.layers.router import check_routing
@@ -17,14 +16,7 @@ from companion.ops.rope import RopeScaling, rope_frequencies
 if TYPE_CHECKING:
     from companion.models.config import ModelConfig
 
-__all__ = [
-    "LAYER_TYPES",
-    "ConfigError",
-    "check_mask",
-    "check_token_ids",
-    "validate",
-    "validate_rope",
-]
+__all__ = ["LAYER_TYPES", "ConfigError", "validate", "validate_rope"]
 
 LAYER_TYPES = ("full", "sliding", "linear")
 
@@ -108,10 +100,72 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             f"rope_scaling must be a RopeScaling or None, got {type(cfg.rope_scaling).__name__} "
             f"{cfg.rope_scaling!r}; e.g. RopeScaling('linear', factor=8.0)"
         )
-    if not (isinstance(cfg.norm_eps, (int, float)) and cfg.norm_eps > 0):
-        raise ConfigError(f"norm_eps must be a positive number, got {cfg.norm_eps!r}")
-    if not (isinstance(cfg.init_std, (int, float)) and cfg.init_std > 0):
-        raise ConfigError(f"init_std must be a positive number, got {cfg.init_std!r}")
+    _validate_floats(cfg)
+    _validate_effects(cfg)
+
+
+def _finite(name: str, value: object, *, positive: bool) -> None:
+    """Raise a ConfigError unless ``value`` is a finite number (> 0 if ``positive``)."""
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (value > 0 or not positive)
+    )
+    if not ok:
+        what = "a finite number > 0" if positive else "a finite number"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
+def _validate_floats(cfg: ModelConfig) -> None:
+    """Every float field finite, and positive where a non-positive value means
+    nothing (a NaN scale or an infinite eps gives silently wrong logits)."""
+    for name in ("norm_eps", "init_std", "rope_theta", "router_scale"):
+        _finite(name, getattr(cfg, name), positive=True)
+    for name in ("rope_local_theta", "attn_scale"):
+        if getattr(cfg, name) is not None:
+            _finite(name, getattr(cfg, name), positive=True)
+    _finite("norm_offset", cfg.norm_offset, positive=False)
+    f = cfg.partial_rotary_factor
+    _finite("partial_rotary_factor", f, positive=True)
+    if f > 1:
+        raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {f!r}")
+
+
+def _validate_effects(cfg: ModelConfig) -> None:
+    """Reject settings that could not change the model, saying why: a user who sets
+    them expects an effect."""
+    kinds = cfg.layer_types
+    if cfg.sliding_window is not None and kinds is not None and "sliding" not in kinds:
+        raise ConfigError(
+            f"sliding_window={cfg.sliding_window} has no effect: layer_types has no "
+            "'sliding' layer"
+        )
+    if cfg.n_experts == 0:
+        for name in ("experts_per_token", "dense_layers", "shared_d_ff"):
+            if getattr(cfg, name):
+                raise ConfigError(
+                    f"{name}={getattr(cfg, name)} has no effect without routed experts: "
+                    "set n_experts > 0"
+                )
+    elif cfg.dense_layers >= cfg.n_layers:
+        raise ConfigError(
+            f"dense_layers={cfg.dense_layers} leaves no MoE layer in n_layers="
+            f"{cfg.n_layers}: set dense_layers < n_layers, or n_experts=0 for a dense "
+            "model"
+        )
+    if cfg.position != "rope":
+        for name in ("rope_scaling", "rope_local_theta"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(
+                    f"{name} has no effect with position={cfg.position!r}: it needs "
+                    "position='rope'"
+                )
+        if cfg.nope_layers:
+            raise ConfigError(
+                f"nope_layers has no effect with position={cfg.position!r}: every layer "
+                "is without RoPE already"
+            )
 
 
 def validate_rope(cfg: ModelConfig) -> None:
@@ -124,7 +178,11 @@ def validate_rope(cfg: ModelConfig) -> None:
             cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
         )
     except ValueError as err:
-        raise ConfigError(f"rope settings: {err}") from None
+        width = "qk_rope_head_dim" if cfg.is_mla else "head_dim"
+        raise ConfigError(
+            f"rope settings: {err}, from {width}={cfg.rope_dim} and "
+            f"partial_rotary_factor={cfg.partial_rotary_factor}"
+        ) from None
 
 
 # TopKRouter's argument -> the config field that sets it
@@ -224,67 +282,3 @@ def _validate_linear(cfg: ModelConfig) -> None:
             f"linear_value_heads ({cfg.linear_value_heads}) must be a multiple of "
             f"linear_key_heads ({cfg.linear_key_heads})"
         )
-
-
-def check_token_ids(
-    ids: object,
-    name: str,
-    vocab_size: int,
-    max_len: int,
-    start: int = 0,
-    device: torch.device | None = None,
-    vocab_name: str = "vocab_size",
-) -> None:
-    """Raise naming ``name`` unless ``ids`` is a non-empty (B, T) integer tensor of ids
-    in [0, vocab_size) (the field ``vocab_name``), on ``device`` if given, whose last
-    position (``start`` + T) fits in ``max_len``: a TypeError for a wrong type or dtype,
-    else a ValueError."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of token ids with shape (B, T), got "
-            f"{type(ids).__name__}; e.g. torch.tensor([[1, 2, 3]])"
-        )
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be int64 or int32 token ids, got {ids.dtype}")
-    if ids.ndim != 2 or 0 in ids.shape:
-        raise ValueError(
-            f"{name} must have shape (B, T) with B, T >= 1, got {tuple(ids.shape)}"
-        )
-    if device is not None and ids.device != device:
-        raise ValueError(
-            f"{name} is on {ids.device} but the model is on {device}; move the ids "
-            f"with {name}.to({str(device)!r})"
-        )
-    t = start + ids.shape[1]
-    if t > max_len:
-        raise ValueError(
-            f"{name} reaches {t} tokens but the model's context is max_seq_len={max_len}; "
-            "shorten the prompt"
-        )
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        raise ValueError(
-            f"{name} must lie in [0, {vocab_name}={vocab_size}), got ids in "
-            f"[{int(ids.min())}, {int(ids.max())}]"
-        )
-
-
-def check_mask(mask: object, name: str, ids: torch.Tensor) -> None:
-    """Raise naming ``name`` unless ``mask`` is a tensor of 0/1 (or bool) values with
-    the shape and device of ``ids`` (B, T): no broadcasting, so a (1, T) mask for a
-    batch of two is an error, not a silent copy."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of shape {tuple(ids.shape)} (1: a real "
-            f"token, 0: padding), got {type(mask).__name__}"
-        )
-    if mask.dtype.is_complex:
-        raise TypeError(f"{name} must hold 0/1 or bool values, got {mask.dtype}")
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"{name} must have the shape of its ids {tuple(ids.shape)}, got "
-            f"{tuple(mask.shape)}"
-        )
-    if mask.device != ids.device:
-        raise ValueError(f"{name} is on {mask.device} but its ids on {ids.device}")
-    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
-        raise ValueError(f"{name} must hold only 0 and 1")

@@ -29,6 +29,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from companion.checks import check_int, check_number, check_positive
+
 __all__ = [
     "LAYOUTS",
     "ROPE_TYPES",
@@ -42,6 +44,17 @@ __all__ = [
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 LAYOUTS = ("half", "interleaved")
+
+
+# fields that must be finite and > 0 when given; the mscales may be 0 (YaRN's "off")
+_POSITIVE_FIELDS = (
+    "factor",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "low_freq_factor",
+    "high_freq_factor",
+)
 
 
 @dataclass(frozen=True)
@@ -69,10 +82,27 @@ class RopeScaling:
         kind = self.rope_type
         if kind not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {kind!r}")
-        if kind in ("linear", "dynamic", "llama3") and not self.factor:
-            raise ValueError(
-                f"rope_type {kind!r} needs a positive factor, got {self.factor!r}"
-            )
+        for name in _POSITIVE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    check_positive(name, value)
+                    check_number(name, value)
+                except ValueError:
+                    raise ValueError(
+                        f"RopeScaling {name} must be a finite number > 0 (or None), got "
+                        f"{value!r}"
+                    ) from None
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 0.0)
+        n = self.original_max_position_embeddings
+        if n is not None:
+            check_int("original_max_position_embeddings", n, 1)
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"truncate must be True or False, got {self.truncate!r}")
+        if kind in ("linear", "dynamic", "llama3") and self.factor is None:
+            raise ValueError(f"rope_type {kind!r} needs a positive factor, got None")
         if kind == "llama3":
             needed = (
                 "low_freq_factor",
