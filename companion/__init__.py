@@ -80,7 +80,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
-        "check_text", "read_checked",
+        "check_targets", "check_text", "read_checked",
     ),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
@@ -162,8 +162,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "ops.flex": ("available", "causal_window_block_mask", "flex_attention_forward"),
     "ops.grouped": ("expand_kv", "grouped_attention"),
     "ops.linear_attention": (
-        "check_chunk_size", "check_linear_inputs", "chunk_linear_attention", "heads_first",
-        "heads_last", "inv_l2norm", "l2norm", "parallel_linear_attention",
+        "check_chunk_size", "check_linear_inputs", "chunk_linear_attention", "GATE_RANGES",
+        "heads_first", "heads_last", "inv_l2norm", "l2norm", "parallel_linear_attention",
         "recurrent_linear_attention", "split_chunks",
     ),
     "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),

@@ -8,12 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+from torch import Tensor
+
 __all__ = [
     "check_choice",
     "check_id_list",
     "check_int",
     "check_number",
     "check_positive",
+    "check_targets",
     "check_text",
     "read_checked",
 ]
@@ -89,6 +93,22 @@ def check_text(name: str, text: object) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a str, got {type(text).__name__}")
     return text
+
+
+def check_targets(targets: Tensor, vocab_size: int, ignore_index: int = -100) -> None:
+    """Raise a ValueError naming ``targets`` unless each is a class id in [0,
+    vocab_size) or ``ignore_index`` (an id out of range would index past the logits:
+    an IndexError on a CPU, a device-side assert on a GPU)."""
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"targets must be int64 or int32 class ids, got {targets.dtype}"
+        )
+    keep = targets[targets != ignore_index]
+    if keep.numel() and bool((keep < 0).any() | (keep >= vocab_size).any()):
+        raise ValueError(
+            f"targets must lie in [0, vocab_size={vocab_size}) or be ignore_index="
+            f"{ignore_index}, got ids in [{int(keep.min())}, {int(keep.max())}]"
+        )
 
 
 def read_checked(path: Path | str, kind: str, read: Callable[[str], T]) -> T:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from companion.checks import check_int, check_number, check_positive
+from companion.checks import check_int, check_number, check_positive, check_targets
 
 __all__ = [
     "History",
@@ -135,6 +135,7 @@ def label_smoothed_cross_entropy(
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
     v = logits.shape[-1]
+    check_targets(targets, v, ignore_index)
     keep = targets != ignore_index
     logp = F.log_softmax(logits[keep].float(), dim=-1)  # (N', V)
     tgt = targets[keep]
@@ -149,6 +150,7 @@ def lm_loss(model: nn.Module, x: Tensor, y: Tensor, smoothing: float = 0.0) -> T
     flat, tgt = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
     if smoothing:
         return label_smoothed_cross_entropy(flat, tgt, smoothing)
+    check_targets(tgt, flat.shape[-1])
     return F.cross_entropy(flat.float(), tgt)
 
 

@@ -135,9 +135,9 @@ def test_bad_generation_arguments():
     x = torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         model.generate(x, 2, temperature=-1.0)
-    with pytest.raises(ValueError, match="top_k must be in"):
+    with pytest.raises(ValueError, match="top_k must be None or an integer in"):
         model.generate(x, 2, temperature=1.0, top_k=0)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative integer"):
         model.generate(x, -1)
 
 

@@ -82,6 +82,21 @@ def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
 
 
 def _config(meta: dict[str, object]) -> ModelConfig:
+    needed = [
+        "general.architecture",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.attention.layer_norm_rms_epsilon",
+        "llama.block_count",
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.feed_forward_length",
+        "llama.rope.freq_base",
+        "tokenizer.ggml.tokens",
+    ]
+    missing = [key for key in needed if key not in meta]
+    if missing:
+        raise ValueError(f"the GGUF file lacks the metadata {missing}")
     arch = meta["general.architecture"]
     if arch != "llama":
         raise ValueError(
@@ -148,6 +163,9 @@ def state_dict_from_gguf(
         else:
             out[name] = t
     for i, p in qkv.items():
+        missing = [f"blk.{i}.attn_{x}.weight" for x in "qkv" if x not in p]
+        if missing:
+            raise ValueError(f"the GGUF file lacks the tensors {missing}")
         q = unpermute_qk(p["q"], cfg.n_heads)
         k = unpermute_qk(p["k"], cfg.n_kv_heads)
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, p["v"]], dim=0)

@@ -177,6 +177,11 @@ def load_state_dict_strict(model: nn.Module, sd: Mapping[str, Tensor]) -> None:
 def from_hf(hf_model: nn.Module) -> DecoderLM:
     """The ``companion`` model equivalent to a transformers causal LM (fp32, eval
     mode)."""
+    if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
+        raise TypeError(
+            "hf_model must be a transformers model (an nn.Module with a .config), got "
+            f"{type(hf_model).__name__}"
+        )
     cfg = config_from_hf(hf_model.config)
     model = DecoderLM(cfg)
     sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from companion.checks import check_targets
+
 __all__ = [
     "ChunkedCrossEntropy",
     "chunked_cross_entropy",
@@ -42,7 +44,7 @@ def logits_bytes(
     return batch * seq_len * vocab_size * dtype_bytes
 
 
-def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
+def _check(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int) -> None:
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden must be (N, d) and weight (V, d) with the same d; got hidden "
@@ -56,6 +58,7 @@ def _check(hidden: Tensor, weight: Tensor, targets: Tensor) -> None:
             f"targets must be integer ids of shape (N,) = ({hidden.shape[0]},); got "
             f"{tuple(targets.shape)} of dtype {targets.dtype}"
         )
+    check_targets(targets, weight.shape[0], ignore_index)
 
 
 def naive_cross_entropy(
@@ -63,7 +66,7 @@ def naive_cross_entropy(
 ) -> Tensor:
     """Mean cross-entropy of ``hidden @ weightᵀ`` against ``targets``, full ``(N, V)``
     logits."""
-    _check(hidden, weight, targets)
+    _check(hidden, weight, targets, ignore_index)
     logits = hidden.float() @ weight.float().T  # (N, V), all of it at once
     return F.cross_entropy(logits, targets.long(), ignore_index=ignore_index)
 
@@ -123,7 +126,7 @@ def chunked_cross_entropy(
 ) -> Tensor:
     """The same loss as :func:`naive_cross_entropy`, never holding more than ``(C, V)``
     logits."""
-    _check(hidden, weight, targets)
+    _check(hidden, weight, targets, ignore_index)
     if (
         isinstance(chunk_size, bool)
         or not isinstance(chunk_size, int)

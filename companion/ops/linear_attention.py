@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "GATE_RANGES",
     "check_chunk_size",
     "check_linear_inputs",
     "chunk_linear_attention",
@@ -66,7 +67,8 @@ def inv_l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
 def check_linear_inputs(
     q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], state: Tensor | None
 ) -> None:
-    """Raise a ValueError naming the input whose shape does not fit the legend above."""
+    """Raise a ValueError naming the input whose shape does not fit the legend above,
+    or a gate (``g``, ``beta``) with a value outside ``GATE_RANGES``."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(
@@ -92,6 +94,26 @@ def check_linear_inputs(
     if state is not None and state.shape != want:
         raise ValueError(
             f"initial_state must have shape (B, H, D_k, D_v) = {want}, got {tuple(state.shape)}"
+        )
+    if not torch.compiler.is_compiling():  # a check of values: one sync, never traced
+        for name, x in gates.items():
+            _check_range(name, x)
+
+
+# the documented range of each gate: g a log-decay (exp(g) in (0, 1]); β in [0, 2], where
+# the transition I − β k kᵀ of a unit key keeps its eigenvalues in [−1, 1]
+GATE_RANGES = {"g": (float("-inf"), 0.0), "beta": (0.0, 2.0)}
+
+
+def _check_range(name: str, x: Tensor) -> None:
+    """Raise a ValueError naming ``name`` if any value is NaN, infinite or outside
+    its range in ``GATE_RANGES``."""
+    lo, hi = GATE_RANGES[name]
+    if bool((~torch.isfinite(x) | (x < lo) | (x > hi)).any()):
+        allowed = f"<= {hi:g}" if lo == float("-inf") else f"in [{lo:g}, {hi:g}]"
+        raise ValueError(
+            f"{name} must be finite and {allowed}, got values in "
+            f"[{x.min().item():g}, {x.max().item():g}]"
         )
 
 

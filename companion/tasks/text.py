@@ -3,7 +3,9 @@ BPE.
 
 Used from chapter 02 on. ``data/shakespeare.txt`` holds eight public-domain plays (about
 1 MB; see ``data/README.md``). ``data/bpe.json`` is a byte-level BPE trained on it
-offline; retrain it with ``python -m companion.tasks.text train-bpe``.
+offline; retrain it from a checkout with ``python -m companion.tasks.text train-bpe
+--out companion/data/bpe.json`` (the command never writes into the installed package
+unless told to).
 """
 
 from __future__ import annotations
@@ -170,12 +172,17 @@ def sample_windows(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m companion.tasks.text train-bpe [--vocab-size N] [--out PATH]``."""
+    """``python -m companion.tasks.text train-bpe [--vocab-size N] --out PATH``."""
     parser = argparse.ArgumentParser(prog="python -m companion.tasks.text")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train-bpe", help="retrain data/bpe.json on the shipped plays")
+    p = sub.add_parser("train-bpe", help="train a byte-level BPE on the shipped plays")
     p.add_argument("--vocab-size", type=int, default=BPE_VOCAB_SIZE)
-    p.add_argument("--out", type=Path, default=Path(str(_DATA / "bpe.json")))
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="where to write it (the shipped one: companion/data/bpe.json in a checkout)",
+    )
     args = parser.parse_args(argv)
     tok = train_bpe(load_shakespeare(), args.vocab_size)
     args.out.write_text(tok._tok.to_str(pretty=False), encoding="utf-8")
