@@ -18,6 +18,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CORE_VENV := .venv-core
 CONSTRAINTS := requirements/constraints.txt
 TORCH := torch==2.13.0
 CHROMIUM := /usr/bin/chromium
@@ -44,10 +45,10 @@ NBVAL_SANITIZE := tests/nbval_sanitize.cfg
 # run on the native path. `make nbval-crosspath` starts every kernel on another path
 # (ATen's portable kernels, MKL unpinned, 1 thread) to check that the chapters pin it back.
 NUMERICS_ENV := $(shell $(PYTHON) companion/numerics.py)
-$(foreach kv,$(NUMERICS_ENV),$(eval unit nbval nbval-lax notebooks lab: export $(kv)))
+$(foreach kv,$(NUMERICS_ENV),$(eval unit core nbval nbval-lax notebooks lab: export $(kv)))
 CROSS_PATH_ENV := -u MKL_CBWR ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: help venv book test lint unit nbval nbval-crosspath nbval-lax browser lab bench notebooks lock clean \
+.PHONY: help venv book test lint unit core nbval nbval-crosspath nbval-lax browser lab bench notebooks lock clean \
 	distclean
 
 help:
@@ -58,7 +59,8 @@ help:
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
 	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
-	@echo "Parts of make test: make lint | unit | nbval | book | browser"
+	@echo "Parts of make test: make lint | unit | core | nbval | book | browser"
+	@echo "make core       the unit suite in .venv-core, with the core dependencies only"
 	@echo "make nbval-crosspath  nbval with every kernel started on another numerical path"
 	@echo "make nbval-lax  run every chapter and its asserts, without comparing outputs"
 	@echo "                (for CPUs other than x86-64, where printed digits differ)"
@@ -78,7 +80,7 @@ venv: $(STAMP)
 book: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html --all -W -n --keep-going
 
-test: lint unit nbval book browser
+test: lint unit core nbval book browser
 	@echo "make test: all steps passed"
 
 lint: $(STAMP)
@@ -86,6 +88,14 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/pytest tests -m "not browser" --disable-socket --allow-unix-socket
+
+# The unit suite with the core dependencies only (torch, numpy, matplotlib, tqdm,
+# tokenizers) and pytest, in its own environment: what needs an extra must skip, not fail.
+core:
+	@test -x $(CORE_VENV)/bin/python || $(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install -q $(TORCH)
+	$(CORE_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e . pytest
+	MPLBACKEND=Agg $(CORE_VENV)/bin/pytest tests -m "not browser" -p no:cacheprovider -q
 
 nbval nbval-crosspath nbval-lax: $(STAMP)
 	@nbs="$$($(BIN)/python tools/toc_notebooks.py)"; \
@@ -145,4 +155,4 @@ clean:
 		-type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(CORE_VENV) *.egg-info

@@ -52,6 +52,7 @@ def test_heatmap_and_loglog_fit():
 
 def test_glue_writes_the_record_myst_nb_reads():
     """The output is displayed as usual and carries myst-nb's glue metadata under the name."""
+    pytest.importorskip("IPython")
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.display import HTML
     from IPython.utils.capture import capture_output

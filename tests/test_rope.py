@@ -85,8 +85,10 @@ def test_logit_depends_only_on_the_offset():
 @pytest.mark.parametrize("name", list(SCALINGS))
 @pytest.mark.parametrize("partial", [1.0, 0.5], ids=["full", "partial"])
 def test_frequencies_match_transformers(name, partial):
-    from transformers import LlamaConfig
+    transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    LlamaConfig = transformers.LlamaConfig
 
     params = {"rope_type": "default", "rope_theta": 10000.0, **(SCALINGS[name] or {})}
     params["partial_rotary_factor"] = partial
