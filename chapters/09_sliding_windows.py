@@ -45,11 +45,10 @@ import subprocess
 import sys
 
 if "google.colab" in sys.modules:
-    REPO = "https://github.com/transformer-2017-2026/book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
-        check=True,
-    )
+    REPO, REF = "https://github.com/transformer-2017-2026/book", "main"
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    spec = f"transformer-2017-2026 @ git+{REPO}@{REF}"
+    subprocess.run([*pip, spec], check=True)
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
 # before torch loads, so the printed digits match the stored ones on any
@@ -224,12 +223,13 @@ assert [receptive_field_size(n, W_RF) for n in (1, 2, 3)] == [4, 7, 10]
 
 # %%
 def local_model(kinds: tuple[str, ...], window: int = W_RF) -> DecoderLM:
-    """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with these layer kinds."""
+    """A random-weight modern decoder (RMSNorm, RoPE, SwiGLU) with these layer kinds
+    (the window only where a layer slides: the config rejects one it cannot use)."""
     torch.manual_seed(0)
     cfg = tiny(
         n_layers=len(kinds),
         attn_impl="reference",
-        sliding_window=window,
+        sliding_window=window if "sliding" in kinds else None,
         layer_types=kinds,
         n_kv_heads=None,
     )
@@ -978,13 +978,16 @@ assert NEEDLE_VARIANTS["5:1"] == ("sliding",) * 5 + ("full",)
 
 
 def needle_model(kinds: tuple[str, ...], seed: int) -> DecoderLM:
-    """A six-layer decoder without position encoding; only the layer kinds vary."""
+    """A six-layer decoder without position encoding; only the layer kinds vary (a
+    stack with no sliding layer takes no window: the config rejects one it cannot
+    use)."""
     seed_everything(seed)
+    window = W_ND if "sliding" in kinds else None
     return DecoderLM(
         tiny(
             vocab_size=needle_vocab(N_NEEDLES, N_FILLER), d_model=D_ND, n_layers=L_ND,
             n_heads=2, n_kv_heads=None, d_ff=D_ND, max_seq_len=T_ND,
-            position="none", sliding_window=W_ND, layer_types=kinds,
+            position="none", sliding_window=window, layer_types=kinds,
         )
     ).to(DEVICE)  # fmt: skip
 

@@ -41,11 +41,10 @@ import subprocess
 import sys
 
 if "google.colab" in sys.modules:
-    REPO = "https://github.com/transformer-2017-2026/book"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"companion @ git+{REPO}"],
-        check=True,
-    )
+    REPO, REF = "https://github.com/transformer-2017-2026/book", "main"
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    spec = f"transformer-2017-2026 @ git+{REPO}@{REF}"
+    subprocess.run([*pip, spec], check=True)
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
 # before torch loads, so the printed digits match the stored ones on any

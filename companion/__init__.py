@@ -80,7 +80,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
-        "check_targets", "check_text", "read_checked",
+        "check_targets", "check_text", "DISTRIBUTION", "read_checked", "require",
     ),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),

