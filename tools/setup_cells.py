@@ -244,8 +244,7 @@ def _sync_percent(path: Path, block: str, write: bool) -> bool:
 def environment_provides(root: Path = ROOT) -> set[str]:
     """The distributions ``environment.yml`` (and Binder's ``postBuild``) install."""
     env = yaml.safe_load((root / "environment.yml").read_text(encoding="utf-8"))
-    _, extras = core_and_extras(root)
-    core, _ = core_and_extras(root)
+    core, extras = core_and_extras(root)
     out: set[str] = set()
     for dep in env["dependencies"]:
         if isinstance(dep, str):
