@@ -67,7 +67,7 @@ NUMERICS_ENV := $(shell $(PYTHON) companion/numerics.py)
 $(foreach kv,$(NUMERICS_ENV),$(eval unit core compat nbval nbval-lax notebooks lab: export $(kv)))
 CROSS_PATH_ENV := -u MKL_CBWR ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: help venv book test lint unit core compat nbval nbval-crosspath nbval-lax browser lab bench notebooks lock clean \
+.PHONY: help venv book test lint unit core compat nbval nbval-crosspath nbval-lax browser lab bench full notebooks lock clean \
 	distclean
 
 help:
@@ -76,6 +76,7 @@ help:
 	@echo "make lab        JupyterLab on chapters/ (jupytext keeps .ipynb and .py paired)"
 	@echo "make bench      python -m companion.bench attention, decode, moe, deltanet, mla"
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
+	@echo "make full       every chapter with FULL = True outside Jupyter, timed (use a GPU)"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
 	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
 	@echo "Parts of make test: make lint | unit | core | nbval | book | browser"
@@ -163,6 +164,15 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
 	$(BIN)/jupyter trust chapters/*.ipynb
 	$(NO_MPLBACKEND) $(BIN)/jupyter lab --ServerApp.root_dir=chapters $(LAB_ARGS)
+
+# Every chapter's .py twin with FULL = True, outside Jupyter, timed (meant for a GPU
+# machine; on a CPU expect hours). FULL_JOBS chapters run at once; logs and full.json
+# go to _build/full.
+FULL_JOBS ?= 1
+full: $(STAMP)
+	$(BIN)/python tools/run_full.py --jobs $(FULL_JOBS) --logs _build/full \
+		--out _build/full/full.json \
+		$$($(BIN)/python tools/toc_notebooks.py | sed 's/\.ipynb$$/.py/')
 
 bench: $(STAMP)
 	$(BIN)/python -m companion.bench attention
