@@ -425,9 +425,10 @@ Code(
 # We train the same one-layer character model on Shakespeare three ways, with 8 experts
 # and top-2: no balancing, the auxiliary loss ($\alpha = 0.01$, the Switch Transformer's
 # value), and the selection bias ($\gamma = 3 \cdot 10^{-3}$). Everything else (the softmax
-# router, the initial weights, the batches) is the same within a seed. We record every
-# expert's load at every step and measure imbalance as the busiest expert's load over the
-# mean load: 1 is perfect balance, $E/k = 4$ is total collapse onto two experts.
+# router, the initial weights, the batches) is the same within a seed, and the learning
+# rate ($10^{-2}$) is the same for all three, since only the balancing differs. We record
+# every expert's load at every step and measure imbalance as the busiest expert's load
+# over the mean load: 1 is perfect balance, $E/k = 4$ is total collapse onto two experts.
 
 # %%
 text = load_shakespeare()
