@@ -90,6 +90,7 @@ from companion.layers.kv_cache import KVCache, LatentCache, position_mask
 from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.builders import build_mixer
+from companion.models.config_parts import MLAConfig
 from companion.models.decoder import DecoderLM
 from companion.models.generation import decode_one_token
 from companion.models.presets import PRESETS, preset, spec_row, tiny
@@ -887,15 +888,17 @@ glue("ch08-heads-width", f"{mha_width}", display=False)
 # sequence or decodes it token by token from a cache of {glue:text}`ch08-latent-width`
 # numbers per token ({glue:text}`ch08-heads-width` for the full per-head keys and values
 # the naive form rebuilds in this small layer). The same holds inside a whole model: `DecoderLM`
-# builds MLA layers from `ModelConfig`'s `kv_lora_rank`, `q_lora_rank`,
-# `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` and `mla_form` fields, and a model
-# switched to the absorbed form on the same weights generates the same tokens:
+# builds MLA layers from `ModelConfig`'s `mla` group (`MLAConfig`: `kv_lora_rank`,
+# `q_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` and `form`), and a
+# model switched to the absorbed form on the same weights generates the same tokens:
 
 # %%
-mla_cfg = tiny_cfg.replace(n_kv_heads=None, **MLA_DIMS, mla_form="naive")
+mla_cfg = tiny_cfg.replace(n_kv_heads=None, mla=MLAConfig(**MLA_DIMS, form="naive"))
 seed_everything(5)
 mla_naive_lm = DecoderLM(mla_cfg).eval()
-mla_absorbed_lm = DecoderLM(mla_cfg.replace(mla_form="absorbed")).eval()
+mla_absorbed_lm = DecoderLM(
+    mla_cfg.replace(mla=mla_cfg.mla.replace(form="absorbed"))
+).eval()
 mla_absorbed_lm.load_state_dict(mla_naive_lm.state_dict())
 tokens_naive = mla_naive_lm.generate(prompt.cpu(), 24)
 tokens_absorbed = mla_absorbed_lm.generate(prompt.cpu(), 24)
@@ -918,14 +921,9 @@ assert (
 
 # %%
 v3 = preset("deepseek-v3")
-assert (v3.d_model, v3.n_layers, v3.n_heads, v3.kv_lora_rank, v3.qk_rope_head_dim) == (
-    7168,
-    61,
-    128,
-    512,
-    64,
-)
-assert (v3.qk_nope_head_dim, v3.v_head_dim) == (128, 128)
+assert (v3.d_model, v3.n_layers, v3.n_heads) == (7168, 61, 128)
+assert (v3.mla.kv_lora_rank, v3.mla.qk_rope_head_dim) == (512, 64)
+assert (v3.mla.qk_nope_head_dim, v3.mla.v_head_dim) == (128, 128)
 mla_bytes = bytes_per_token(512, 64, 61)  # (r + d_R) · L · 2 bytes
 mha_bytes = 61 * 128 * (192 + 128) * 2  # L · heads · (key + value widths) · 2 bytes
 print(
@@ -940,10 +938,7 @@ print(
 assert mla_bytes == kv_cache_bytes_per_token(v3)
 # and the MHA count against the calculator on the same preset with 128 K/V heads
 # (keys and values both 160 wide: the same bytes as 192 + 128)
-v3_mha = v3.replace(
-    kv_lora_rank=0, q_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
-    v_head_dim=0, n_kv_heads=128, head_dim=160,
-)  # fmt: skip
+v3_mha = v3.replace(mla=None, n_kv_heads=128, head_dim=160)
 assert not v3_mha.is_mla and kv_cache_bytes_per_token(v3_mha) == mha_bytes
 glue("ch08-v3-mla-bytes", f"{mla_bytes:,}", display=False)
 glue("ch08-v3-mla-kib", f"{mla_bytes / KIB:.1f}", display=False)
@@ -965,7 +960,7 @@ glue("ch08-v3-mha-128k", f"{mha_bytes * S128K / GIB:.0f}", display=False)
 #
 # The four layouts side by side at one model shape, Llama 3 8B's (32 layers, 32 query
 # heads of width 128, bf16), with DeepSeek's latent widths for MLA ($r = 512$,
-# $d_R = 64$): the preset with `kv_lora_rank` and MLA's head widths set, which
+# $d_R = 64$): the preset with an `mla` group of these widths, which
 # `ModelConfig` validates like any other. Every byte below comes from the calculator,
 # `kv_cache_bytes_per_token` and `kv_cache_bytes`, and each layout's count per token and
 # layer is checked against the cache that one layer of the real module allocates
@@ -975,7 +970,7 @@ glue("ch08-v3-mha-128k", f"{mha_bytes * S128K / GIB:.0f}", display=False)
 # the four layouts at Llama 3 8B's shape; MLA with DeepSeek's latent and RoPE-key widths
 mla_8b = gqa_8b.replace(
     n_kv_heads=None, head_dim=None,
-    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    mla=MLAConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
 )  # fmt: skip
 SCHEMES = {
     "MHA": mha_8b,
@@ -995,10 +990,10 @@ for name, cfg in SCHEMES.items():
 STACKS = {}  # scheme: [(part, bytes of one copy, copies)] per token and layer
 for name, cfg in SCHEMES.items():
     if cfg.is_mla:  # the calculator's row split by the config's widths
-        row = per_layer[name] / (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        row = per_layer[name] / (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim)
         STACKS[name] = [
-            ("latent c", row * cfg.kv_lora_rank, 1),
-            ("RoPE key", row * cfg.qk_rope_head_dim, 1),
+            ("latent c", row * cfg.mla.kv_lora_rank, 1),
+            ("RoPE key", row * cfg.mla.qk_rope_head_dim, 1),
         ]
     else:  # half keys, half values, one copy per K/V head
         head = per_layer[name] / (2 * cfg.n_kv_heads)

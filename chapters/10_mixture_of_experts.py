@@ -88,6 +88,7 @@ from companion.layers.router import (
     update_selection_bias,
 )
 from companion.models.config import ModelConfig
+from companion.models.config_parts import MoEConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, tiny
 from companion.ops.experts import expert_load, experts_grouped
@@ -131,7 +132,7 @@ print(describe(DEVICE))
 Code(inspect.getsource(MoEFeedForward.forward), language="python")
 
 # %% [markdown]
-# `ModelConfig` puts this layer in place of the dense FFN when `n_experts > 0`, and
+# `ModelConfig` puts this layer in place of the dense FFN when its `moe` group is set, and
 # `companion.analysis.calculator.count_params` counts total and **active** parameters, the ones a single
 # token's forward pass touches: everything except the routed experts it was not sent to.
 # All four models come from `companion.models.presets`, which copies their released configs.
@@ -149,10 +150,10 @@ print(
     f"{'shared':>6} {'experts/total':>13}"
 )
 for name, cfg in MODELS.items():
-    c = counts[name]
+    c, moe = counts[name], cfg.moe
     print(
         f"{name:<16} {c.total:>17,} {c.active:>16,} {c.active / c.total:>6.1%} "
-        f"{cfg.n_experts:>4} {cfg.experts_per_token:>3} {int(cfg.shared_d_ff > 0):>6} "
+        f"{moe.n_experts:>4} {moe.experts_per_token:>3} {int(moe.shared_d_ff > 0):>6} "
         f"{c.breakdown['experts'] / c.total:>13.1%}"
     )
 gpt_oss = counts["gpt-oss-120b"]
@@ -460,10 +461,7 @@ def moe_config(selection_bias: bool) -> ModelConfig:
         n_heads=8 if FULL else 3,
         max_seq_len=SEQ,
         init_std=0.1,
-        n_experts=E,
-        experts_per_token=K,
-        expert_d_ff=32,
-        router_selection_bias=selection_bias,
+        moe=MoEConfig(E, K, expert_d_ff=32, router_selection_bias=selection_bias),
         n_kv_heads=None,
     )
 
@@ -726,7 +724,7 @@ mem_y[:, 1] = mem_table[1]
 mem_base = dict(
     vocab_size=MEM_BASE + MEM_VALUES, d_model=MEM_D, n_layers=1, max_seq_len=2
 )
-mem_moe = tiny(**mem_base, n_experts=MEM_E, experts_per_token=MEM_K, expert_d_ff=MEM_F)
+mem_moe = tiny(**mem_base, moe=MoEConfig(MEM_E, MEM_K, expert_d_ff=MEM_F))
 MEM_VARIANTS = {  # name: (config, auxiliary-loss weight)
     "dense, d_ff = kF": (tiny(**mem_base, d_ff=MEM_K * MEM_F), 0.0),
     "MoE, no balancing": (mem_moe, 0.0),
@@ -747,7 +745,7 @@ def memorise(cfg: ModelConfig, alpha: float, seed: int, lr: float) -> DecoderLM:
         if alpha:
             r = ffn.last_routing
             loss = loss + alpha * load_balancing_loss(
-                r.scores, r.indices, cfg.n_experts
+                r.scores, r.indices, cfg.moe.n_experts
             )
         return loss
 
@@ -777,7 +775,7 @@ for name, (cfg, alpha) in MEM_VARIANTS.items():
     for seed in SEEDS:
         model = memorise(cfg, alpha, seed, mem_lr[name])
         accs.append(accuracy(model, mem_x, mem_y))
-        if cfg.n_experts:  # the load over the whole table, one pass
+        if cfg.moe is not None:  # the load over the whole table, one pass
             with torch.no_grad():
                 model(mem_x.to(DEVICE))
             load = expert_load(model.blocks[0].ffn.last_routing.indices, MEM_E)
@@ -851,7 +849,7 @@ glue("ch10-mem-imb-aux", mem_imb_range["MoE, auxiliary loss"], display=False)
 fig, ax = plt.subplots(figsize=(7.5, 3.4))
 for i, (name, acc) in enumerate(mem_acc.items()):
     xs = i + np.linspace(-0.12, 0.12, len(acc.values))
-    is_moe = MEM_VARIANTS[name][0].n_experts > 0
+    is_moe = MEM_VARIANTS[name][0].moe is not None
     colour, marker = (MOE, "s") if is_moe else (COLORS["full"], "o")
     ax.scatter(xs, acc.values, color=colour, marker=marker, zorder=3)
     ax.hlines(acc.mean, i - 0.25, i + 0.25, color="black", lw=1.5)
@@ -981,7 +979,7 @@ assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 # at most 4 nodes, chosen by the sum of the best expert scores on each node
 # {cite}`deepseekai2024deepseekv3`. Its released config writes the same constraint as
 # group-limited routing, 8 groups of 32 experts of which each token may search 4
-# (`router_groups=8, router_topk_groups=4` in its preset, `TopKRouter`'s `n_groups` and
+# (`router_groups=8, router_topk_groups=4` in its preset's `moe`, `TopKRouter`'s `n_groups` and
 # `topk_groups`); with the experts of one node in one group, fewer groups per token means
 # fewer nodes to send it to.
 #
@@ -1085,7 +1083,7 @@ assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 #
 # ```{admonition} Hint
 # :class: dropdown
-# `fine = tiny(**mem_base, n_experts=16, experts_per_token=4, expert_d_ff=4)`, then
+# `fine = tiny(**mem_base, moe=MoEConfig(16, 4, expert_d_ff=4))`, then
 # `accuracy(memorise(fine, ALPHA, seed, MEM_LR), mem_x, mem_y)` for each seed in `SEEDS`
 # (`memorise` takes the expert count for the auxiliary loss from the config). Check
 # with `count_params(fine)` that the sizes match up to the router, and let `compare` decide: a null against

@@ -71,6 +71,7 @@ from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_tok
 from companion.analysis.seeds import compare, spread
 from companion.device import default_device, describe
 from companion.layers.gated_deltanet import GatedDeltaNet, GatedDeltaNetCache
+from companion.models.config_parts import LinearAttentionConfig
 from companion.models.decoder import DecoderLM
 from companion.models.presets import preset, tiny
 from companion.ops.delta_rule import (
@@ -768,10 +769,7 @@ glue("fig-beyond-softmax", HTML(animate(fig, draw_memory, STEPS, interval_ms=500
 tiny_cfg = tiny(
     n_layers=4,
     layer_types=("linear", "linear", "linear", "full"),
-    linear_key_heads=2,
-    linear_value_heads=4,
-    linear_key_dim=8,
-    linear_value_dim=8,
+    linear=LinearAttentionConfig(key_heads=2, value_heads=4, key_dim=8, value_dim=8),
 )
 torch.manual_seed(0)
 model = DecoderLM(tiny_cfg).double().eval()
@@ -817,10 +815,11 @@ glue("ch11-decode-numbers", f"{sizes[0]}", display=False)
 # softmax attention keeps every pair in its cache.
 #
 # We train five `DecoderLM`s that differ only in their token mixer: softmax attention in
-# every layer, linear attention (`linear_rule="linear"`), the delta rule (`"delta"`),
-# Gated DeltaNet (the default rule), and a hybrid with one Gated DeltaNet layer under one
-# full-attention layer. Everything else is shared: width 32, two layers, SwiGLU, 16 key
-# and 16 value tokens, one batch stream per seed (paired runs), three seeds. The linear
+# every layer, linear attention (the `linear` group's `rule="linear"`), the delta rule
+# (`"delta"`), Gated DeltaNet (the default rule), and a hybrid with one Gated DeltaNet
+# layer under one full-attention layer. Everything else is shared: width 32, two layers,
+# SwiGLU, 16 key and 16 value tokens, one batch stream per seed (paired runs), three
+# seeds. The linear
 # layers have one head with $D_k = 4$ and $D_v = 16$, small so that the sweep
 # $n \in \{2, 4, 8, 16\}$ runs from half to four times $D_k$ within a CPU budget; each
 # batch draws its $n$ from that set, and every model is scored on the same held-out
@@ -846,21 +845,25 @@ MQ |= {"seeds": (0, 1, 2)}
 if FULL:  # wider, deeper (the 3:1 hybrid), longer, more seeds
     MQ |= {"d_model": 64, "layers": 4, "batch": 32, "steps": 3000, "seeds": range(5)}
 L_MQ = MQ["layers"]
-LIN = {"linear_key_heads": 1, "linear_value_heads": 1, "linear_value_dim": 16}
-LIN |= {"linear_key_dim": MQ["key_dim"]}
+LIN = LinearAttentionConfig(
+    key_heads=1, value_heads=1, key_dim=MQ["key_dim"], value_dim=16
+)
+ALL_LINEAR = ("linear",) * L_MQ
 MIXERS = {
     "softmax": {"layer_types": ("full",) * L_MQ},
-    "linear attention": {"layer_types": ("linear",) * L_MQ, "linear_rule": "linear"},
-    "delta rule": {"layer_types": ("linear",) * L_MQ, "linear_rule": "delta"},
-    "Gated DeltaNet": {"layer_types": ("linear",) * L_MQ},
-    "hybrid": {"layer_types": ("linear",) * (L_MQ - 1) + ("full",)},
+    "linear attention": {
+        "layer_types": ALL_LINEAR,
+        "linear": LIN.replace(rule="linear"),
+    },
+    "delta rule": {"layer_types": ALL_LINEAR, "linear": LIN.replace(rule="delta")},
+    "Gated DeltaNet": {"layer_types": ALL_LINEAR, "linear": LIN},
+    "hybrid": {"layer_types": ("linear",) * (L_MQ - 1) + ("full",), "linear": LIN},
 }
 
 
 def mqar_model(mixer: str, seed: int) -> DecoderLM:
     """A small decoder with the given token mixer, its initialisation seeded."""
     seed_everything(seed)
-    types = MIXERS[mixer]["layer_types"]
     cfg = tiny(
         vocab_size=mqar_vocab(MQ["keys"], MQ["values"]),
         d_model=MQ["d_model"],
@@ -869,7 +872,6 @@ def mqar_model(mixer: str, seed: int) -> DecoderLM:
         n_kv_heads=2,
         max_seq_len=4 * max(MQ["pairs"]),
         **MIXERS[mixer],
-        **(LIN if "linear" in types else {}),
     )
     model = DecoderLM(cfg)
     for layer in model.modules():  # slow decays to start with (Mamba 2's init)

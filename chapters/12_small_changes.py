@@ -818,21 +818,21 @@ glue("ch12-after-ok", f"{after_ok:.0%}", display=False)
 # {doc}`chapter 13 <13_build_a_model>` count them:
 
 # %%
-gpt_oss_20b = preset("gpt-oss-120b").replace(
+gpt_oss_120b = preset("gpt-oss-120b")
+gpt_oss_20b = gpt_oss_120b.replace(
     n_layers=24,
-    n_experts=32,
+    moe=gpt_oss_120b.moe.replace(n_experts=32),
     layer_types=tuple("full" if i % 2 else "sliding" for i in range(24)),
 )
-qwen3_30b = preset("qwen3-235b-a22b").replace(
+qwen3_235b = preset("qwen3-235b-a22b")
+qwen3_30b = qwen3_235b.replace(
     d_model=2048,
     n_layers=48,
     n_heads=32,
     n_kv_heads=4,
     head_dim=128,
     d_ff=6144,
-    expert_d_ff=768,
-    n_experts=128,
-    experts_per_token=8,
+    moe=qwen3_235b.moe.replace(expert_d_ff=768, n_experts=128, experts_per_token=8),
 )
 shape, column = {}, {}
 for name, cfg_m in (("gpt-oss-20b", gpt_oss_20b), ("Qwen3-30B-A3B", qwen3_30b)):

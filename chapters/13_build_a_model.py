@@ -163,7 +163,8 @@ glue("ch13-llama-total", f"{pc.total:,}", display=False)
 # %%
 mixtral = preset("mixtral-8x7b")
 L, d, d_h, n_q, n_kv, V = shapes(mixtral)
-N, k, d_e = mixtral.n_experts, mixtral.experts_per_token, mixtral.expert_d_ff
+moe = mixtral.moe
+N, k, d_e = moe.n_experts, moe.experts_per_token, moe.expert_d_ff
 p_attn = 2 * L * d * d_h * (n_q + n_kv)
 p_total_formula = p_attn + 3 * L * d * d_e * N
 p_active_formula = p_attn + 3 * L * d * d_e * k
@@ -378,8 +379,8 @@ ax2.set(
 plt.show()
 
 ratio = dict(zip(names, totals / actives, strict=True))
-assert all(ratio[n] == 1 for n in names if not preset(n).n_experts)  # dense: equal
-assert all(ratio[n] > 3 for n in names if preset(n).n_experts)  # sparse: apart
+assert all(ratio[n] == 1 for n in names if preset(n).moe is None)  # dense: equal
+assert all(ratio[n] > 3 for n in names if preset(n).moe is not None)  # sparse: apart
 kib = dict(zip(names, kv / 1024, strict=True))
 # the cache per token by hand: layers × (K and V) × KV heads × head width × 2 bytes
 by_hand = {
@@ -493,17 +494,15 @@ def build(
         changes["n_kv_heads"] = max(
             h for h in range(1, kv_heads + 1) if cfg.n_heads % h == 0
         )
-    if experts is not None and cfg.n_experts:
-        changes["n_experts"] = experts
-        changes["router_groups"] = (
-            cfg.router_groups if experts % cfg.router_groups == 0 else 1
-        )
-        changes["router_topk_groups"] = min(
-            cfg.router_topk_groups, changes["router_groups"]
-        )
-    if top_k is not None and cfg.n_experts:
-        changes["experts_per_token"] = min(
-            top_k, changes.get("n_experts", cfg.n_experts)
+    moe = cfg.moe
+    if moe is not None and (experts is not None or top_k is not None):
+        n = moe.n_experts if experts is None else experts
+        groups = moe.router_groups if n % moe.router_groups == 0 else 1
+        changes["moe"] = moe.replace(
+            n_experts=n,
+            router_groups=groups,
+            router_topk_groups=min(moe.router_topk_groups, groups),
+            experts_per_token=min(moe.experts_per_token if top_k is None else top_k, n),
         )
     return cfg.replace(**changes)
 
@@ -598,8 +597,8 @@ def reset(change) -> None:
     cfg = preset(change["new"])
     dials["layers"].value, dials["width"].value = cfg.n_layers, cfg.d_model
     dials["kv_heads"].value = cfg.n_kv_heads
-    dials["experts"].value = cfg.n_experts or 8
-    dials["top_k"].value = cfg.experts_per_token or 2
+    dials["experts"].value = cfg.moe.n_experts if cfg.moe else 8
+    dials["top_k"].value = cfg.moe.experts_per_token if cfg.moe else 2
     dials["context"].value = min(cfg.max_seq_len, 262144)
 
 

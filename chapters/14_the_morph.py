@@ -72,6 +72,7 @@ from companion.analysis.diagrams import block_diagram
 from companion.analysis.seeds import compare, spread
 from companion.device import default_device, describe
 from companion.models.config import ModelConfig
+from companion.models.config_parts import LinearAttentionConfig, MLAConfig, MoEConfig
 from companion.models.decoder import DecoderLM
 from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.probes import accuracy, fit, needle, needle_vocab
@@ -206,11 +207,13 @@ MORPH = [  # (name, fields changed, earlier steps it replaces)
     (
         "MoE + shared",
         {
-            "n_experts": 8,
-            "experts_per_token": 2,
-            "expert_d_ff": D // 2,
-            "shared_d_ff": D // 2,
-            "shared_expert_gate": True,
+            "moe": MoEConfig(
+                n_experts=8,
+                experts_per_token=2,
+                expert_d_ff=D // 2,
+                shared_d_ff=D // 2,
+                shared_expert_gate=True,
+            )
         },
         (),
     ),
@@ -220,10 +223,9 @@ MORPH = [  # (name, fields changed, earlier steps it replaces)
         {
             "sliding_window": None,
             "layer_types": ("linear",) * 3 + ("full",),
-            "linear_key_heads": 2,
-            "linear_value_heads": 4,
-            "linear_key_dim": D // 4,
-            "linear_value_dim": D // 4,
+            "linear": LinearAttentionConfig(
+                key_heads=2, value_heads=4, key_dim=D // 4, value_dim=D // 4
+            ),
         },
         ("sliding 3:1",),
     ),
@@ -233,10 +235,12 @@ MORPH = [  # (name, fields changed, earlier steps it replaces)
             "n_kv_heads": None,
             "qk_norm": "none",
             "attn_output_gate": False,
-            "kv_lora_rank": D // 4,
-            "qk_nope_head_dim": D // 8,
-            "qk_rope_head_dim": D // 8,
-            "v_head_dim": D // 4,
+            "mla": MLAConfig(
+                kv_lora_rank=D // 4,
+                qk_nope_head_dim=D // 8,
+                qk_rope_head_dim=D // 8,
+                v_head_dim=D // 4,
+            ),
         },
         ("GQA", "QK-norm", "output gate"),
     ),
@@ -263,17 +267,10 @@ COMPONENT = {
     "sliding_window": "token mixers",
     "layer_types": "token mixers",
     "attn_output_gate": "output gate",
+    "moe": "experts",
+    "linear": "token mixers",
+    "mla": "keys and values",
 }
-COMPONENT |= dict.fromkeys(
-    ("n_experts", "experts_per_token", "expert_d_ff", "shared_d_ff"), "experts"
-)
-COMPONENT |= {"shared_expert_gate": "experts"}
-COMPONENT |= {f"linear_{k}": "token mixers" for k in ("key_heads", "value_heads")}
-COMPONENT |= {f"linear_{k}": "token mixers" for k in ("key_dim", "value_dim")}
-COMPONENT |= dict.fromkeys(
-    ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
-    "keys and values",
-)
 
 names, configs = ["2017"], [base]
 for name, changes, _ in MORPH:
@@ -403,7 +400,7 @@ assert dn["kv4k"] > og["kv4k"] and dn["kv64k"] > og["kv64k"]
 # the MLA step: the full layer caches a latent (d/4) and a RoPE key (d/8) per token,
 # 24 numbers where GQA's one head cached 2 × 16
 mla_cfg = configs[-1]
-latent = mla_cfg.kv_lora_rank + mla_cfg.qk_rope_head_dim
+latent = mla_cfg.mla.kv_lora_rank + mla_cfg.mla.qk_rope_head_dim
 assert mla["kv_per_token"] == (LAYERS - n_lin) * latent * 2
 assert mla["kv_per_token"] * 2 * hd == dn["kv_per_token"] * latent
 assert mla["kv4k"] == mla["kv_per_token"] * 4096 + n_lin * state

@@ -34,7 +34,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "tally_moe",
     ),
     "analysis.calculator_page": (
-        "calculator_html", "config_from_dials", "DIALS", "dial_values", "layer_period",
+        "calculator_html", "config_from_dials", "DIAL_CHOICES", "DIALS", "dial_values",
+        "GROUP_DIALS", "layer_period",
         "USAGE",
     ),
     "analysis.decode_cost": (
@@ -122,6 +123,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "build_block", "build_ffn", "build_mixer", "build_norms", "rotary_embedding",
     ),
     "models.config": ("CHOICES", "ModelConfig"),
+    "models.config_parts": (
+        "ConfigPart", "changed_fields", "LinearAttentionConfig", "MLAConfig", "MoEConfig",
+    ),
     "models.decoder": ("DecodeCache", "DecoderLM"),
     "models.encoder": (
         "Encoder", "IGNORE_INDEX", "mask_tokens", "mean_pool", "mlm_loss", "MLMHead",
@@ -139,7 +143,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "transformer_base_config",
     ),
     "models.inputs": ("check_mask", "check_token_ids"),
-    "models.validation": ("ConfigError", "LAYER_TYPES", "validate", "validate_rope"),
+    "models.validation": ("LAYER_TYPES", "validate", "validate_rope"),
     "numerics": ("applies", "pin_cpu_path", "PINNED_ENV", "pinned_path", "read_path", "THREADS"),
     "ops.attention": (
         "attention_weights", "check_qkv", "full_mask", "masked_scores", "naive_attention",

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from companion.checks import check_id_list
+from companion.models.config_parts import LinearAttentionConfig, MLAConfig
 from companion.models.decoder import DecodeCache, DecoderLM
 from companion.models.presets import tiny
 from companion.ops.attention import naive_attention, sdpa_attention
@@ -16,26 +17,16 @@ from companion.ops.tiled import tiled_attention
 from companion.tasks.text import CharTokenizer, main, sample_windows, split_tokens
 from companion.training import lm_loss
 
-LINEAR = {
-    "linear_key_heads": 2,
-    "linear_value_heads": 2,
-    "linear_key_dim": 8,
-    "linear_value_dim": 8,
-}
-MLA = {
-    "kv_lora_rank": 8,
-    "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 4,
-    "v_head_dim": 8,
-}
+LINEAR = {"linear": LinearAttentionConfig(2, 2, 8, 8)}
+MLA = MLAConfig(kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
 # every kind of layer cache, alone and in the hybrid layouts
 LAYOUTS = {
     "full": {},
     "sliding": {"sliding_window": 3, "layer_types": ("sliding", "sliding")},
     "sliding+full": {"sliding_window": 3, "layer_types": ("sliding", "full")},
     "linear+full": {"layer_types": ("linear", "full"), **LINEAR},
-    "mla": MLA,
-    "mla-absorbed": {**MLA, "mla_form": "absorbed"},
+    "mla": {"mla": MLA},
+    "mla-absorbed": {"mla": MLA.replace(form="absorbed")},
 }
 
 

@@ -4,6 +4,7 @@ checked against companion.calc in the browser (tests/browser/test_html.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -11,14 +12,16 @@ import pytest
 
 from companion.analysis.calculator import count_params, flops_per_token, kv_cache_bytes
 from companion.analysis.calculator_page import (
+    DIAL_CHOICES,
     DIALS,
+    GROUP_DIALS,
     USAGE,
     calculator_html,
     config_from_dials,
     dial_values,
     layer_period,
 )
-from companion.models.config import CHOICES, ModelConfig
+from companion.models.config import ModelConfig
 from companion.models.presets import PRESETS
 
 
@@ -50,17 +53,25 @@ def test_every_field_the_formulas_read_has_a_dial() -> None:
     """A config that differs from its read-back in a dialled field would be a missed dial:
     changing any non-dial field must leave the four numbers alone."""
     dialled = {field for group in DIALS.values() for field, _ in group}
-    assert dialled <= set(ModelConfig.field_names())
+    in_groups = {dial for _, names in GROUP_DIALS.values() for dial in names}
+    assert dialled - in_groups <= set(ModelConfig.field_names())
+    for group, (cls, names) in GROUP_DIALS.items():
+        assert set(names.values()) <= {f.name for f in dataclasses.fields(cls)}, group
     cfg = PRESETS["deepseek-v3"]
     for field, changed in {
         "rope_theta": 5e5,
         "activation": "gelu",
-        "router": "sigmoid",
+        "moe.router": "softmax",
+        "moe.router_norm_topk": False,
+        "mla.form": "absorbed",
         "dropout": 0.1,
         "norm_eps": 1e-6,
     }.items():
-        assert field not in dialled
-        other = cfg.replace(**{field: changed})
+        assert field.split(".")[-1] not in dialled
+        group, _, name = field.rpartition(".")
+        if group:
+            changed = getattr(cfg, group).replace(**{name: changed})
+        other = cfg.replace(**{group or name: changed})
         assert count_params(other) == count_params(cfg), field
         assert flops_per_token(other, 4096) == flops_per_token(cfg, 4096), field
 
@@ -72,8 +83,8 @@ def test_html_contract() -> None:
     for group in DIALS.values():
         for field, _ in group:
             assert f'id="calc-{field}"' in page, field
-            if field in CHOICES:
-                for choice in CHOICES[field]:
+            if field in DIAL_CHOICES:
+                for choice in DIAL_CHOICES[field]:
                     assert f'<option value="{choice}">' in page
     for name in USAGE:
         assert f'id="calc-{name}"' in page

@@ -3,6 +3,7 @@
 import pytest
 
 from companion.models.config import ModelConfig
+from companion.models.config_parts import LinearAttentionConfig, MLAConfig, MoEConfig
 from companion.models.presets import PRESETS, preset
 from companion.models.validation import ConfigError
 from companion.ops.rope import RopeScaling
@@ -81,21 +82,6 @@ BAD = [
         id="gqa-groups",
     ),
     pytest.param(
-        {
-            "n_experts": 8,
-            "experts_per_token": 3,
-            "router_groups": 4,
-            "router_topk_groups": 1,
-        },
-        r"experts_per_token <= router_topk_groups \* n_experts / router_groups",
-        id="moe-groups",
-    ),
-    pytest.param(
-        {"n_experts": 8, "experts_per_token": 2, "router_groups": 3},
-        "router_groups must divide n_experts=8, got 3",
-        id="moe-group-divide",
-    ),
-    pytest.param(
         {"n_kv_heads": 0}, "n_kv_heads must be a positive integer", id="kv-heads-zero"
     ),
     pytest.param(
@@ -134,14 +120,7 @@ BAD = [
         id="list",
     ),
     pytest.param(
-        {
-            "position": "rope",
-            "kv_lora_rank": 8,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 4,
-            "v_head_dim": 8,
-            "head_dim": 4,
-        },
+        {"position": "rope", "mla": MLAConfig(8, 8, 4, 8), "head_dim": 4},
         r"head_dim under multi-head latent attention is .* = 12 \(or None\), got 4",
         id="mla-head-dim",
     ),
@@ -155,14 +134,19 @@ BAD = [
     ),
     pytest.param({"head_dim": 0}, "head_dim must be a positive integer", id="head-dim"),
     pytest.param(
-        {"linear_rule": "delta"},
-        "linear_rule='delta' has no effect: layer_types has no 'linear' layer",
-        id="linear-rule-unused",
+        {"linear": LinearAttentionConfig(1, 1, 4, 4, rule="delta")},
+        "linear has no effect: layer_types has no 'linear' layer",
+        id="linear-unused",
     ),
     pytest.param(
-        {"linear_rule": "mamba"},
-        r"linear_rule must be one of \('gated_delta', 'delta', 'linear'\)",
-        id="linear-rule-value",
+        {"n_layers": 2, "layer_types": ("linear", "full")},
+        r"layer_types has 'linear' layers: set linear=LinearAttentionConfig",
+        id="linear-layers-without-group",
+    ),
+    pytest.param(
+        {"moe": {"n_experts": 4, "experts_per_token": 2}},
+        "moe must be a MoEConfig or None, got dict",
+        id="moe-dict",
     ),
     *[
         pytest.param(
@@ -170,7 +154,7 @@ BAD = [
             f"{name} must be a finite number > 0, got {value}",
             id=f"{name}-{value}",
         )
-        for name in ("rope_theta", "attn_scale", "norm_eps", "init_std", "router_scale")
+        for name in ("rope_theta", "attn_scale", "norm_eps", "init_std")
         for value in (float("nan"), float("inf"), -1e4)
     ],
     pytest.param(
@@ -194,18 +178,8 @@ BAD = [
         id="window-unused",
     ),
     pytest.param(
-        {"experts_per_token": 2},
-        "experts_per_token=2 has no effect without routed experts",
-        id="top-k-without-experts",
-    ),
-    pytest.param(
-        {"dense_layers": 1},
-        "dense_layers=1 has no effect without routed experts",
-        id="dense-layers-without-experts",
-    ),
-    pytest.param(
-        {"n_experts": 4, "experts_per_token": 2, "dense_layers": 2},
-        "dense_layers=2 leaves no MoE layer in n_layers=2",
+        {"moe": MoEConfig(4, 2, dense_layers=2)},
+        "moe.dense_layers=2 leaves no MoE layer in n_layers=2",
         id="dense-layers-past-depth",
     ),
     pytest.param(
@@ -219,13 +193,7 @@ BAD = [
         id="nope-without-rope",
     ),
     pytest.param(
-        {
-            "position": "rope",
-            "kv_lora_rank": 8,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 3,
-            "v_head_dim": 8,
-        },
+        {"position": "rope", "mla": MLAConfig(8, 8, 3, 8)},
         "from qk_rope_head_dim=3",
         id="mla-rope-width",
     ),
@@ -275,10 +243,8 @@ def test_modern_derived_values():
 
 
 def test_defaults_and_derived_values():
-    cfg = ModelConfig(
-        vocab_size=10, d_model=64, n_heads=4, n_experts=4, experts_per_token=1
-    )
-    assert (cfg.head_dim, cfg.d_ff, cfg.expert_d_ff, cfg.n_kv_heads) == (
+    cfg = ModelConfig(vocab_size=10, d_model=64, n_heads=4, moe=MoEConfig(4, 1))
+    assert (cfg.head_dim, cfg.d_ff, cfg.moe.expert_d_ff, cfg.n_kv_heads) == (
         16,
         256,
         256,
@@ -286,16 +252,14 @@ def test_defaults_and_derived_values():
     )
     assert cfg.replace(d_ff=100).d_ff == 100
     assert (
-        cfg.replace(d_ff=100).expert_d_ff == 100
+        cfg.replace(d_ff=100).moe.expert_d_ff == 100
     )  # a field left None follows its source
     wider = cfg.replace(d_model=128, n_heads=8)
     assert (wider.head_dim, wider.d_ff, wider.n_kv_heads) == (16, 512, 8)
     assert wider.replace(n_layers=3, sliding_window=4).layer_types == ("sliding",) * 3
     assert cfg.settings()["d_ff"] is None and ModelConfig(**cfg.settings()) == cfg
     pinned = ModelConfig(vocab_size=10, d_model=64, n_heads=4, d_ff=256, n_kv_heads=4)
-    assert pinned == cfg.replace(
-        n_experts=0, experts_per_token=0
-    )  # equal values, equal configs
+    assert pinned == cfg.replace(moe=None)  # equal values, equal configs
     assert (
         pinned.replace(d_model=128, n_heads=8).d_ff == 256
     )  # a value the user set stays
@@ -307,8 +271,8 @@ def test_configs_hash_and_mla_derives_its_head_width():
         {preset(name) for name in PRESETS} | {preset(name) for name in PRESETS}
     ) == len(PRESETS)
     deepseek = preset("deepseek-v3")
-    assert deepseek.rope_dim == deepseek.qk_rope_head_dim
-    assert deepseek.head_dim == deepseek.qk_nope_head_dim + deepseek.qk_rope_head_dim
+    assert deepseek.rope_dim == deepseek.mla.qk_rope_head_dim
+    assert deepseek.head_dim == 128 + 64  # released qk_nope_head_dim + qk_rope_head_dim
     assert hash(deepseek.replace(rope_scaling=RopeScaling("linear", 2.0))) != hash(
         deepseek
     )
@@ -332,3 +296,65 @@ def test_config_is_immutable():
     cfg = ModelConfig(vocab_size=10)
     with pytest.raises(AttributeError):
         cfg.d_model = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: MoEConfig(0, 1), "moe.n_experts must be a positive integer, got 0"),
+        (
+            lambda: MoEConfig(8, 3, router_groups=4, router_topk_groups=1),
+            r"moe.experts_per_token <= moe.router_topk_groups \* n_experts / "
+            r"moe.router_groups",
+        ),
+        (
+            lambda: MoEConfig(8, 2, router_groups=3),
+            "moe.router_groups must divide n_experts=8, got 3",
+        ),
+        (
+            lambda: MoEConfig(4, 5),
+            r"moe.experts_per_token must be in \[1, n_experts=4\]",
+        ),
+        (lambda: MoEConfig(4, 2, router="relu"), r"moe.router must be one of \("),
+        (
+            lambda: MoEConfig(4, 2, router_scale=float("nan")),
+            "moe.router_scale must be",
+        ),
+        (lambda: MoEConfig(4, 2, shared_expert_gate=True), "needs a shared expert"),
+        (
+            lambda: MoEConfig(4, 2, router_bias=1),
+            "moe.router_bias must be True or False",
+        ),
+        (lambda: MLAConfig(0, 8, 4, 8), "mla.kv_lora_rank must be a positive integer"),
+        (lambda: MLAConfig(8, 8, 4, 8, q_lora_rank=2.0), "mla.q_lora_rank must be"),
+        (lambda: MLAConfig(8, 8, 4, 8, form="fused"), r"mla.form must be one of"),
+        (
+            lambda: LinearAttentionConfig(2, 3, 4, 4),
+            r"must be a multiple of linear.key",
+        ),
+        (
+            lambda: LinearAttentionConfig(1, 1, 4, 4, rule="mamba"),
+            "linear.rule must be",
+        ),
+        (
+            lambda: MoEConfig(4, 2).replace(top_k=1),
+            r"unknown moe field\(s\) \['top_k'\]",
+        ),
+    ],
+)
+def test_each_group_checks_its_fields_and_names_them(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_a_2017_config_mentions_nothing_from_2026_and_repr_shows_what_differs():
+    assert repr(ModelConfig(vocab_size=10)) == "ModelConfig(vocab_size=10)"
+    cfg = ModelConfig(vocab_size=10, n_layers=3, moe=MoEConfig(8, 2, dense_layers=1))
+    # derived fields (d_ff, head_dim, the expert width) stay out of the repr
+    assert repr(cfg) == (
+        "ModelConfig(vocab_size=10, n_layers=3, "
+        "moe=MoEConfig(n_experts=8, experts_per_token=2, dense_layers=1))"
+    )
+    assert eval(repr(cfg)) == cfg  # noqa: S307 - the repr is valid Python for the same config
+    assert [cfg.is_moe_layer(i) for i in range(3)] == [False, True, True]
+    assert all(getattr(preset("gpt2"), g) is None for g in ("moe", "mla", "linear"))

@@ -13,6 +13,7 @@ from companion.analysis.diagrams import (
     block_parts,
     model_diagram,
 )
+from companion.models.config_parts import MLAConfig, MoEConfig
 from companion.models.presets import PRESETS, preset, tiny
 
 matplotlib.use("Agg")
@@ -73,13 +74,11 @@ def test_window_and_layer_pattern():
 
 
 def test_experts_latent_attention_and_linear_layers():
-    moe = tiny(
-        n_experts=8, experts_per_token=2, shared_d_ff=32, expert_d_ff=24, dense_layers=1
-    )
+    moe = tiny(moe=MoEConfig(8, 2, shared_d_ff=32, expert_d_ff=24, dense_layers=1))
     text = _text(block_diagram(moe))
     assert "MoE 8 routed + 1 shared, top-2" in text and "expert width 24" in text
     assert "1 MoE + 1 dense FFN" in _text(model_diagram(moe))
-    mla = tiny(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    mla = tiny(mla=MLAConfig(16, 8, 4, 8))
     assert "latent 16" in _text(block_diagram(mla)) and "RoPE key 4" in _text(
         block_diagram(mla)
     )
@@ -87,7 +86,7 @@ def test_experts_latent_attention_and_linear_layers():
     text = _text(block_diagram(qwen))
     assert (
         "Gated DeltaNet" in text
-        and f"{qwen.linear_key_dim}×{qwen.linear_value_dim}" in text
+        and f"{qwen.linear.key_dim}×{qwen.linear.value_dim}" in text
     )
     assert "36 Gated DeltaNet + 12 full attention" in _text(model_diagram(qwen))
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from companion.models.config import ModelConfig
+from companion.models.config_parts import LinearAttentionConfig
 from companion.models.decoder import DecoderLM
 from companion.models.generation import (
     decode_n_tokens,
@@ -49,10 +50,7 @@ SLIDING = {
 # Qwen3-Next-like: Gated DeltaNet layers (a fixed-size state) around a gated attention layer
 HYBRID = {
     "layer_types": ("linear", "full", "linear"),
-    "linear_key_heads": 2,
-    "linear_value_heads": 4,
-    "linear_key_dim": 8,
-    "linear_value_dim": 6,
+    "linear": LinearAttentionConfig(key_heads=2, value_heads=4, key_dim=8, value_dim=6),
     "attn_output_gate": True,
     "qk_norm": "head",
 }

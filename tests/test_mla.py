@@ -16,6 +16,7 @@ from companion.layers.mla import (
 )
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
+from companion.models.config_parts import MLAConfig
 from companion.models.decoder import DecoderLM
 from companion.ops.rope import RopeScaling, apply_rope, rope_cos_sin, rope_frequencies
 
@@ -317,7 +318,7 @@ def test_errors_name_the_problem():
         n_layers=1,
         position="rope",
         max_seq_len=8,
-        **DIMS,
+        mla=MLAConfig(**DIMS),
     )
     model = DecoderLM(cfg).eval()
     assert isinstance(model.blocks[0].attn, MultiHeadLatentAttention)

@@ -155,27 +155,29 @@ def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
 
 def latent_attention_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix weights) of one MLA layer; its two norms have no bias."""
-    d, h, r, r_q = cfg.d_model, cfg.n_heads, cfg.kv_lora_rank, cfg.q_lora_rank
+    mla = cfg.mla
+    d, h, r, r_q = cfg.d_model, cfg.n_heads, mla.kv_lora_rank, mla.q_lora_rank
     q_heads = h * cfg.head_dim
     q = d * q_heads if r_q == 0 else d * r_q + r_q * q_heads
-    kv_a = d * (r + cfg.qk_rope_head_dim)
-    kv_b = r * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
-    out = h * cfg.v_head_dim * d
+    kv_a = d * (r + mla.qk_rope_head_dim)
+    kv_b = r * h * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out = h * mla.v_head_dim * d
     matrices = q + kv_a + kv_b + out
     return matrices + r_q + r, matrices
 
 
 def gated_deltanet_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix and conv weights) of one Gated DeltaNet layer."""
-    d, h_v = cfg.d_model, cfg.linear_value_heads
-    keys, values = cfg.linear_key_heads * cfg.linear_key_dim, h_v * cfg.linear_value_dim
+    lin = cfg.linear
+    d, h_v = cfg.d_model, lin.value_heads
+    keys, values = lin.key_heads * lin.key_dim, h_v * lin.value_dim
     qkvz = d * (2 * keys + 2 * values)  # q, k, v and the output gate z
     ba = d * 2 * h_v  # the write strength β and the decay's input, per value head
-    conv = (2 * keys + values) * cfg.linear_conv_kernel  # depthwise, no bias
+    conv = (2 * keys + values) * lin.conv_kernel  # depthwise, no bias
     out = values * d
     weights = qkvz + ba + conv + out
     return (
-        weights + 2 * h_v + cfg.linear_value_dim,
+        weights + 2 * h_v + lin.value_dim,
         weights,
     )  # + dt_bias, A_log, out norm
 
@@ -192,16 +194,17 @@ def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
 def tally_moe(cfg: ModelConfig, tally: Tally) -> None:
     """One MoE layer: the router scores all E experts, k of them run, the shared one
     always."""
-    d, e, k, f_e = cfg.d_model, cfg.n_experts, cfg.experts_per_token, cfg.expert_d_ff
-    router = e * d + (e if cfg.router_bias else 0)
-    if cfg.router_selection_bias:
+    moe = cfg.moe
+    d, e, k, f_e = cfg.d_model, moe.n_experts, moe.experts_per_token, moe.expert_d_ff
+    router = e * d + (e if moe.router_bias else 0)
+    if moe.router_selection_bias:
         router += e
         tally.frozen += e
     tally.add("router", router, macs=e * d)
-    one = 3 * d * f_e + (2 * f_e + d if cfg.expert_kind == "gpt_oss" else 0)
+    one = 3 * d * f_e + (2 * f_e + d if moe.expert_kind == "gpt_oss" else 0)
     tally.add("experts", e * one, k * one, macs=k * 3 * d * f_e)
-    if cfg.shared_d_ff:
-        shared = 3 * d * cfg.shared_d_ff + (d if cfg.shared_expert_gate else 0)
+    if moe.shared_d_ff:
+        shared = 3 * d * moe.shared_d_ff + (d if moe.shared_expert_gate else 0)
         tally.add("shared_expert", shared, macs=shared)
 
 
@@ -242,8 +245,8 @@ def count_params(cfg: ModelConfig) -> ParamCount:
 def _cache_width(cfg: ModelConfig) -> int:
     """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE
     key."""
-    if cfg.is_mla:
-        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    if cfg.mla is not None:
+        return cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
     return 2 * cfg.n_kv_heads * cfg.head_dim
 
 
@@ -280,12 +283,15 @@ def kv_cache_bytes(
     total = 0
     for kind in cfg.layer_types:
         if kind == "linear":
-            h_k, h_v = cfg.linear_key_heads, cfg.linear_value_heads
-            d_k, d_v = cfg.linear_key_dim, cfg.linear_value_dim
-            total += h_v * d_k * d_v * state_dtype_bytes
-            total += (
-                (2 * h_k * d_k + h_v * d_v) * (cfg.linear_conv_kernel - 1) * dtype_bytes
+            lin = cfg.linear
+            h_k, h_v, d_k, d_v = (
+                lin.key_heads,
+                lin.value_heads,
+                lin.key_dim,
+                lin.value_dim,
             )
+            total += h_v * d_k * d_v * state_dtype_bytes
+            total += (2 * h_k * d_k + h_v * d_v) * (lin.conv_kernel - 1) * dtype_bytes
         else:
             kept = min(tokens, cfg.sliding_window) if kind == "sliding" else tokens
             total += kept * _cache_width(cfg) * dtype_bytes
@@ -306,11 +312,10 @@ def flops_per_token(cfg: ModelConfig, context: int) -> int:
     mixing = 0
     for kind in cfg.layer_types:
         if kind == "linear":
-            mixing += (
-                6 * cfg.linear_value_heads * cfg.linear_key_dim * cfg.linear_value_dim
-            )
+            lin = cfg.linear
+            mixing += 6 * lin.value_heads * lin.key_dim * lin.value_dim
             continue
         s = min(context, cfg.sliding_window) if kind == "sliding" else context
-        d_v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+        d_v = cfg.mla.v_head_dim if cfg.mla is not None else cfg.head_dim
         mixing += 2 * s * cfg.n_heads * (cfg.head_dim + d_v)
     return 2 * tally.macs + mixing

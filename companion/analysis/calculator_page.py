@@ -28,11 +28,20 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from companion.models.config import CHOICES, ModelConfig
+from companion.layers.moe import EXPERT_KINDS
+from companion.models.config import (
+    CHOICES,
+    LinearAttentionConfig,
+    MLAConfig,
+    ModelConfig,
+    MoEConfig,
+)
 from companion.models.presets import PRESETS
 
 __all__ = [
+    "DIAL_CHOICES",
     "DIALS",
+    "GROUP_DIALS",
     "USAGE",
     "calculator_html",
     "config_from_dials",
@@ -92,6 +101,47 @@ DIALS: dict[str, tuple[tuple[str, str], ...]] = {
         ("linear_conv_kernel", "conv width K"),
     ),
 }
+# the dials of a mechanism group: group -> (its class, {dial: field}); a dense model's
+# group is None, and its dials then show what the page's arithmetic reads as "absent"
+# (no experts, no latent, no linear heads; experts as wide as the FFN, conv width 4)
+GROUP_DIALS: dict[str, tuple[type, dict[str, str]]] = {
+    "moe": (
+        MoEConfig,
+        {
+            "n_experts": "n_experts",
+            "experts_per_token": "experts_per_token",
+            "expert_d_ff": "expert_d_ff",
+            "shared_d_ff": "shared_d_ff",
+            "shared_expert_gate": "shared_expert_gate",
+            "dense_layers": "dense_layers",
+            "expert_kind": "expert_kind",
+            "router_bias": "router_bias",
+            "router_selection_bias": "router_selection_bias",
+        },
+    ),
+    "mla": (
+        MLAConfig,
+        {
+            "kv_lora_rank": "kv_lora_rank",
+            "q_lora_rank": "q_lora_rank",
+            "qk_nope_head_dim": "qk_nope_head_dim",
+            "qk_rope_head_dim": "qk_rope_head_dim",
+            "v_head_dim": "v_head_dim",
+        },
+    ),
+    "linear": (
+        LinearAttentionConfig,
+        {
+            "linear_key_heads": "key_heads",
+            "linear_value_heads": "value_heads",
+            "linear_key_dim": "key_dim",
+            "linear_value_dim": "value_dim",
+            "linear_conv_kernel": "conv_kernel",
+        },
+    ),
+}
+# dials with fixed choices beyond the config's own CHOICES
+DIAL_CHOICES = {**CHOICES, "expert_kind": EXPERT_KINDS}
 # the calculator's own arguments: name -> (label, default)
 USAGE: dict[str, tuple[str, int]] = {
     "context": ("sequence length s", 8192),
@@ -110,12 +160,32 @@ _OUTPUTS = (
 _SCRIPT = Path(__file__).with_name("calculator_page.js")
 
 
+def _absent(cfg: ModelConfig, dial: str) -> object:
+    """A group dial's value when the group is None."""
+    if dial == "expert_d_ff":
+        return cfg.d_ff
+    if dial == "linear_conv_kernel":
+        return 4
+    if dial == "expert_kind":
+        return "glu"
+    return False if dial.endswith(("_gate", "_bias")) else 0
+
+
+def _dial(cfg: ModelConfig, dial: str) -> object:
+    """The value a dial shows for ``cfg``: a field, or a field of a group."""
+    for group, (_, names) in GROUP_DIALS.items():
+        if dial in names:
+            part = getattr(cfg, group)
+            return _absent(cfg, dial) if part is None else getattr(part, names[dial])
+    return getattr(cfg, dial)
+
+
 def _kind(cfg: ModelConfig, field: str) -> str:
-    if field in CHOICES:
+    if field in DIAL_CHOICES:
         return "choice"
     if field == "layer_types":
         return "pattern"
-    return "bool" if isinstance(getattr(cfg, field), bool) else "int"
+    return "bool" if isinstance(_dial(cfg, field), bool) else "int"
 
 
 def layer_period(kinds: tuple[str, ...]) -> int:
@@ -133,7 +203,7 @@ def dial_values(cfg: ModelConfig) -> dict[str, object]:
     values: dict[str, object] = {}
     for group in DIALS.values():
         for field, _ in group:
-            values[field] = getattr(cfg, field)
+            values[field] = _dial(cfg, field)
     letters = {kind: letter for letter, kind in _LETTERS.items()}
     period = layer_period(cfg.layer_types)
     values["layer_types"] = "".join(letters[k] for k in cfg.layer_types[:period])
@@ -154,13 +224,30 @@ def config_from_dials(values: Mapping[str, object]) -> ModelConfig:
     n = int(fields["n_layers"])  # type: ignore[call-overload]
     fields["layer_types"] = tuple(_LETTERS[pattern[i % len(pattern)]] for i in range(n))
     fields["sliding_window"] = fields["sliding_window"] or None
+    parts = {
+        group: {field: fields.pop(dial) for dial, field in names.items()}
+        for group, (_, names) in GROUP_DIALS.items()
+    }
+    present = {
+        "moe": parts["moe"]["n_experts"],
+        "mla": parts["mla"]["kv_lora_rank"],
+        "linear": "linear" in fields["layer_types"],
+    }
+    for group, (cls, _) in GROUP_DIALS.items():
+        fields[group] = cls(**parts[group]) if present[group] else None
+    if fields["mla"] is None and parts["mla"]["q_lora_rank"]:
+        raise ValueError(
+            "q_lora_rank needs multi-head latent attention: set kv_lora_rank > 0"
+        )
     return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
 def _control(cfg: ModelConfig, field: str, label: str) -> str:
     kind, ident = _kind(cfg, field), f"calc-{field}"
     if kind == "choice":
-        options = "".join(f'<option value="{c}">{c}</option>' for c in CHOICES[field])
+        options = "".join(
+            f'<option value="{c}">{c}</option>' for c in DIAL_CHOICES[field]
+        )
         control = f'<select id="{ident}">{options}</select>'
     elif kind == "bool":
         control = f'<input id="{ident}" type="checkbox">'

@@ -95,19 +95,21 @@ def _position(cfg: ModelConfig, layer: int) -> str:
 def _mixer(cfg: ModelConfig, layer: int) -> Part:
     kind = cfg.layer_types[layer]
     if kind == "linear":
-        state = f"state {cfg.linear_key_dim}×{cfg.linear_value_dim} per head"
-        heads = f"{cfg.linear_key_heads}:{cfg.linear_value_heads} heads"
+        lin = cfg.linear
+        state = f"state {lin.key_dim}×{lin.value_dim} per head"
+        heads = f"{lin.key_heads}:{lin.value_heads} heads"
         title = {"gated_delta": "Gated DeltaNet", "delta": "DeltaNet"}
         return Part(
             "linear",
-            title.get(cfg.linear_rule, "linear attention"),
-            f"{heads}, {state}, conv {cfg.linear_conv_kernel}",
+            title.get(lin.rule, "linear attention"),
+            f"{heads}, {state}, conv {lin.conv_kernel}",
         )
     extras = [_position(cfg, layer)]
-    if cfg.is_mla:
-        q = f", q latent {cfg.q_lora_rank}" if cfg.q_lora_rank else ""
+    if cfg.mla is not None:
+        mla = cfg.mla
+        q = f", q latent {mla.q_lora_rank}" if mla.q_lora_rank else ""
         title = f"MLA {cfg.n_heads} heads"
-        detail = f"latent {cfg.kv_lora_rank}{q}, RoPE key {cfg.qk_rope_head_dim}"
+        detail = f"latent {mla.kv_lora_rank}{q}, RoPE key {mla.qk_rope_head_dim}"
         return Part("latent", title, ", ".join(x for x in [detail, *extras] if x))
     title = _heads(cfg)
     if kind == "sliding":
@@ -126,10 +128,11 @@ def _ffn(cfg: ModelConfig, layer: int) -> Part:
     glu = f"{GLU_NAMES[cfg.activation]}, 3 matrices"
     form = glu if cfg.ffn == "glu" else f"{act} MLP, 2 matrices"
     if cfg.is_moe_layer(layer):
-        shared = " + 1 shared" if cfg.shared_d_ff else ""
-        title = f"MoE {cfg.n_experts} routed{shared}, top-{cfg.experts_per_token}"
+        moe = cfg.moe
+        shared = " + 1 shared" if moe.shared_d_ff else ""
+        title = f"MoE {moe.n_experts} routed{shared}, top-{moe.experts_per_token}"
         return Part(
-            "moe", title, f"{form}, expert width {cfg.expert_d_ff}, {cfg.router} router"
+            "moe", title, f"{form}, expert width {moe.expert_d_ff}, {moe.router} router"
         )
     return Part(
         "dense", "FFN", f"{form}, width {cfg.d_ff}" + (", bias" if cfg.bias else "")

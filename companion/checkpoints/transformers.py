@@ -82,7 +82,7 @@ def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
         return "attn.sinks"
     if rest.startswith("linear_attn."):  # Gated DeltaNet: the same names, one level up
         return "attn." + rest.removeprefix("linear_attn.")
-    if cfg.n_experts and rest in _MOE_NAMES:
+    if cfg.moe is not None and rest in _MOE_NAMES:
         return _MOE_NAMES[rest]
     if mod.startswith("mlp.") and mod.count(".") == 1 and mod[4:] in _DENSE_FFN:
         return f"ffn.{_DENSE_FFN[mod[4:]]}.{leaf}"

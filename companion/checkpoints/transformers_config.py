@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from companion.models.config import ModelConfig
+from companion.models.config import (
+    LinearAttentionConfig,
+    MLAConfig,
+    ModelConfig,
+    MoEConfig,
+)
 from companion.ops.rope import RopeScaling
 
 __all__ = ["SUPPORTED", "architecture", "config_from_hf"]
@@ -92,57 +97,67 @@ def _family_fields(arch: str, c: object, problems: list[str]) -> dict[str, objec
                 f"decoder_sparse_step={c.decoder_sparse_step!r} / "
                 f"mlp_only_layers={c.mlp_only_layers!r} (only all-sparse layers)"
             )
-        out: dict[str, object] = {
-            "n_experts": c.num_experts,
-            "experts_per_token": c.num_experts_per_tok,
-            "expert_d_ff": c.moe_intermediate_size,
-            "router_norm_topk": bool(c.norm_topk_prob),
+        moe = dict(
+            n_experts=c.num_experts,
+            experts_per_token=c.num_experts_per_tok,
+            expert_d_ff=c.moe_intermediate_size,
+            router_norm_topk=bool(c.norm_topk_prob),
+        )
+        if arch == "Qwen3MoeForCausalLM":
+            return {"moe": MoEConfig(**moe)}
+        moe |= dict(
+            shared_d_ff=c.shared_expert_intermediate_size, shared_expert_gate=True
+        )
+        return {
+            "moe": MoEConfig(**moe),
+            "attn_output_gate": True,
+            "norm_offset": 1.0,
+            "partial_rotary_factor": float(
+                c.rope_parameters.get("partial_rotary_factor", 1.0)
+            ),
+            "linear": LinearAttentionConfig(
+                key_heads=c.linear_num_key_heads,
+                value_heads=c.linear_num_value_heads,
+                key_dim=c.linear_key_head_dim,
+                value_dim=c.linear_value_head_dim,
+                conv_kernel=c.linear_conv_kernel_dim,
+            ),
         }
-        if arch == "Qwen3NextForCausalLM":
-            out |= {
-                "shared_d_ff": c.shared_expert_intermediate_size,
-                "shared_expert_gate": True,
-                "attn_output_gate": True,
-                "norm_offset": 1.0,
-                "partial_rotary_factor": float(
-                    c.rope_parameters.get("partial_rotary_factor", 1.0)
-                ),
-                "linear_key_heads": c.linear_num_key_heads,
-                "linear_value_heads": c.linear_num_value_heads,
-                "linear_key_dim": c.linear_key_head_dim,
-                "linear_value_dim": c.linear_value_head_dim,
-                "linear_conv_kernel": c.linear_conv_kernel_dim,
-            }
-        return out
     if arch == "DeepseekV3ForCausalLM":
         return {
-            "n_experts": c.n_routed_experts,
-            "experts_per_token": c.num_experts_per_tok,
-            "expert_d_ff": c.moe_intermediate_size,
-            "dense_layers": c.first_k_dense_replace,
-            "shared_d_ff": c.moe_intermediate_size * c.n_shared_experts,
-            "router": "sigmoid",
-            "router_norm_topk": bool(c.norm_topk_prob),
-            "router_groups": c.n_group,
-            "router_topk_groups": c.topk_group,
-            "router_scale": float(c.routed_scaling_factor),
-            "router_selection_bias": True,
-            "kv_lora_rank": c.kv_lora_rank,
-            "q_lora_rank": c.q_lora_rank or 0,
-            "qk_nope_head_dim": c.qk_nope_head_dim,
-            "qk_rope_head_dim": c.qk_rope_head_dim,
-            "v_head_dim": c.v_head_dim,
+            "moe": MoEConfig(
+                n_experts=c.n_routed_experts,
+                experts_per_token=c.num_experts_per_tok,
+                expert_d_ff=c.moe_intermediate_size,
+                dense_layers=c.first_k_dense_replace,
+                shared_d_ff=c.moe_intermediate_size * c.n_shared_experts,
+                router="sigmoid",
+                router_norm_topk=bool(c.norm_topk_prob),
+                router_groups=c.n_group,
+                router_topk_groups=c.topk_group,
+                router_scale=float(c.routed_scaling_factor),
+                router_selection_bias=True,
+            ),
+            "mla": MLAConfig(
+                kv_lora_rank=c.kv_lora_rank,
+                q_lora_rank=c.q_lora_rank or 0,
+                qk_nope_head_dim=c.qk_nope_head_dim,
+                qk_rope_head_dim=c.qk_rope_head_dim,
+                v_head_dim=c.v_head_dim,
+            ),
             "rope_layout": "interleaved"
             if getattr(c, "rope_interleave", True)
             else "half",
         }
     if arch == "GptOssForCausalLM":
         return {
-            "n_experts": c.num_local_experts,
-            "experts_per_token": c.num_experts_per_tok,
-            "expert_d_ff": c.intermediate_size,
-            "expert_kind": "gpt_oss",
-            "router_bias": True,
+            "moe": MoEConfig(
+                n_experts=c.num_local_experts,
+                experts_per_token=c.num_experts_per_tok,
+                expert_d_ff=c.intermediate_size,
+                expert_kind="gpt_oss",
+                router_bias=True,
+            ),
             "attn_sinks": True,
             "bias": bool(c.attention_bias),
         }

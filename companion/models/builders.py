@@ -9,8 +9,8 @@ sliding window, RoPE or NoPE and the RoPE table (a local base on sliding layers 
 config has one), the softmax scale, dense FFN or experts.
 
 Adding a mechanism (a token mixer, an FFN, a norm) means: its own module, its config
-fields, one branch here, and its entries in :mod:`companion.analysis.calculator` and
-:mod:`companion.checkpoints.transformers`.
+group (:mod:`companion.models.config_parts`), one branch here, and its entries in
+:mod:`companion.analysis.calculator` and :mod:`companion.checkpoints.transformers`.
 Every token mixer has the same two entry points, ``new_cache(batch, max_len, *, dtype,
 device)`` and ``forward(x, positions=None, cache=None, *, mask=None)``.
 """
@@ -116,18 +116,19 @@ def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAtten
     scale = cfg.attn_scale
     if scale is None:
         scale = softmax_scale(cfg.head_dim, cfg.rope_scaling)
+    mla = cfg.mla
     return MultiHeadLatentAttention(
         cfg.d_model,
         cfg.n_heads,
-        kv_lora_rank=cfg.kv_lora_rank,
-        qk_nope_head_dim=cfg.qk_nope_head_dim,
-        qk_rope_head_dim=cfg.qk_rope_head_dim,
-        v_head_dim=cfg.v_head_dim,
-        q_lora_rank=cfg.q_lora_rank,
+        kv_lora_rank=mla.kv_lora_rank,
+        qk_nope_head_dim=mla.qk_nope_head_dim,
+        qk_rope_head_dim=mla.qk_rope_head_dim,
+        v_head_dim=mla.v_head_dim,
+        q_lora_rank=mla.q_lora_rank,
         norm_eps=cfg.norm_eps,
         rope_layout=cfg.rope_layout,
         scale=scale,
-        form=cfg.mla_form,
+        form=mla.form,
         impl=cfg.attn_impl,
         dropout=cfg.attn_dropout,
         **fixed,
@@ -139,15 +140,16 @@ def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.
     multi-head attention, with this layer's window and RoPE table fixed in it."""
     kind = cfg.layer_types[layer]
     if kind == "linear":
+        lin = cfg.linear
         return GatedDeltaNet(
             cfg.d_model,
-            cfg.linear_key_heads,
-            cfg.linear_value_heads,
-            cfg.linear_key_dim,
-            cfg.linear_value_dim,
-            cfg.linear_conv_kernel,
+            lin.key_heads,
+            lin.value_heads,
+            lin.key_dim,
+            lin.value_dim,
+            lin.conv_kernel,
             norm_eps=cfg.norm_eps,
-            rule=cfg.linear_rule,
+            rule=lin.rule,
         )
     sliding = kind == "sliding"
     rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)
@@ -160,21 +162,22 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
     """Layer ``layer``'s feed-forward sublayer: a mixture of experts or a dense
     MLP/GLU."""
     if cfg.is_moe_layer(layer):
+        moe = cfg.moe
         return MoEFeedForward(
             cfg.d_model,
-            cfg.n_experts,
-            cfg.experts_per_token,
-            cfg.expert_d_ff,
-            scoring=cfg.router,
-            norm_topk=cfg.router_norm_topk,
-            n_groups=cfg.router_groups,
-            topk_groups=cfg.router_topk_groups,
-            scale=cfg.router_scale,
-            router_bias=cfg.router_bias,
-            selection_bias=cfg.router_selection_bias,
-            kind=cfg.expert_kind,
-            shared_d_ff=cfg.shared_d_ff,
-            shared_gate=cfg.shared_expert_gate,
+            moe.n_experts,
+            moe.experts_per_token,
+            moe.expert_d_ff,
+            scoring=moe.router,
+            norm_topk=moe.router_norm_topk,
+            n_groups=moe.router_groups,
+            topk_groups=moe.router_topk_groups,
+            scale=moe.router_scale,
+            router_bias=moe.router_bias,
+            selection_bias=moe.router_selection_bias,
+            kind=moe.expert_kind,
+            shared_d_ff=moe.shared_d_ff,
+            shared_gate=moe.shared_expert_gate,
         )
     ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
     return ffn_cls(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)

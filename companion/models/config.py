@@ -6,8 +6,13 @@ live in ``CHOICES`` (the mechanism's own tuple) or in a check in
 :mod:`companion.models.validation`, so an error always names
 the field, what it got, and what it accepts.
 
+The dense block's fields are flat; each later mechanism is one group
+(:mod:`companion.models.config_parts`: ``moe``, ``mla``, ``linear``), None when the
+model does without it, so a 2017 config mentions nothing from 2026 and ``repr(cfg)``
+shows only what differs from the defaults.
+
 One name per quantity: a field that defaults from others (``d_ff``, ``head_dim``,
-``n_kv_heads``, ``qkv_bias``, ``expert_d_ff``, ``layer_types``) is given as None and
+``n_kv_heads``, ``qkv_bias``, ``moe.expert_d_ff``, ``layer_types``) is given as None and
 filled in when the config is built, so ``cfg.d_ff`` is always the width the model uses.
 ``replace`` derives such a field again from the changed fields; a value the user set
 stays.
@@ -20,13 +25,15 @@ from dataclasses import dataclass, field, fields
 
 from companion.layers.block import PLACEMENTS
 from companion.layers.ffn import ACTIVATIONS, FFN_FORMS
-from companion.layers.gated_deltanet import RULES as LINEAR_RULES
 from companion.layers.mha import QK_NORMS
-from companion.layers.mla import FORMS as MLA_FORMS
-from companion.layers.moe import EXPERT_KINDS
 from companion.layers.norms import NORMS
 from companion.layers.positions import POSITIONS
-from companion.layers.router import SCORINGS
+from companion.models.config_parts import (
+    LinearAttentionConfig,
+    MLAConfig,
+    MoEConfig,
+    changed_fields,
+)
 from companion.models.validation import ConfigError, validate, validate_rope
 from companion.ops.dispatch import IMPLS
 from companion.ops.rope import LAYOUTS, RopeScaling
@@ -45,10 +52,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rope_layout": LAYOUTS,
     "qk_norm": QK_NORMS,
     "attn_impl": IMPLS,
-    "router": SCORINGS,
-    "expert_kind": EXPERT_KINDS,
-    "mla_form": MLA_FORMS,
-    "linear_rule": LINEAR_RULES,
 }
 
 
@@ -57,23 +60,22 @@ def _kinds(cfg: ModelConfig) -> tuple[str, ...]:
 
 
 def _head_dim(cfg: ModelConfig) -> int:
-    if cfg.kv_lora_rank > 0:
-        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    if cfg.mla is not None:
+        return cfg.mla.qk_head_dim
     return cfg.d_model // cfg.n_heads
 
 
-# the fields a None derives, in order (expert_d_ff reads the derived d_ff)
+# the fields a None derives, in order (moe.expert_d_ff, after them, reads d_ff)
 _DERIVED: dict[str, Callable[[ModelConfig], object]] = {
     "d_ff": lambda cfg: 4 * cfg.d_model,
     "head_dim": _head_dim,
     "n_kv_heads": lambda cfg: cfg.n_heads,
     "qkv_bias": lambda cfg: cfg.bias,
-    "expert_d_ff": lambda cfg: cfg.d_ff,
     "layer_types": _kinds,
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ModelConfig:
     """Hyper-parameters of a Transformer: the 2017 block by default, a 2026 one by
     choice.
@@ -130,67 +132,55 @@ class ModelConfig:
     )
     nope_layers: tuple[int, ...] = ()
     attn_scale: float | None = None  # None: 1 / √head_dim
-    # --- experts, latent attention, sinks, gates, linear attention (chapters 10-13) ---
-    n_experts: int = 0  # routed experts per MoE layer; 0: every FFN is dense
-    experts_per_token: int = 0  # k of the top-k routing
-    expert_d_ff: int | None = None  # hidden width of one routed expert (None: d_ff)
-    expert_kind: str = "glu"  # "gpt_oss": biased experts with the clamped SwiGLU
-    dense_layers: int = (
-        0  # the first N layers keep a dense FFN of width d_ff (DeepSeek-V3)
-    )
-    shared_d_ff: int = 0  # hidden width of the always-on shared expert; 0: none
-    shared_expert_gate: bool = False  # a sigmoid gate on the shared expert (Qwen3-Next)
-    router: str = "softmax"  # how expert scores are made from the router logits
-    router_norm_topk: bool = True  # renormalise the k chosen weights to sum to 1
-    router_groups: int = (
-        1  # DeepSeek-V3's group-limited routing: experts in G groups...
-    )
-    router_topk_groups: int = 1  # ...of which the best few are searched for the top-k
-    router_scale: float = 1.0  # routed_scaling_factor: multiplies the routed weights
-    router_bias: bool = False  # a learned bias on the router logits (gpt-oss)
-    router_selection_bias: bool = (
-        False  # DeepSeek-V3's balancing bias: a buffer, selection only
-    )
-    kv_lora_rank: int = 0  # > 0: multi-head latent attention with this latent width
-    q_lora_rank: int = 0  # > 0 (with MLA): queries through a low-rank latent too
-    qk_nope_head_dim: int = 0  # MLA: per-head query/key width without RoPE
-    qk_rope_head_dim: int = 0  # MLA: width of the decoupled RoPE query/key
-    v_head_dim: int = 0  # MLA: per-head value width
-    mla_form: str = "naive"  # "absorbed": W_UK folded into q, W_UV into the output
+    # --- sinks and gates (chapter 12) ---
     attn_sinks: bool = (
         False  # a learned per-head logit in the softmax denominator (gpt-oss)
     )
     attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
-    linear_key_heads: int = 0  # Gated DeltaNet ("linear" layers): query/key heads
-    linear_value_heads: int = 0  # ... value heads (a multiple of the key heads)
-    linear_key_dim: int = 0  # ... width of one query/key head
-    linear_value_dim: int = 0  # ... width of one value head
-    linear_conv_kernel: int = 4  # ... the short causal convolution's width
-    linear_rule: str = "gated_delta"  # ... its update ("delta", "linear": ablations)
+    # --- mechanism groups (chapters 08, 10, 11): None leaves the mechanism out ---
+    moe: MoEConfig | None = None  # routed experts in place of the dense FFN
+    mla: MLAConfig | None = None  # multi-head latent attention on every attention layer
+    linear: LinearAttentionConfig | None = None  # Gated DeltaNet on "linear" layers
     _derived: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate(self, CHOICES)
-        derived = tuple(name for name in _DERIVED if getattr(self, name) is None)
+        derived = [name for name in _DERIVED if getattr(self, name) is None]
         for name in derived:
             object.__setattr__(self, name, _DERIVED[name](self))
+        if self.moe is not None and self.moe.expert_d_ff is None:
+            # an expert as wide as the dense FFN unless set (Mixtral)
+            object.__setattr__(self, "moe", self.moe.replace(expert_d_ff=self.d_ff))
+            derived.append("moe.expert_d_ff")
         object.__setattr__(self, "_derived", frozenset(derived))
         validate_rope(self)
 
+    def __repr__(self) -> str:
+        """The fields that differ from the defaults (derived ones left out): a 2017
+        config shows nothing from 2026."""
+        shown = []
+        for name, value in changed_fields(self):
+            if name in self._derived:
+                continue
+            if name == "moe" and "moe.expert_d_ff" in self._derived:
+                value = value.replace(expert_d_ff=None)
+            shown.append(f"{name}={value!r}")
+        return f"ModelConfig({', '.join(shown)})"
+
     @property
     def is_mla(self) -> bool:
-        """True if attention is multi-head latent attention (``kv_lora_rank > 0``)."""
-        return self.kv_lora_rank > 0
+        """True if attention is multi-head latent attention (``mla`` set)."""
+        return self.mla is not None
 
     @property
     def rope_dim(self) -> int:
         """The channels per head that RoPE's tables are built for (under MLA, the RoPE
         part)."""
-        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         """True if layer ``layer`` routes its FFN through experts."""
-        return self.n_experts > 0 and layer >= self.dense_layers
+        return self.moe is not None and layer >= self.moe.dense_layers
 
     def replace(self, **changes: object) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -204,10 +194,13 @@ class ModelConfig:
     def settings(self) -> dict[str, object]:
         """The fields as the user set them: a derived field (left None) is None again,
         so ``ModelConfig(**cfg.settings()) == cfg`` and a ``replace`` re-derives it."""
-        return {
+        out = {
             name: None if name in self._derived else getattr(self, name)
             for name in self.field_names()
         }
+        if "moe.expert_d_ff" in self._derived:
+            out["moe"] = self.moe.replace(expert_d_ff=None)
+        return out
 
     @classmethod
     def field_names(cls) -> list[str]:

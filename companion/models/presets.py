@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import math
 
-from companion.models.config import ModelConfig
+from companion.models.config import (
+    LinearAttentionConfig,
+    MLAConfig,
+    ModelConfig,
+    MoEConfig,
+)
 from companion.ops.rope import RopeScaling
 
 __all__ = [
@@ -111,8 +116,10 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=32768,
         norm_eps=1e-5,
         rope_theta=1e6,
-        n_experts=8,
-        experts_per_token=2,
+        moe=MoEConfig(
+            n_experts=8,
+            experts_per_token=2,
+        ),
     ),
     "llama3-8b": _modern(
         vocab_size=128256,
@@ -155,21 +162,25 @@ PRESETS: dict[str, ModelConfig] = {
         rope_layout="interleaved",
         # 1/√(D_nope + R), times YaRN's mscale² (0.1·ln 40 + 1)²
         attn_scale=192**-0.5 * (0.1 * math.log(40.0) + 1.0) ** 2,
-        kv_lora_rank=512,
-        q_lora_rank=1536,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        n_experts=256,
-        experts_per_token=8,
-        expert_d_ff=2048,
-        dense_layers=3,
-        shared_d_ff=2048,
-        router="sigmoid",
-        router_groups=8,
-        router_topk_groups=4,
-        router_scale=2.5,
-        router_selection_bias=True,
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=8,
+            expert_d_ff=2048,
+            dense_layers=3,
+            shared_d_ff=2048,
+            router="sigmoid",
+            router_groups=8,
+            router_topk_groups=4,
+            router_scale=2.5,
+            router_selection_bias=True,
+        ),
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
     ),
     "qwen3-235b-a22b": _modern(
         vocab_size=151936,
@@ -183,9 +194,11 @@ PRESETS: dict[str, ModelConfig] = {
         norm_eps=1e-6,
         qk_norm="head",
         rope_theta=1000000.0,
-        n_experts=128,
-        experts_per_token=8,
-        expert_d_ff=1536,
+        moe=MoEConfig(
+            n_experts=128,
+            experts_per_token=8,
+            expert_d_ff=1536,
+        ),
     ),
     "gpt-oss-120b": _modern(
         vocab_size=201088,
@@ -210,11 +223,13 @@ PRESETS: dict[str, ModelConfig] = {
         sliding_window=128,
         layer_types=_every(2, 36, "sliding"),
         attn_sinks=True,
-        n_experts=128,
-        experts_per_token=4,
-        expert_d_ff=2880,
-        expert_kind="gpt_oss",
-        router_bias=True,
+        moe=MoEConfig(
+            n_experts=128,
+            experts_per_token=4,
+            expert_d_ff=2880,
+            expert_kind="gpt_oss",
+            router_bias=True,
+        ),
     ),
     "gemma3-27b": _modern(
         vocab_size=262208,
@@ -279,16 +294,20 @@ PRESETS: dict[str, ModelConfig] = {
         partial_rotary_factor=0.25,
         layer_types=_every(4, 48, "linear"),
         attn_output_gate=True,
-        linear_key_heads=16,
-        linear_value_heads=32,
-        linear_key_dim=128,
-        linear_value_dim=128,
-        linear_conv_kernel=4,
-        n_experts=512,
-        experts_per_token=10,
-        expert_d_ff=512,
-        shared_d_ff=512,
-        shared_expert_gate=True,
+        moe=MoEConfig(
+            n_experts=512,
+            experts_per_token=10,
+            expert_d_ff=512,
+            shared_d_ff=512,
+            shared_expert_gate=True,
+        ),
+        linear=LinearAttentionConfig(
+            key_heads=16,
+            value_heads=32,
+            key_dim=128,
+            value_dim=128,
+            conv_kernel=4,
+        ),
     ),
     "smollm2-135m": _modern(
         vocab_size=49152,
@@ -391,15 +410,16 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
             position += f"; local b={rope_base(cfg.rope_local_theta)}"
     act = cfg.activation.split("_")[0].upper()
     ffn = GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
-    if cfg.n_experts:
-        shared = "+1" if cfg.shared_d_ff else ""
-        ffn = "clamped " + ffn if cfg.expert_kind == "gpt_oss" else ffn
-        ffn = f"MoE {cfg.n_experts}{shared}, top-{cfg.experts_per_token}, {ffn} {cfg.expert_d_ff}"
+    moe = cfg.moe
+    if moe is not None:
+        shared = "+1" if moe.shared_d_ff else ""
+        ffn = "clamped " + ffn if moe.expert_kind == "gpt_oss" else ffn
+        ffn = f"MoE {moe.n_experts}{shared}, top-{moe.experts_per_token}, {ffn} {moe.expert_d_ff}"
     else:
         ffn += f", d_ff {cfg.d_ff}"
     h, h_kv = cfg.n_heads, cfg.n_kv_heads
     if cfg.is_mla:
-        attention = f"MLA r={cfg.kv_lora_rank}, {h} heads"
+        attention = f"MLA r={cfg.mla.kv_lora_rank}, {h} heads"
     else:
         sharing = head_sharing(h, h_kv)
         attention = f"MHA {h}" if sharing == "MHA" else f"{sharing} {h}:{h_kv}"

@@ -10,19 +10,20 @@ import math
 from typing import TYPE_CHECKING
 
 from companion.checks import check_int
-from companion.layers.router import check_routing
+from companion.models.config_parts import (
+    ConfigError,
+    LinearAttentionConfig,
+    MLAConfig,
+    MoEConfig,
+)
 from companion.ops.rope import RopeScaling, rope_frequencies
 
 if TYPE_CHECKING:
     from companion.models.config import ModelConfig
 
-__all__ = ["LAYER_TYPES", "ConfigError", "validate", "validate_rope"]
+__all__ = ["LAYER_TYPES", "validate", "validate_rope"]
 
 LAYER_TYPES = ("full", "sliding", "linear")
-
-
-class ConfigError(ValueError):
-    """A config field holds a value the model cannot be built from."""
 
 
 def _probability(cfg: ModelConfig, name: str) -> None:
@@ -53,7 +54,7 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
             )
     if cfg.head_dim is not None:
         check_int("head_dim", cfg.head_dim, 1, ConfigError)
-    elif cfg.kv_lora_rank == 0 and cfg.d_model % cfg.n_heads != 0:
+    elif cfg.mla is None and cfg.d_model % cfg.n_heads != 0:
         divisors = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0][:12]
         raise ConfigError(
             f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads}); "
@@ -120,7 +121,7 @@ def _finite(name: str, value: object, *, positive: bool) -> None:
 def _validate_floats(cfg: ModelConfig) -> None:
     """Every float field finite, and positive where a non-positive value means
     nothing (a NaN scale or an infinite eps gives silently wrong logits)."""
-    for name in ("norm_eps", "init_std", "rope_theta", "router_scale"):
+    for name in ("norm_eps", "init_std", "rope_theta"):
         _finite(name, getattr(cfg, name), positive=True)
     for name in ("rope_local_theta", "attn_scale"):
         if getattr(cfg, name) is not None:
@@ -141,17 +142,10 @@ def _validate_effects(cfg: ModelConfig) -> None:
             f"sliding_window={cfg.sliding_window} has no effect: layer_types has no "
             "'sliding' layer"
         )
-    if cfg.n_experts == 0:
-        for name in ("experts_per_token", "dense_layers", "shared_d_ff"):
-            if getattr(cfg, name):
-                raise ConfigError(
-                    f"{name}={getattr(cfg, name)} has no effect without routed experts: "
-                    "set n_experts > 0"
-                )
-    elif cfg.dense_layers >= cfg.n_layers:
+    if cfg.moe is not None and cfg.moe.dense_layers >= cfg.n_layers:
         raise ConfigError(
-            f"dense_layers={cfg.dense_layers} leaves no MoE layer in n_layers="
-            f"{cfg.n_layers}: set dense_layers < n_layers, or n_experts=0 for a dense "
+            f"moe.dense_layers={cfg.moe.dense_layers} leaves no MoE layer in n_layers="
+            f"{cfg.n_layers}: set moe.dense_layers < n_layers, or moe=None for a dense "
             "model"
         )
     if cfg.position != "rope":
@@ -185,100 +179,48 @@ def validate_rope(cfg: ModelConfig) -> None:
         ) from None
 
 
-# TopKRouter's argument -> the config field that sets it
-_ROUTER_NAMES = {
-    "top_k": "experts_per_token",
-    "n_groups": "router_groups",
-    "topk_groups": "router_topk_groups",
-}
+def _group(cfg: ModelConfig, name: str, kind: type) -> None:
+    """Raise a ConfigError unless ``cfg.<name>`` is None or a ``kind``."""
+    value = getattr(cfg, name)
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(
+            f"{name} must be a {kind.__name__} or None, got {type(value).__name__} "
+            f"{value!r}"
+        )
 
 
 def _validate_moe(cfg: ModelConfig) -> None:
-    for name in ("n_experts", "experts_per_token", "dense_layers", "shared_d_ff"):
-        check_int(name, getattr(cfg, name), 0, ConfigError)
-    for name in (
-        "shared_expert_gate",
-        "router_norm_topk",
-        "router_bias",
-        "router_selection_bias",
-        "attn_sinks",
-        "attn_output_gate",
-    ):
+    for name in ("attn_sinks", "attn_output_gate"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(
                 f"{name} must be True or False, got {getattr(cfg, name)!r}"
             )
-    if cfg.n_experts == 0:
-        return
-    if cfg.expert_d_ff is not None:
-        check_int("expert_d_ff", cfg.expert_d_ff, 1, ConfigError)
-    for name in ("router_groups", "router_topk_groups"):
-        check_int(name, getattr(cfg, name), 1, ConfigError)
-    check_routing(
-        cfg.n_experts,
-        cfg.experts_per_token,
-        cfg.router_groups,
-        cfg.router_topk_groups,
-        names=_ROUTER_NAMES,
-        error=ConfigError,
-    )
-    if cfg.shared_expert_gate and cfg.shared_d_ff == 0:
-        raise ConfigError(
-            "shared_expert_gate needs a shared expert: set shared_d_ff > 0"
-        )
+    _group(cfg, "moe", MoEConfig)
 
 
 def _validate_mla(cfg: ModelConfig) -> None:
-    for name in (
-        "kv_lora_rank",
-        "q_lora_rank",
-        "qk_nope_head_dim",
-        "qk_rope_head_dim",
-        "v_head_dim",
-    ):
-        check_int(name, getattr(cfg, name), 0, ConfigError)
-    if not cfg.is_mla:
-        if cfg.q_lora_rank:
-            raise ConfigError(
-                "q_lora_rank needs multi-head latent attention: set kv_lora_rank"
-            )
+    _group(cfg, "mla", MLAConfig)
+    if cfg.mla is None:
         return
-    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-        check_int(name, getattr(cfg, name), 1, ConfigError)
     if cfg.position != "rope":
         raise ConfigError(
             f"multi-head latent attention needs position='rope', got {cfg.position!r}"
         )
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    qk = cfg.mla.qk_head_dim
     if cfg.head_dim not in (None, qk):
         raise ConfigError(
-            f"head_dim under multi-head latent attention is qk_nope_head_dim + "
-            f"qk_rope_head_dim = {qk} (or None), got {cfg.head_dim}; MLA sets its widths "
-            "with qk_nope_head_dim, qk_rope_head_dim and v_head_dim"
+            f"head_dim under multi-head latent attention is mla.qk_nope_head_dim + "
+            f"mla.qk_rope_head_dim = {qk} (or None), got {cfg.head_dim}; MLA sets its "
+            "widths in mla"
         )
 
 
 def _validate_linear(cfg: ModelConfig) -> None:
-    if "linear" not in (cfg.layer_types or ()):
-        if cfg.linear_rule != "gated_delta":
-            raise ConfigError(
-                f"linear_rule={cfg.linear_rule!r} has no effect: layer_types has no "
-                "'linear' layer"
-            )
-        return
-    for name in (
-        "linear_key_heads",
-        "linear_value_heads",
-        "linear_key_dim",
-        "linear_value_dim",
-        "linear_conv_kernel",
-    ):
-        try:
-            check_int(name, getattr(cfg, name), 1, ConfigError)
-        except ConfigError as err:
-            raise ConfigError(f"layer_types has 'linear' layers: {err}") from None
-    if cfg.linear_value_heads % cfg.linear_key_heads != 0:
+    _group(cfg, "linear", LinearAttentionConfig)
+    has_layers = "linear" in (cfg.layer_types or ())
+    if has_layers and cfg.linear is None:
         raise ConfigError(
-            f"linear_value_heads ({cfg.linear_value_heads}) must be a multiple of "
-            f"linear_key_heads ({cfg.linear_key_heads})"
+            "layer_types has 'linear' layers: set linear=LinearAttentionConfig(...)"
         )
+    if cfg.linear is not None and not has_layers:
+        raise ConfigError("linear has no effect: layer_types has no 'linear' layer")
