@@ -78,6 +78,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "state_dict_from_gguf", "unpermute_qk",
     ),
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
+    "checkpoints.hf_families": ("FAMILIES", "Family"),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
@@ -90,14 +91,34 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.ffn": (
         "ACTIVATIONS", "FeedForward", "FFN_FORMS", "GatedFeedForward", "glu_hidden_size",
     ),
-    "layers.gated_deltanet": ("GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"),
+    "layers.compressed_attention": (
+        "CompressedAttention", "convert_hf_state_dict", "GroupedLinear", "HF_LAYER_TYPES",
+        "KINDS",
+    ),
+    "layers.gated_deltanet": (
+        "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm", "PROJECTIONS",
+    ),
+    "layers.hyper_connections": (
+        "collapse_streams", "collapse_streams_reference", "expand_streams", "HYPER_IMPLS",
+        "hyper_step", "hyper_step_reference", "HyperConnection", "HyperHead", "sinkhorn",
+        "sinkhorn_reference",
+    ),
+    "layers.kimi_delta": (
+        "KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention", "SigmoidGatedRMSNorm",
+    ),
     "layers.kv_cache": (
         "attention_mask", "KVCache", "LatentCache", "position_mask", "query_positions",
         "SlidingWindowCache",
     ),
-    "layers.mha": ("MultiHeadAttention", "QK_NORMS"),
+    "layers.v4_cache": ("CompressedAttentionCache", "CompressorState"),
+    "layers.v4_compressor": ("Compressor", "rope_tail"),
+    "layers.v4_indexer": ("index_scores", "Indexer", "top_k_mask"),
+    "layers.mha": ("GATE_LAYOUTS", "MultiHeadAttention", "QK_NORMS"),
     "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
-    "layers.moe": ("EXPERT_KINDS", "GLUExperts", "GptOssExperts", "MoEFeedForward"),
+    "layers.moe": (
+        "ClampedGatedFeedForward", "EXPERT_KINDS", "GLUExperts", "GptOssExperts",
+        "MoEFeedForward", "ROUTINGS",
+    ),
     "layers.norms": (
         "build_norm", "layer_norm_reference", "LayerNorm", "NORMS", "rms_norm_reference",
         "RMSNorm",
@@ -113,7 +134,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.recording": ("recorded_inputs",),
     "layers.rotary": ("RotaryEmbedding",),
     "layers.router": (
-        "check_routing", "load_balancing_loss", "Routing", "SCORINGS", "TopKRouter",
+        "check_routing", "HashRouter", "load_balancing_loss", "Routing", "SCORINGS",
+        "TopKRouter",
         "update_selection_bias",
     ),
     "models.beam_search": (
@@ -124,7 +146,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "models.config": ("CHOICES", "ModelConfig"),
     "models.config_parts": (
-        "ConfigPart", "changed_fields", "LinearAttentionConfig", "MLAConfig", "MoEConfig",
+        "changed_fields", "ConfigError", "ConfigPart", "LinearAttentionConfig", "MLAConfig",
+        "MoEConfig",
     ),
     "models.decoder": ("DecodeCache", "DecoderLM"),
     "models.encoder": (
@@ -154,14 +177,18 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "naive_cross_entropy",
     ),
     "ops.delta_rule": (
-        "chunk_delta_rule", "chunk_gated_delta_rule", "delta_rule_chunks",
+        "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "delta_rule_chunks",
         "delta_rule_loop", "recurrent_delta_rule", "recurrent_gated_delta_rule",
+        "recurrent_kda",
+    ),
+    "ops.compressed_attention": (
+        "blocked_compress", "check_compress", "naive_compress", "visible_entries",
     ),
     "ops.dispatch": ("attention",),
     "ops.experts": (
         "ContiguousGrad", "EXPERT_FORMS", "EXPERT_IMPLS", "expert_load", "experts_grouped",
         "experts_reference", "gpt_oss_glu", "GROUPED_KERNELS", "grouped_matmul",
-        "grouped_mm_available", "swiglu",
+        "grouped_mm_available", "swiglu", "swiglu_clamped",
     ),
     "ops.flex": ("available", "causal_window_block_mask", "flex_attention_forward"),
     "ops.grouped": ("expand_kv", "grouped_attention"),

@@ -1,5 +1,6 @@
 """companion.checkpoints.transformers for the sparse and hybrid families: Qwen3-MoE,
-DeepSeek-V3 (both MLA forms), gpt-oss and Qwen3-Next, several tiny random configs each: same
+DeepSeek-V3 (both MLA forms), gpt-oss and Qwen3-Next, and the 2026 Qwen3.5 (dense and
+MoE), Trinity, SmolLM3 and MiniMax-M2, tiny random configs: same
 logits, same cached greedy tokens, and named errors for what cannot be converted (chapters
 08, 10-12)."""
 
@@ -162,24 +163,118 @@ FAMILIES = {
             norm_topk_prob=False,
         ),
     ),
+    # 2026: Qwen3.5 (split DeltaNet projections), Trinity (NoPE global layers, a gate of
+    # its own, sigmoid routing), SmolLM3 (NoPE every n-th layer), MiniMax-M2 (full QK-norm)
+    "qwen3.5": (
+        ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+        dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+                "mrope_interleaved": True,
+            },
+        ),
+    ),
+    "qwen3.5-moe": (
+        ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+        dict(
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+        ),
+    ),
+    "trinity": (
+        "Afmoe",
+        dict(
+            num_hidden_layers=4,
+            global_attn_every_n_layers=2,
+            sliding_window=5,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_dense_layers=1,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_shared_experts=2,
+            moe_intermediate_size=16,
+            route_scale=2.5,
+            mup_enabled=True,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "smollm3": (
+        "SmolLM3",
+        dict(
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            no_rope_layer_interval=2,
+            use_sliding_window=True,
+            sliding_window=5,
+        ),
+    ),
+    "minimax-m2": (
+        "MiniMaxM2",
+        dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            rotary_dim=4,
+            intermediate_size=16,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
 }
+
+
+# families whose norm gains are stored as w and applied as 1 + w
+ZERO_CENTRED = ("Qwen3Next", "Qwen3_5TextConfig", "Qwen3_5MoeTextConfig")
 
 
 def make(name: str):
     prefix, kw = FAMILIES[name]
-    cfg = getattr(transformers, f"{prefix}Config")(
+    names = (
+        (f"{prefix}Config", f"{prefix}ForCausalLM")
+        if isinstance(prefix, str)
+        else prefix
+    )
+    cfg = getattr(transformers, names[0])(
         **{**BASE, **kw}, pad_token_id=0, bos_token_id=1, eos_token_id=2
     )
     torch.manual_seed(0)
-    hf = getattr(transformers, f"{prefix}ForCausalLM")(cfg).eval()
+    hf = getattr(transformers, names[1])(cfg).eval()
+    zero_centred = prefix in ZERO_CENTRED or names[0] in ZERO_CENTRED
     with (
         torch.no_grad()
     ):  # random gains, biases, sinks and balancing biases: wiring shows up
         for n, p in hf.named_parameters():
             if "norm" in n:
-                p.normal_(0.0 if prefix == "Qwen3Next" else 1.0, 0.2)
-            elif n.endswith(("bias", "sinks")):
-                p.normal_(0.0, 0.5)
+                p.normal_(0.0 if zero_centred else 1.0, 0.2)
+            elif n.endswith(("bias", "sinks", "router.gate.weight")):
+                p.normal_(0.0, 0.5)  # Trinity's router starts at zero: all ties
         for n, b in hf.named_buffers():
             if n.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.3)

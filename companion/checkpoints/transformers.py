@@ -30,8 +30,10 @@ _NORM_NAMES = {
     "sandwich": {
         "input_layernorm": "attn_norm",
         "post_attention_layernorm": "attn_out_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
+        "pre_feedforward_layernorm": "ffn_norm",  # Gemma 3
         "post_feedforward_layernorm": "ffn_out_norm",
+        "pre_mlp_layernorm": "ffn_norm",  # Trinity
+        "post_mlp_layernorm": "ffn_out_norm",
     },
     "post_branch": {
         "post_attention_layernorm": "attn_out_norm",
@@ -60,6 +62,9 @@ _MOE_NAMES = {
     "mlp.experts.gate_up_proj_bias": "ffn.experts.gate_up_bias",
     "mlp.experts.down_proj_bias": "ffn.experts.down_bias",
     "mlp.shared_expert_gate.weight": "ffn.shared_gate.weight",
+    "mlp.router.gate.weight": "ffn.router.weight",  # Trinity
+    "mlp.expert_bias": "ffn.router.selection_bias",
+    "mlp.e_score_correction_bias": "ffn.router.selection_bias",  # MiniMax-M2
 }
 # gpt-oss stores each expert's matrices as (in, out); ours are (out, in) like nn.Linear
 _TRANSPOSED = {
@@ -76,6 +81,8 @@ def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
         return f"{_MLA_NAMES[mod]}.{leaf}"
     if mod == "self_attn.o_proj":
         return f"attn.out_proj.{leaf}"
+    if mod == "self_attn.gate_proj":  # Trinity's output gate
+        return f"attn.gate_proj.{leaf}"
     if mod in ("self_attn.q_norm", "self_attn.k_norm"):
         return f"attn.{mod.split('.')[1]}.{leaf}"
     if rest == "self_attn.sinks":

@@ -23,6 +23,11 @@ The fused projections are grouped by key head, as in the released checkpoints: f
 head h, ``in_proj_qkvz`` gives ``[q_h (D_k), k_h (D_k), v of its r value heads (r·D_v),
 z of them (r·D_v)]`` and ``in_proj_ba`` gives ``[b (r), a (r)]``. The conv channels are
 ordered ``[q of all heads, k of all heads, v of all heads]``.
+
+``projections="split"`` (Qwen3.5) holds the same maps as four plain projections, named
+as in transformers' ``Qwen3_5GatedDeltaNet``: ``in_proj_qkv.weight (C_conv, d)`` already
+in conv-channel order, ``in_proj_z.weight (H·D_v, d)``, ``in_proj_b.weight (H, d)`` and
+``in_proj_a.weight (H, d)``, value heads in order (value head j reads key head j // r).
 """
 
 from __future__ import annotations
@@ -43,9 +48,19 @@ from companion.ops.linear_attention import (
     recurrent_linear_attention,
 )
 
-__all__ = ["IMPLS", "RULES", "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm"]
+__all__ = [
+    "IMPLS",
+    "PROJECTIONS",
+    "RULES",
+    "GatedDeltaNet",
+    "GatedDeltaNetCache",
+    "GatedRMSNorm",
+]
 
 IMPLS = ("chunk", "recurrent")
+# how the input projections are stored: "grouped" (two fused matrices grouped by key head:
+# Qwen3-Next) or "split" (q·k·v, z, b and a apart, head after head: Qwen3.5)
+PROJECTIONS = ("grouped", "split")
 # the state update, for ablations inside the same layer: "gated_delta" (the layer as
 # released), "delta" (no decay, g = 0: DeltaNet), "linear" (no correction and no decay:
 # S += k vᵀ, linear attention with L2-normalised q and k)
@@ -125,12 +140,17 @@ class GatedDeltaNet(nn.Module):
         impl: str = "chunk",
         chunk_size: int = 64,
         rule: str = "gated_delta",
+        projections: str = "grouped",
     ) -> None:
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        if projections not in PROJECTIONS:
+            raise ValueError(
+                f"projections must be one of {PROJECTIONS}, got {projections!r}"
+            )
         if n_value_heads % n_key_heads:
             raise ValueError(
                 f"n_value_heads must be a multiple of n_key_heads, got {n_value_heads} "
@@ -147,14 +167,18 @@ class GatedDeltaNet(nn.Module):
             value_dim,
         )
         self.conv_kernel, self.impl, self.chunk_size = conv_kernel, impl, chunk_size
-        self.rule = rule
+        self.rule, self.projections = rule, projections
         self.conv_dim = 2 * n_key_heads * key_dim + n_value_heads * value_dim
-        self.in_proj_qkvz = nn.Linear(
-            d_model,
-            2 * n_key_heads * key_dim + 2 * n_value_heads * value_dim,
-            bias=False,
-        )
-        self.in_proj_ba = nn.Linear(d_model, 2 * n_value_heads, bias=False)
+        if projections == "grouped":
+            self.in_proj_qkvz = nn.Linear(
+                d_model, self.conv_dim + n_value_heads * value_dim, bias=False
+            )
+            self.in_proj_ba = nn.Linear(d_model, 2 * n_value_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(d_model, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(d_model, n_value_heads * value_dim, bias=False)
+            self.in_proj_b = nn.Linear(d_model, n_value_heads, bias=False)
+            self.in_proj_a = nn.Linear(d_model, n_value_heads, bias=False)
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False
         )
@@ -188,9 +212,17 @@ class GatedDeltaNet(nn.Module):
         )
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Fused projections -> conv input (B, C_conv, T), z (B, T, H, D_v), b and a (B,
+        """Input projections -> conv input (B, C_conv, T), z (B, T, H, D_v), b and a (B,
         T, H)."""
         b_, t, _ = x.shape
+        if self.projections == "split":  # already in conv-channel and head order
+            z = self.in_proj_z(x).view(b_, t, self.hv, self.dv)
+            return (
+                self.in_proj_qkv(x).transpose(1, 2),
+                z,
+                self.in_proj_b(x),
+                self.in_proj_a(x),
+            )
         r = self.hv // self.hk
         qkvz = self.in_proj_qkvz(x).view(b_, t, self.hk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)

@@ -7,6 +7,10 @@ frequencies. ``x (B, T, d)`` gives the queries; ``context (B, S, d)`` gives keys
 values (``None``: self-attention). The heads run through
 :func:`companion.ops.dispatch.attention`, so ``impl`` picks the reference, SDPA or tiled
 kernel without changing the weights.
+
+The output gate's logits come from the query projection, ``[q_h, gate_h]`` per head
+(``gate_layout="interleaved"``, Qwen3-Next, Qwen3.5), or from a projection of their own,
+``gate_proj.weight (H·D, d)`` with no bias (``"separate"``, Trinity/AFMoE).
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from companion.ops.grouped import expand_kv
 from companion.ops.rope import LAYOUTS, apply_rope
 from companion.ops.sinks import sink_attention_weights
 
-__all__ = ["QK_NORMS", "MultiHeadAttention"]
+__all__ = ["GATE_LAYOUTS", "QK_NORMS", "MultiHeadAttention"]
 
 QK_NORMS = ("none", "head", "full")
+GATE_LAYOUTS = ("interleaved", "separate")
 Cache = KVCache | SlidingWindowCache
 
 
@@ -59,6 +64,7 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         sinks: bool = False,
         output_gate: bool = False,
+        gate_layout: str = "interleaved",
         causal: bool = False,
         window: int | None = None,
         rope: RotaryEmbedding | None = None,
@@ -79,6 +85,7 @@ class MultiHeadAttention(nn.Module):
             ("impl", impl, IMPLS),
             ("qk_norm", qk_norm, QK_NORMS),
             ("rope_layout", rope_layout, LAYOUTS),
+            ("gate_layout", gate_layout, GATE_LAYOUTS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -94,10 +101,14 @@ class MultiHeadAttention(nn.Module):
         self.causal, self.window, self.rope = causal, window, rope
         self._block_masks: dict[tuple, BlockMask] = {}  # FlexAttention masks, by length
         qkv_bias = bias if qkv_bias is None else qkv_bias
+        if gate_layout == "separate" and not output_gate:
+            raise ValueError("gate_layout='separate' needs output_gate=True")
         self.output_gate = output_gate
-        # with an output gate, q's projection also makes each head's gate: [q_h, gate_h]
+        self.gate_layout = gate_layout
+        # an interleaved output gate: q's projection also makes each head's gate [q_h, gate_h]
+        interleaved = output_gate and gate_layout == "interleaved"
         q_out, kv_out = (
-            n_heads * head_dim * (2 if output_gate else 1),
+            n_heads * head_dim * (2 if interleaved else 1),
             n_kv_heads * head_dim,
         )
         self.widths = [q_out, kv_out, kv_out]
@@ -110,6 +121,8 @@ class MultiHeadAttention(nn.Module):
             self.k_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
             self.v_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)
+        if output_gate and not interleaved:  # the gate's own projection of the stream
+            self.gate_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
         self.sinks = (
             nn.Parameter(torch.zeros(n_heads)) if sinks else None
         )  # one logit per head
@@ -210,7 +223,9 @@ class MultiHeadAttention(nn.Module):
         needed."""
         q, k, v = self.project(x, context)
         gate = None
-        if self.output_gate:  # per head: the first D channels query, the next D gate
+        if self.output_gate and self.gate_layout == "separate":
+            gate = self.gate_proj(x)  # (B, T, H·D)
+        elif self.output_gate:  # per head: the first D channels query, the next D gate
             b, t, _ = q.shape
             q, gate = q.view(b, t, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
             q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)

@@ -2,9 +2,14 @@
 10).
 
 Shape legend: N tokens (B·T flattened), d model width, E routed experts, k experts per
-token, G router groups. :class:`TopKRouter` has ``weight (E, d)``, plus ``bias (E,)``
-when ``bias=True`` (gpt-oss); ``selection_bias (E,)`` (DeepSeek-V3's balancing bias) is
-a buffer.
+token, G router groups, V vocabulary. :class:`TopKRouter` has ``weight (E, d)``, plus
+``bias (E,)`` when ``bias=True`` (gpt-oss); ``selection_bias (E,)`` (DeepSeek-V3's
+balancing bias) is a buffer. :class:`HashRouter` (DeepSeek-V4's first MoE layers) has
+``weight (E, d)`` and the buffer ``table (V, k)``: the experts of a token are looked up
+from its id, only their weights come from the scores.
+
+Scorings: ``softmax`` (Mixtral, Qwen), ``sigmoid`` (DeepSeek-V3), ``sqrtsoftplus``
+√softplus(logit) (DeepSeek-V4).
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_choice
+from companion.checks import check_choice, check_int
 from companion.ops.experts import expert_load
 
 __all__ = [
+    "HashRouter",
     "check_routing",
     "SCORINGS",
     "Routing",
@@ -28,7 +34,18 @@ __all__ = [
     "update_selection_bias",
 ]
 
-SCORINGS = ("softmax", "sigmoid")
+
+def _sqrt_softplus(logits: Tensor) -> Tensor:
+    return F.softplus(logits).sqrt()
+
+
+# a router's scores from its logits (N, E), by the name ``scoring`` gives
+SCORE_FUNCTIONS = {
+    "softmax": lambda logits: logits.softmax(-1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": _sqrt_softplus,
+}
+SCORINGS = tuple(SCORE_FUNCTIONS)
 
 
 class Routing(NamedTuple):
@@ -73,8 +90,8 @@ def check_routing(
 
 
 class TopKRouter(nn.Module):
-    """Scores E experts per token and keeps the k best: softmax (Mixtral, Qwen) or
-    sigmoid (V3).
+    """Scores E experts per token and keeps the k best: softmax (Mixtral, Qwen), sigmoid
+    (V3) or √softplus (V4).
 
     ``selection_bias`` is added to the scores only to choose experts, never to the
     weights. With ``n_groups > 1`` the experts form G groups, a group scores the sum of
@@ -123,7 +140,7 @@ class TopKRouter(nn.Module):
         dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 if x is
         bias = None if self.bias is None else self.bias.to(dtype)
         logits = F.linear(x.to(dtype), self.weight.to(dtype), bias)  # (N, E)
-        scores = logits.softmax(-1) if self.scoring == "softmax" else logits.sigmoid()
+        scores = SCORE_FUNCTIONS[self.scoring](logits)  # (N, E)
         choice = scores if self.selection_bias is None else scores + self.selection_bias
         if self.n_groups > 1:
             choice = self._keep_best_groups(choice)
@@ -142,6 +159,66 @@ class TopKRouter(nn.Module):
         return grouped.masked_fill(~keep[..., None], float("-inf")).view(
             n, -1
         )  # (N, E)
+
+
+class HashRouter(nn.Module):
+    """DeepSeek-V4's hash routing: a token's k experts come from its id through a fixed
+    table; the learned ``weight`` only weighs them.
+
+    ``table (V, k)`` (transformers: ``tid2eid``) is a buffer, never trained: a
+    checkpoint brings its own; a fresh one holds k distinct experts per id drawn with
+    ``seed``. The weights are the chosen experts' scores, renormalised to sum to 1 if
+    ``norm_topk``, times ``scale``. In fp32.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        vocab_size: int,
+        *,
+        scoring: str = "sqrtsoftplus",
+        norm_topk: bool = True,
+        scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        check_choice("scoring", scoring, SCORINGS)
+        check_routing(n_experts, top_k)
+        check_int("vocab_size", vocab_size, 1)
+        self.n_experts, self.top_k, self.scoring = n_experts, top_k, scoring
+        self.norm_topk, self.scale, self.seed = norm_topk, scale, seed
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        self.register_buffer("table", torch.zeros(vocab_size, top_k, dtype=torch.long))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``weight`` as :class:`TopKRouter`'s; ``table``: k distinct experts per id,
+        drawn from ``seed``."""
+        bound = 1 / math.sqrt(self.weight.shape[1])
+        nn.init.uniform_(self.weight, -bound, bound)
+        gen = torch.Generator().manual_seed(self.seed)
+        draw = torch.rand(self.table.shape[0], self.n_experts, generator=gen)  # (V, E)
+        self.table.copy_(draw.topk(self.top_k, dim=-1).indices)
+
+    def forward(self, x: Tensor, token_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x (N, d)``, ``token_ids (N,)`` -> ``weights (N, k)``, ``indices (N, k)``,
+        ``scores (N, E)``, in fp32."""
+        ids = token_ids.reshape(-1)  # (N,)
+        if ids.shape[0] != x.shape[0] or ids.dtype.is_floating_point:
+            raise ValueError(
+                f"token_ids must hold one integer id per token, {x.shape[0]} in all; "
+                f"got shape {tuple(token_ids.shape)} and dtype {token_ids.dtype}"
+            )
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        logits = F.linear(x.to(dtype), self.weight.to(dtype))  # (N, E)
+        scores = SCORE_FUNCTIONS[self.scoring](logits)  # (N, E)
+        indices = self.table[ids]  # (N, k): fixed by the ids, not by the scores
+        weights = scores.gather(-1, indices)  # (N, k)
+        if self.norm_topk:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scale, indices, scores
 
 
 def load_balancing_loss(probs: Tensor, indices: Tensor, n_experts: int) -> Tensor:

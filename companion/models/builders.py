@@ -108,6 +108,7 @@ def _attention(cfg: ModelConfig, **fixed: object) -> MultiHeadAttention:
         scale=cfg.attn_scale,
         sinks=cfg.attn_sinks,
         output_gate=cfg.attn_output_gate,
+        gate_layout=cfg.attn_gate_layout,
         **fixed,
     )
 
@@ -150,6 +151,7 @@ def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.
             lin.conv_kernel,
             norm_eps=cfg.norm_eps,
             rule=lin.rule,
+            projections=lin.projections,
         )
     sliding = kind == "sliding"
     rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)

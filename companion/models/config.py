@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 
 from companion.layers.block import PLACEMENTS
 from companion.layers.ffn import ACTIVATIONS, FFN_FORMS
-from companion.layers.mha import QK_NORMS
+from companion.layers.mha import GATE_LAYOUTS, QK_NORMS
 from companion.layers.norms import NORMS
 from companion.layers.positions import POSITIONS
 from companion.models.config_parts import (
@@ -51,6 +51,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "position": POSITIONS,
     "rope_layout": LAYOUTS,
     "qk_norm": QK_NORMS,
+    "attn_gate_layout": GATE_LAYOUTS,
     "attn_impl": IMPLS,
 }
 
@@ -137,6 +138,9 @@ class ModelConfig:
         False  # a learned per-head logit in the softmax denominator (gpt-oss)
     )
     attn_output_gate: bool = False  # sigmoid gate on each head's output (Qwen3-Next)
+    attn_gate_layout: str = (
+        "interleaved"  # its logits from q's rows; "separate": Trinity
+    )
     # --- mechanism groups (chapters 08, 10, 11): None leaves the mechanism out ---
     moe: MoEConfig | None = None  # routed experts in place of the dense FFN
     mla: MLAConfig | None = None  # multi-head latent attention on every attention layer

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, fields
 
 from companion.checks import check_int
+from companion.layers.gated_deltanet import PROJECTIONS as LINEAR_PROJECTIONS
 from companion.layers.gated_deltanet import RULES as LINEAR_RULES
 from companion.layers.mla import FORMS as MLA_FORMS
 from companion.layers.moe import EXPERT_KINDS
@@ -201,7 +202,8 @@ class LinearAttentionConfig(ConfigPart):
     ``key_heads`` query/key heads of width ``key_dim``, ``value_heads`` value heads (a
     multiple) of width ``value_dim``, a causal depthwise convolution of width
     ``conv_kernel``, and the state update ``rule`` ("gated_delta" as released; "delta"
-    and "linear" for ablations)."""
+    and "linear" for ablations). ``projections`` "grouped" fuses q, k, v, z and b, a
+    per key head (Qwen3-Next's checkpoints); "split" keeps them apart (Qwen3.5)."""
 
     GROUP = "linear"
 
@@ -211,6 +213,7 @@ class LinearAttentionConfig(ConfigPart):
     value_dim: int
     conv_kernel: int = 4
     rule: str = "gated_delta"
+    projections: str = "grouped"
 
     def __post_init__(self) -> None:
         g = self.GROUP
@@ -222,3 +225,4 @@ class LinearAttentionConfig(ConfigPart):
                 f"{g}.key_heads ({self.key_heads})"
             )
         _check_choice(g, "rule", self.rule, LINEAR_RULES)
+        _check_choice(g, "projections", self.projections, LINEAR_PROJECTIONS)

@@ -136,6 +136,11 @@ def _validate_floats(cfg: ModelConfig) -> None:
 def _validate_effects(cfg: ModelConfig) -> None:
     """Reject settings that could not change the model, saying why: a user who sets
     them expects an effect."""
+    if cfg.attn_gate_layout != "interleaved" and not cfg.attn_output_gate:
+        raise ConfigError(
+            f"attn_gate_layout={cfg.attn_gate_layout!r} has no effect without an output "
+            "gate: set attn_output_gate=True"
+        )
     kinds = cfg.layer_types
     if cfg.sliding_window is not None and kinds is not None and "sliding" not in kinds:
         raise ConfigError(

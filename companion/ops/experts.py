@@ -31,6 +31,7 @@ __all__ = [
     "grouped_matmul",
     "grouped_mm_available",
     "swiglu",
+    "swiglu_clamped",
 ]
 
 GROUPED_KERNELS = ("segments", "grouped_mm")
@@ -49,6 +50,13 @@ def swiglu(h: Tensor) -> Tensor:
     """``(S, 2F)`` rows ``[gate; up]`` -> ``silu(gate) · up`` ``(S, F)``."""
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def swiglu_clamped(h: Tensor, limit: float) -> Tensor:
+    """DeepSeek-V4's SwiGLU on ``(S, 2F)`` rows ``[gate; up]``: gate clamped above at
+    ``limit``, up to ±``limit``, then ``silu(gate) · up`` ``(S, F)``."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
 
 
 def gpt_oss_glu(h: Tensor, limit: float = 7.0, alpha: float = 1.702) -> Tensor:

@@ -1,0 +1,236 @@
+"""What each supported transformers family adds to the dense block (chapters 05-13).
+
+:func:`companion.checkpoints.transformers_config.config_from_hf` reads the fields every
+family shares (widths, heads, RoPE, layer pattern); the :data:`FAMILIES` entry of the
+architecture gives its ``model_type``, its norm placement and a function that returns
+the config fields beyond them (experts, MLA, gates, DeltaNet, NoPE layers, ...),
+overriding the shared ones where the family differs. A family function appends to
+``problems`` what ``companion`` cannot express; the caller raises them together.
+
+Like the rest of :mod:`companion.checkpoints`, nothing here imports transformers: the
+functions read attributes of ``hf_model.config``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from companion.models.config_parts import LinearAttentionConfig, MLAConfig, MoEConfig
+
+__all__ = ["FAMILIES", "Family"]
+
+Fields = dict[str, object]
+
+
+class Family(NamedTuple):
+    """One transformers architecture: its ``model_type``, the norm placement of its
+    blocks and its own config fields."""
+
+    model_type: str
+    placement: str
+    fields: Callable[[object, list[str]], Fields]
+
+
+def _none(c: object, problems: list[str]) -> Fields:
+    return {}
+
+
+def _qk_head(c: object, problems: list[str]) -> Fields:
+    return {"qk_norm": "head"}
+
+
+def _gemma3(c: object, problems: list[str]) -> Fields:
+    return {
+        "qk_norm": "head",
+        "norm_offset": 1.0,
+        "attn_scale": c.query_pre_attn_scalar**-0.5,
+        "scale_embeddings": True,
+    }
+
+
+def _sparse_layers(c: object, problems: list[str]) -> None:
+    """Qwen's MoE families: every layer must be sparse (the only layout supported)."""
+    step, dense = (
+        getattr(c, "decoder_sparse_step", 1),
+        getattr(c, "mlp_only_layers", []),
+    )
+    if step != 1 or dense:
+        problems.append(
+            f"decoder_sparse_step={step!r} / mlp_only_layers={dense!r} (only all-sparse "
+            "layers)"
+        )
+
+
+def _qwen_moe(c: object, **more: object) -> MoEConfig:
+    return MoEConfig(
+        n_experts=c.num_experts,
+        experts_per_token=c.num_experts_per_tok,
+        expert_d_ff=c.moe_intermediate_size,
+        router_norm_topk=bool(getattr(c, "norm_topk_prob", True)),
+        **more,
+    )
+
+
+def _qwen3_moe(c: object, problems: list[str]) -> Fields:
+    _sparse_layers(c, problems)
+    return {"qk_norm": "head", "moe": _qwen_moe(c)}
+
+
+def _gated_deltanet(c: object, projections: str) -> LinearAttentionConfig:
+    return LinearAttentionConfig(
+        key_heads=c.linear_num_key_heads,
+        value_heads=c.linear_num_value_heads,
+        key_dim=c.linear_key_head_dim,
+        value_dim=c.linear_value_head_dim,
+        conv_kernel=c.linear_conv_kernel_dim,
+        projections=projections,
+    )
+
+
+def _qwen_hybrid(c: object, projections: str) -> Fields:
+    """Qwen3-Next and Qwen3.5: Gated DeltaNet layers, gated attention, (1 + w) norms."""
+    return {
+        "qk_norm": "head",
+        "attn_output_gate": True,
+        "norm_offset": 1.0,
+        "partial_rotary_factor": float(
+            c.rope_parameters.get("partial_rotary_factor", 1.0)
+        ),
+        "linear": _gated_deltanet(c, projections),
+    }
+
+
+def _gated_shared(c: object) -> Fields:
+    return {
+        "shared_d_ff": c.shared_expert_intermediate_size,
+        "shared_expert_gate": True,
+    }
+
+
+def _qwen3_next(c: object, problems: list[str]) -> Fields:
+    _sparse_layers(c, problems)
+    return _qwen_hybrid(c, "grouped") | {"moe": _qwen_moe(c, **_gated_shared(c))}
+
+
+def _qwen3_5(c: object, problems: list[str]) -> Fields:
+    return _qwen_hybrid(c, "split")
+
+
+def _qwen3_5_moe(c: object, problems: list[str]) -> Fields:
+    # no dense FFN anywhere: the config has no intermediate_size
+    moe = _qwen_moe(c, **_gated_shared(c))
+    return _qwen_hybrid(c, "split") | {"moe": moe, "d_ff": moe.expert_d_ff}
+
+
+def _deepseek_v3(c: object, problems: list[str]) -> Fields:
+    return {
+        "moe": MoEConfig(
+            n_experts=c.n_routed_experts,
+            experts_per_token=c.num_experts_per_tok,
+            expert_d_ff=c.moe_intermediate_size,
+            dense_layers=c.first_k_dense_replace,
+            shared_d_ff=c.moe_intermediate_size * c.n_shared_experts,
+            router="sigmoid",
+            router_norm_topk=bool(c.norm_topk_prob),
+            router_groups=c.n_group,
+            router_topk_groups=c.topk_group,
+            router_scale=float(c.routed_scaling_factor),
+            router_selection_bias=True,
+        ),
+        "mla": MLAConfig(
+            kv_lora_rank=c.kv_lora_rank,
+            q_lora_rank=c.q_lora_rank or 0,
+            qk_nope_head_dim=c.qk_nope_head_dim,
+            qk_rope_head_dim=c.qk_rope_head_dim,
+            v_head_dim=c.v_head_dim,
+        ),
+        # MLA: qk_nope_head_dim + qk_rope_head_dim (HF's head_dim is the RoPE part)
+        "head_dim": None,
+        "rope_layout": "interleaved" if getattr(c, "rope_interleave", True) else "half",
+    }
+
+
+def _gpt_oss(c: object, problems: list[str]) -> Fields:
+    if (c.swiglu_limit, c.swiglu_alpha) != (7.0, 1.702):
+        problems.append(
+            f"swiglu_limit/alpha={c.swiglu_limit}/{c.swiglu_alpha} (only 7.0/1.702)"
+        )
+    return {
+        "moe": MoEConfig(
+            n_experts=c.num_local_experts,
+            experts_per_token=c.num_experts_per_tok,
+            expert_d_ff=c.intermediate_size,
+            expert_kind="gpt_oss",
+            router_bias=True,
+        ),
+        "attn_sinks": True,
+        "bias": bool(c.attention_bias),
+    }
+
+
+def _afmoe(c: object, problems: list[str]) -> Fields:
+    """Trinity: RoPE on the sliding layers only, a gate of its own, sigmoid routing."""
+    full = tuple(i for i, t in enumerate(c.layer_types) if t == "full_attention")
+    return {
+        "qk_norm": "head",
+        "attn_output_gate": True,
+        "attn_gate_layout": "separate",
+        "nope_layers": full,
+        "scale_embeddings": bool(getattr(c, "mup_enabled", False)),
+        "moe": MoEConfig(
+            n_experts=c.num_experts,
+            experts_per_token=c.num_experts_per_tok,
+            expert_d_ff=c.moe_intermediate_size,
+            dense_layers=c.num_dense_layers,
+            shared_d_ff=c.moe_intermediate_size * c.num_shared_experts,
+            router="sigmoid",
+            router_scale=float(c.route_scale),
+            router_selection_bias=True,
+        ),
+    }
+
+
+def _smollm3(c: object, problems: list[str]) -> Fields:
+    """SmolLM3: RoPE skipped where ``no_rope_layers`` holds 0."""
+    flags = c.no_rope_layers[: c.num_hidden_layers]
+    return {"nope_layers": tuple(i for i, r in enumerate(flags) if not r)}
+
+
+def _minimax_m2(c: object, problems: list[str]) -> Fields:
+    """MiniMax-M2: full attention with QK-norm over the whole projections, every FFN
+    routed (sigmoid, selection bias), the expert width in ``intermediate_size``."""
+    return {
+        "qk_norm": "full",
+        "partial_rotary_factor": float(
+            c.rope_parameters.get("partial_rotary_factor", 1.0)
+        ),
+        "moe": MoEConfig(
+            n_experts=c.num_local_experts,
+            experts_per_token=c.num_experts_per_tok,
+            expert_d_ff=c.intermediate_size,
+            router="sigmoid",
+            router_selection_bias=True,
+        ),
+    }
+
+
+# architecture -> (model_type, norm placement, its fields)
+FAMILIES: dict[str, Family] = {
+    "LlamaForCausalLM": Family("llama", "pre", _none),
+    "MistralForCausalLM": Family("mistral", "pre", _none),
+    "Qwen3ForCausalLM": Family("qwen3", "pre", _qk_head),
+    "Gemma3ForCausalLM": Family("gemma3_text", "sandwich", _gemma3),
+    "Olmo3ForCausalLM": Family(
+        "olmo3", "post_branch", lambda c, p: {"qk_norm": "full"}
+    ),
+    "Qwen3MoeForCausalLM": Family("qwen3_moe", "pre", _qwen3_moe),
+    "DeepseekV3ForCausalLM": Family("deepseek_v3", "pre", _deepseek_v3),
+    "GptOssForCausalLM": Family("gpt_oss", "pre", _gpt_oss),
+    "Qwen3NextForCausalLM": Family("qwen3_next", "pre", _qwen3_next),
+    "Qwen3_5ForCausalLM": Family("qwen3_5_text", "pre", _qwen3_5),
+    "Qwen3_5MoeForCausalLM": Family("qwen3_5_moe_text", "pre", _qwen3_5_moe),
+    "AfmoeForCausalLM": Family("afmoe", "sandwich", _afmoe),
+    "SmolLM3ForCausalLM": Family("smollm3", "pre", _smollm3),
+    "MiniMaxM2ForCausalLM": Family("minimax_m2", "pre", _minimax_m2),
+}
