@@ -107,8 +107,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention", "SigmoidGatedRMSNorm",
     ),
     "layers.kv_cache": (
-        "attention_mask", "KVCache", "LatentCache", "position_mask", "query_positions",
-        "SlidingWindowCache",
+        "attention_mask", "IndexKeyCache", "KVCache", "LatentCache", "position_mask",
+        "query_positions", "SlidingWindowCache", "SparseLatentCache",
+    ),
+    "layers.lightning_indexer": (
+        "check_indexer", "DSAIndexer", "key_mask", "LightningIndexer", "SharedIndexer",
     ),
     "layers.v4_cache": ("CompressedAttentionCache", "CompressorState"),
     "layers.v4_compressor": ("Compressor", "rope_tail"),
@@ -180,6 +183,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "delta_rule_chunks",
         "delta_rule_loop", "recurrent_delta_rule", "recurrent_gated_delta_rule",
         "recurrent_kda",
+    ),
+    "ops.sparse_attention": (
+        "gather_sparse_attention", "masked_sparse_attention", "selection_mask",
+        "sparse_attention", "SPARSE_IMPLS",
     ),
     "ops.compressed_attention": (
         "blocked_compress", "check_compress", "naive_compress", "visible_entries",

@@ -1,8 +1,9 @@
 """KV caches for decoding: a preallocated cache, a sliding-window ring buffer (chapters
-08, 09) and MLA's latent cache (chapter 08).
+08, 09), MLA's latent cache (chapter 08) and, for DeepSeek Sparse Attention, the
+lightning indexer's key cache and the pair of them one sparse MLA layer keeps.
 
 Shape legend: B batch, H_kv key/value heads, S_max capacity, W window, T new tokens, D
-head width. Both caches are modules whose buffers are allocated once and written in
+head width. The caches are modules whose buffers are allocated once and written in
 place. They are *position-indexed*, as in gpt-fast: ``update(input_pos, k, v)`` writes
 the new tokens at their positions and returns the keys and values attention should read
 with, for each key slot, the absolute position it holds (``-1``: still empty), from
@@ -20,9 +21,11 @@ from torch import Tensor, nn
 from companion.ops.masks import combine_masks
 
 __all__ = [
+    "IndexKeyCache",
     "KVCache",
     "LatentCache",
     "SlidingWindowCache",
+    "SparseLatentCache",
     "attention_mask",
     "position_mask",
     "query_positions",
@@ -201,3 +204,60 @@ class LatentCache(nn.Module):
         self.kv.index_copy_(1, input_pos, kv_new.to(self.kv.dtype))
         self.pos.index_copy_(0, input_pos, input_pos)
         return self.kv, self.pos
+
+
+class IndexKeyCache(nn.Module):
+    """The lightning indexer's key of every position so far: one head of width D_I.
+
+    A buffer ``k (B, S_max, D_I)`` preallocated for ``max_len`` positions; ``update``
+    writes rows at their positions and returns all rows with the position each holds
+    (``-1``: empty), like :class:`LatentCache`.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer(
+            "k", torch.zeros(batch, max_len, head_dim, dtype=dtype, device=device)
+        )
+        self.register_buffer(
+            "pos", torch.full((max_len,), -1, device=device), persistent=False
+        )
+
+    def update(self, input_pos: Tensor, k_new: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``(B, T, D_I)`` at rows ``input_pos (T,)``; return all rows ``(B, S,
+        D_I)`` and their positions ``(S,)``."""
+        self.k.index_copy_(1, input_pos, k_new.to(self.k.dtype))
+        self.pos.index_copy_(0, input_pos, input_pos)
+        return self.k, self.pos
+
+
+class SparseLatentCache(nn.Module):
+    """What one DSA layer (MLA with a lightning indexer) keeps: its :class:`LatentCache`
+    and its indexer's :class:`IndexKeyCache`, both indexed by position.
+
+    ``update`` is the latent cache's, so the MLA code reads it as it reads a plain
+    :class:`LatentCache`; the indexer reads and writes ``index``.
+    """
+
+    def __init__(self, latent: LatentCache, index: IndexKeyCache) -> None:
+        super().__init__()
+        if latent.max_len != index.max_len:
+            raise ValueError(
+                f"latent and index must hold the same positions, got max_len "
+                f"{latent.max_len} and {index.max_len}"
+            )
+        self.latent, self.index = latent, index
+        self.max_len = latent.max_len
+
+    def update(self, input_pos: Tensor, kv_new: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`LatentCache.update` of the latent rows."""
+        return self.latent.update(input_pos, kv_new)

@@ -18,6 +18,10 @@ Each token is compressed into a latent ``c (C,)`` (RMS-normed) and one RoPE key 
   softmax. Nothing per head is ever built for the S keys, which is what makes decoding
   cheap.
 
+DeepSeek Sparse Attention (V3.2, GLM-5) composes onto either form: with an ``indexer``
+(:mod:`companion.layers.lightning_indexer`) each query attends only to the K keys it
+selects (:mod:`companion.ops.sparse_attention`), and the cache adds the indexer keys.
+
 The softmax scale defaults to 1/√(Dn + R). YaRN checkpoints (DeepSeek-V3) multiply it by
 ``mscale(factor, mscale_all_dim)²``: pass ``scale=softmax_scale(Dn + R, rope_scaling)``.
 ``rope_layout="interleaved"`` is transformers' ``rope_interleave=True``: both rotate the
@@ -34,12 +38,15 @@ import torch
 from torch import Tensor, nn
 
 from companion.layers.kv_cache import LatentCache, attention_mask, query_positions
+from companion.layers.lightning_indexer import DSAIndexer, check_indexer
 from companion.layers.norms import RMSNorm
 from companion.layers.rotary import RotaryEmbedding
 from companion.ops.attention import attention_weights
 from companion.ops.dispatch import IMPLS, attention
 from companion.ops.grouped import expand_kv
 from companion.ops.rope import LAYOUTS, RopeScaling, apply_rope, yarn_mscale
+from companion.ops.sparse_attention import SPARSE_IMPLS, selection_mask
+from companion.ops.sparse_attention import sparse_attention as sparse
 
 __all__ = [
     "FORMS",
@@ -103,6 +110,8 @@ class MultiHeadLatentAttention(nn.Module):
         causal: bool = False,
         window: int | None = None,
         rope: RotaryEmbedding | None = None,
+        indexer: DSAIndexer | None = None,
+        sparse_impl: str = "gather",
     ) -> None:
         super().__init__()
         for name, value in (
@@ -127,24 +136,22 @@ class MultiHeadLatentAttention(nn.Module):
             ("form", form, FORMS),
             ("impl", impl, IMPLS),
             ("rope_layout", rope_layout, LAYOUTS),
+            ("sparse_impl", sparse_impl, SPARSE_IMPLS),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         self.d_model, self.n_heads, self.q_lora_rank = d_model, n_heads, q_lora_rank
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
-        self.qk_nope_head_dim, self.qk_rope_head_dim = (
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-        )
-        self.rope_layout, self.form, self.impl, self.dropout = (
-            rope_layout,
-            form,
-            impl,
-            dropout,
-        )
+        self.qk_nope_head_dim = qk_nope_head_dim
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.rope_layout, self.form = rope_layout, form
+        self.impl, self.dropout = impl, dropout
         # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
         self.causal, self.window, self.rope = causal, window, rope
         self.scale = 1.0 / math.sqrt(self.qk_head_dim) if scale is None else scale
+        if indexer is not None:  # DSA: fixed here too, and checked against the layer
+            check_indexer(indexer, q_lora_rank, causal, window, dropout)
+        self.indexer, self.sparse_impl = indexer, sparse_impl
         q_out = n_heads * self.qk_head_dim
         if q_lora_rank == 0:
             self.q_proj = nn.Linear(d_model, q_out, bias=False)
@@ -177,11 +184,12 @@ class MultiHeadLatentAttention(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-    ) -> LatentCache:
+    ) -> nn.Module:
         """An empty :class:`companion.layers.kv_cache.LatentCache` sized for this layer
-        (default: the weights' dtype)."""
+        (default: the weights' dtype); with an indexer, what its ``layer_cache`` makes
+        of it."""
         w = self.kv_a_proj.weight
-        return LatentCache(
+        latent = LatentCache(
             batch,
             max_len,
             self.kv_lora_rank,
@@ -189,25 +197,33 @@ class MultiHeadLatentAttention(nn.Module):
             dtype=dtype or w.dtype,
             device=device or w.device,
         )
+        return latent if self.indexer is None else self.indexer.layer_cache(latent)
 
-    def project(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """q_nope ``(B,H,T,Dn)``, q_rope ``(B,H,T,R)`` and the cache rows ``kv
-        (B,T,C+R)`` = ``[normed latent | k_rope]``; RoPE applied when ``rope = (cos,
-        sin)`` is given."""
+    def check_input(self, x: Tensor) -> None:
+        """Raise a ValueError unless ``x`` is ``(B, T, d)``."""
         if x.ndim != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"x must have shape (B, T, {self.d_model}), got {tuple(x.shape)}"
             )
+
+    def project(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        q_latent: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q_nope ``(B,H,T,Dn)``, q_rope ``(B,H,T,R)`` and the cache rows ``kv
+        (B,T,C+R)`` = ``[normed latent | k_rope]``; RoPE applied when ``rope = (cos,
+        sin)`` is given; ``q_latent``: the query latent if already computed."""
+        self.check_input(x)
         b, t, _ = x.shape
         if self.q_lora_rank == 0:
             q = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = q.view(b, t, self.n_heads, self.qk_head_dim).transpose(
-            1, 2
-        )  # (B, H, T, Dn+R)
+            q_latent = self.q_a_norm(self.q_a_proj(x)) if q_latent is None else q_latent
+            q = self.q_b_proj(q_latent)
+        # (B, H, T, Dn+R)
+        q = q.view(b, t, self.n_heads, self.qk_head_dim).transpose(1, 2)
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         latent, k_rope = self.kv_a_proj(x).split(
             [self.kv_lora_rank, self.qk_rope_head_dim], -1
@@ -226,9 +242,8 @@ class MultiHeadLatentAttention(nn.Module):
         latent, k_rope = kv.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(b, s, self.n_heads, -1).transpose(1, 2)
         k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k_rope = k_rope[:, None].expand(
-            -1, self.n_heads, -1, -1
-        )  # one key shared by all heads
+        # one key shared by all heads
+        k_rope = k_rope[:, None].expand(-1, self.n_heads, -1, -1)
         return torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope], -1), v
 
     def absorbed_qkv(
@@ -250,21 +265,27 @@ class MultiHeadLatentAttention(nn.Module):
         cache: LatentCache | None = None,
         *,
         mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
-        """q, k, v of this layer's form (cache written and read) and the mask and causal
-        flag to use."""
-        positions = query_positions(
-            x, positions, cache, needed=self.rope is not None or self.window is not None
-        )
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None]:
+        """q, k, v of this layer's form (cache written and read), the dense mask and
+        causal flag, and the indexer's selection ``(B, T, K)`` (None without one)."""
+        needed = any(p is not None for p in (self.rope, self.window, self.indexer))
+        positions = query_positions(x, positions, cache, needed=needed)
+        q_latent = indices = None
+        if self.indexer is not None:  # select first: a failure leaves the cache alone
+            self.check_input(x)
+            q_latent = self.q_a_norm(self.q_a_proj(x)) if self.q_lora_rank else None
+            indices = self.indexer(
+                x, q_latent, positions, self.indexer.own_cache(cache), mask=mask
+            )
         q_nope, q_rope, kv = self.project(
-            x, None if self.rope is None else self.rope(positions)
+            x, None if self.rope is None else self.rope(positions), q_latent
         )
         k_pos = None
         if cache is not None:
             kv, k_pos = cache.update(positions, kv)
         mask, causal = attention_mask(positions, k_pos, self.window, mask, self.causal)
         make = self.naive_qkv if self.form == "naive" else self.absorbed_qkv
-        return (*make(q_nope, q_rope, kv), mask, causal)
+        return (*make(q_nope, q_rope, kv), mask, causal, indices)
 
     def forward(
         self,
@@ -277,28 +298,20 @@ class MultiHeadLatentAttention(nn.Module):
         """``(B, T, d)``, called like :class:`companion.layers.mha.MultiHeadAttention`.
         With a ``cache`` the new latents are stored at their positions and the mask
         comes from the positions the cache holds (and this layer's window)."""
-        q, k, v, mask, causal = self.attention_inputs(x, positions, cache, mask=mask)
+        q, k, v, mask, causal, indices = self.attention_inputs(
+            x, positions, cache, mask=mask
+        )
         p = self.dropout if self.training else 0.0
+        kw = {"impl": self.impl, "mask": mask, "scale": self.scale, "dropout_p": p}
         b, h, t, _ = q.shape
-        if t == 1 and not causal and k.shape[1] == 1:
+        if indices is not None:  # DSA: each query reads only its K selected keys
+            o = sparse(q, k, v, indices, scale=self.scale, impl=self.sparse_impl)
+        elif t == 1 and not causal and k.shape[1] == 1:
             # absorbed decode step: every head reads the same latent keys, so fold the heads
             # into the query axis and run one head's attention (no repeated latents)
-            q = q.reshape(b, 1, h, -1)
-            o = attention(
-                q, k, v, impl=self.impl, mask=mask, scale=self.scale, dropout_p=p
-            )
-            o = o.reshape(b, h, 1, -1)
+            o = attention(q.reshape(b, 1, h, -1), k, v, **kw).reshape(b, h, 1, -1)
         else:
-            o = attention(
-                q,
-                k,
-                v,
-                impl=self.impl,
-                mask=mask,
-                causal=causal,
-                scale=self.scale,
-                dropout_p=p,
-            )
+            o = attention(q, k, v, causal=causal, **kw)
         if self.form == "absorbed":
             _, w_uv = self.up_weights()
             o = torch.einsum("bhtc,hvc->bhtv", o, w_uv)  # (B, H, T, Dv)
@@ -307,7 +320,10 @@ class MultiHeadLatentAttention(nn.Module):
     def attention_weights(
         self, x: Tensor, positions: Tensor | None = None, *, mask: Tensor | None = None
     ) -> Tensor:
-        """The ``(B, H, T, S)`` softmax weights."""
-        q, k, _, mask, causal = self.attention_inputs(x, positions, mask=mask)
+        """The ``(B, H, T, S)`` softmax weights (zero off the selection, with an
+        indexer)."""
+        q, k, _, mask, causal, indices = self.attention_inputs(x, positions, mask=mask)
+        if indices is not None:
+            mask, causal = selection_mask(indices, k.shape[2])[:, None], False
         k = expand_kv(k, q.shape[1])  # the absorbed form's one shared latent key
         return attention_weights(q, k, mask=mask, causal=causal, scale=self.scale)
