@@ -21,7 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from companion.checks import check_int, check_number, check_positive, check_targets
+from companion.checks import (
+    check_finite_lr,
+    check_int,
+    check_number,
+    check_positive,
+    check_targets,
+)
 
 __all__ = [
     "History",
@@ -106,7 +112,8 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -
     check_int("step", step, 0)
     check_int("d_model", d_model, 1)
     s = step + 1
-    return factor * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+    lr = factor * d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+    return check_finite_lr("inverse_sqrt_lr", step, lr)
 
 
 def cosine_lr(
@@ -119,9 +126,10 @@ def cosine_lr(
     check_number("max_lr", max_lr)
     check_number("min_lr", min_lr)
     if step < warmup:
-        return max_lr * (step + 1) / warmup
+        return check_finite_lr("cosine_lr", step, max_lr * (step + 1) / warmup)
     progress_frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress_frac))
+    lr = min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress_frac))
+    return check_finite_lr("cosine_lr", step, lr)
 
 
 def label_smoothed_cross_entropy(
@@ -145,8 +153,16 @@ def label_smoothed_cross_entropy(
 
 
 def lm_loss(model: nn.Module, x: Tensor, y: Tensor, smoothing: float = 0.0) -> Tensor:
-    """Next-token loss of a model mapping ``x (B, T)`` to logits ``(B, T, V)``."""
+    """Next-token loss of a model mapping ``x (B, T)`` to logits ``(B, T, V)``; ``y (B,
+    T)`` holds the targets (``-100``: ignored; not all of them)."""
     logits = model(x)
+    if not isinstance(y, Tensor):
+        raise TypeError(f"targets y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"targets y must have the shape of the logits without V, "
+            f"{tuple(logits.shape[:-1])}, got {tuple(y.shape)}"
+        )
     flat, tgt = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
     if smoothing:
         return label_smoothed_cross_entropy(flat, tgt, smoothing)
@@ -195,8 +211,10 @@ def train(
         model.train()
         for step in progress(range(steps), desc=desc):
             if lr_at is not None:
+                name = getattr(lr_at, "__name__", type(lr_at).__name__)
+                lr = check_finite_lr(name, step, lr_at(step))
                 for group in optimizer.param_groups:
-                    group["lr"] = lr_at(step)
+                    group["lr"] = lr
             x, y = get_batch(step)
             loss = loss_fn(model, x, y)
             if not torch.isfinite(loss):

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion.checks import check_cache_buffers, check_int, check_tensor
 from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -151,21 +152,23 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(
                 f"projections must be one of {PROJECTIONS}, got {projections!r}"
             )
+        sizes = {"d_model": d_model, "n_key_heads": n_key_heads, "key_dim": key_dim,
+                 "n_value_heads": n_value_heads, "value_dim": value_dim,
+                 "conv_kernel": conv_kernel, "chunk_size": chunk_size}  # fmt: skip
+        for name, value in sizes.items():
+            check_int(name, value, 1)
         if n_value_heads % n_key_heads:
             raise ValueError(
                 f"n_value_heads must be a multiple of n_key_heads, got {n_value_heads} "
                 f"and {n_key_heads}"
             )
-        if conv_kernel < 1:
-            raise ValueError(f"conv_kernel must be >= 1, got {conv_kernel}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.hk, self.hv, self.dk, self.dv = (
             n_key_heads,
             n_value_heads,
             key_dim,
             value_dim,
         )
+        self.d_model = d_model
         self.conv_kernel, self.impl, self.chunk_size = conv_kernel, impl, chunk_size
         self.rule, self.projections = rule, projections
         self.conv_dim = 2 * n_key_heads * key_dim + n_value_heads * value_dim
@@ -253,6 +256,7 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(
                 "Gated DeltaNet layers take no attention mask: pass unpadded batches"
             )
+        self.check_inputs(x, cache)
         b_, t, _ = x.shape
         mixed, z, b, a = self._split(x)
         if cache is None:
@@ -276,6 +280,22 @@ class GatedDeltaNet(nn.Module):
             cache.recurrent_state.copy_(state)
         o = self.norm(o, z)  # (B, T, H, D_v)
         return self.out_proj(o.reshape(b_, t, self.hv * self.dv))
+
+    def check_inputs(self, x: Tensor, cache: GatedDeltaNetCache | None) -> None:
+        """Raise an error naming the argument that does not fit, before any state is
+        written: ``x (B, T, d)`` and a ``cache`` of the shapes :meth:`new_cache` makes
+        for batch B, on the weights' device. Shapes only: cheap per step."""
+        w = self.conv1d.weight
+        check_tensor("x", x, (None, None, self.d_model), legend="(B, T, d)")
+        if cache is None:
+            return
+        b = x.shape[0]
+        buffers = {  # shapes only: forward casts the states to what it computes in
+            "conv_state": ((b, self.conv_dim, self.conv_kernel - 1), None),
+            "recurrent_state": ((b, self.hv, self.dk, self.dv), None),
+        }
+        hint = f"this layer's new_cache({b})"
+        check_cache_buffers(cache, (GatedDeltaNetCache,), buffers, w.device, hint)
 
     def _update(
         self,

@@ -15,9 +15,13 @@ once.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
+from companion.checks import check_cache_update
 from companion.ops.masks import combine_masks
 
 __all__ = [
@@ -75,6 +79,18 @@ def position_mask(q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Te
     return mask
 
 
+def _checked(update: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple]:
+    """``update`` preceded by its cache's :meth:`check_update`, so a bad call raises
+    before anything is written (``inspect.getsource`` still shows ``update`` itself)."""
+
+    @functools.wraps(update)
+    def checked_update(self: nn.Module, input_pos: Tensor, *new: Tensor) -> tuple:
+        self.check_update(input_pos, *new)
+        return update(self, input_pos, *new)
+
+    return checked_update
+
+
 class KVCache(nn.Module):
     """Keys and values of every position so far, in a buffer sized ``max_len`` up front.
 
@@ -104,6 +120,13 @@ class KVCache(nn.Module):
         )
         self.register_buffer(
             "pos", torch.full((max_len,), -1, device=device), persistent=False
+        )
+
+    def check_update(self, input_pos: Tensor, k_new: Tensor, v_new: Tensor) -> None:
+        """Raise an error naming the argument of :meth:`update` that does not fit."""
+        new = {"k_new": (k_new, self.k), "v_new": (v_new, self.v)}
+        check_cache_update(
+            input_pos, new, axis=2, legend="(B, H_kv, T, D)", max_len=self.max_len
         )
 
     def update(
@@ -139,6 +162,13 @@ class SlidingWindowCache(KVCache):
         super().__init__(batch, n_kv_heads, window, head_dim, **kw)
         self.window = window
 
+    def check_update(self, input_pos: Tensor, k_new: Tensor, v_new: Tensor) -> None:
+        """As :meth:`KVCache.check_update`, any position >= 0 (the ring wraps)."""
+        new = {"k_new": (k_new, self.k), "v_new": (v_new, self.v)}
+        check_cache_update(
+            input_pos, new, axis=2, legend="(B, H_kv, T, D)", max_len=None
+        )
+
     def update(
         self, input_pos: Tensor, k_new: Tensor, v_new: Tensor
     ) -> tuple[Tensor, ...]:
@@ -166,6 +196,11 @@ class SlidingWindowCache(KVCache):
         self.v[:, :, slots] = v_new[:, :, -keep:]
         self.pos[slots] = input_pos[-keep:]
         return k_all, v_all, pos_all
+
+
+# the displayed updates (chapters 08, 09) keep their text; the checks run before them
+KVCache.update = _checked(KVCache.update)
+SlidingWindowCache.update = _checked(SlidingWindowCache.update)
 
 
 class LatentCache(nn.Module):
@@ -201,6 +236,10 @@ class LatentCache(nn.Module):
     def update(self, input_pos: Tensor, kv_new: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``(B, T, C+R)`` at rows ``input_pos (T,)``; return all rows ``(B, S,
         C+R)`` and their positions ``(S,)``."""
+        new = {"kv_new": (kv_new, self.kv)}
+        check_cache_update(
+            input_pos, new, axis=1, legend="(B, T, C+R)", max_len=self.max_len
+        )
         self.kv.index_copy_(1, input_pos, kv_new.to(self.kv.dtype))
         self.pos.index_copy_(0, input_pos, input_pos)
         return self.kv, self.pos

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion.checks import check_cache_buffers, check_tensor
 from companion.layers.kv_cache import (
     KVCache,
     SlidingWindowCache,
@@ -221,6 +222,7 @@ class MultiHeadAttention(nn.Module):
         attention needs, and the output gate's logits. ``block_mask``: a causal layer's
         mask as a FlexAttention BlockMask (built once per length) where no other mask is
         needed."""
+        self.check_inputs(x, cache, context)
         q, k, v = self.project(x, context)
         gate = None
         if self.output_gate and self.gate_layout == "separate":
@@ -249,6 +251,30 @@ class MultiHeadAttention(nn.Module):
             return q, k, v, self._flex_mask(x.shape[1], x.device), False, gate
         mask, causal = attention_mask(positions, k_pos, self.window, mask, self.causal)
         return q, k, v, mask, causal, gate
+
+    def check_inputs(
+        self, x: Tensor, cache: Cache | None, context: Tensor | None
+    ) -> None:
+        """Raise an error naming what does not fit, before anything is written: ``x (B,
+        T, d)``, ``context (B, S, d)``, a ``cache`` as :meth:`new_cache` makes it for B
+        (window, H_kv, D, the weights' dtype and device). Shapes only: cheap per step."""
+        d, w, dev = self.d_model, self.out_proj.weight, self.out_proj.weight.device
+        check_tensor("x", x, (None, None, d), legend="(B, T, d)", device=dev)
+        b = x.shape[0]
+        if context is not None:
+            check_tensor(
+                "context", context, (b, None, d), legend="(B, S, d)", device=dev
+            )
+        hint = f"this layer's new_cache({b}, max_len)"
+        if isinstance(cache, SlidingWindowCache) and cache.window != self.window:
+            raise ValueError(
+                f"cache is a SlidingWindowCache of window {cache.window} but this "
+                f"layer's window is {self.window}: make it with {hint}"
+            )
+        if cache is not None:
+            shape = (b, self.n_kv_heads, getattr(cache, "max_len", 0), self.head_dim)
+            kv = (shape, w.dtype)
+            check_cache_buffers(cache, (KVCache,), {"k": kv, "v": kv}, dev, hint)
 
     def _flex_mask(self, t: int, device: torch.device) -> BlockMask:
         """This layer's causal (windowed) BlockMask for T tokens, built once per

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from companion.checks import check_dtypes_match
 from companion.ops.attention import check_qkv, naive_attention, sdpa_attention
 from companion.ops.flex import BlockMask, flex_attention_forward
 from companion.ops.grouped import expand_kv
@@ -34,9 +35,14 @@ def attention(
     sinks: Tensor | None = None,
 ) -> Tensor:
     """``(B, H, T, Dv)`` from the form ``impl`` names: ``"reference"``, ``"sdpa"``,
-    ``"tiled"`` or ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``)."""
+    ``"tiled"`` or ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``). q, k,
+    v (and a float mask) must share one dtype."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    # a float mask is additive and must share q's dtype too; a bool mask or a BlockMask
+    # carries no dtype of its own
+    float_mask = mask if isinstance(mask, Tensor) and mask.is_floating_point() else None
+    check_dtypes_match(q=q, k=k, v=v, mask=float_mask)
     kw = {"mask": mask, "causal": causal, "scale": scale, "dropout_p": dropout_p}
     if sinks is not None:
         if impl == "reference":
