@@ -29,9 +29,13 @@ __version__ = "0.1.0"
 _MODULES: dict[str, tuple[str, ...]] = {
     "analysis.calculator": (
         "attention_layer_params", "COMPONENTS", "count_params", "dense_ffn_params",
-        "flops_per_token", "gated_deltanet_params", "kv_cache_bytes",
-        "kv_cache_bytes_per_token", "latent_attention_params", "ParamCount", "Tally",
+        "flops_per_token", "kv_cache_bytes",
+        "kv_cache_bytes_per_token", "ParamCount", "Tally",
         "tally_moe",
+    ),
+    "analysis.mixer_params": (
+        "gated_deltanet_params", "indexer_params", "kimi_delta_params",
+        "latent_attention_params", "own_indexer",
     ),
     "analysis.calculator_page": (
         "calculator_html", "config_from_dials", "DIAL_CHOICES", "DIALS", "dial_values",
@@ -79,6 +83,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.hf_families": ("FAMILIES", "Family"),
+    "checkpoints.hf_latent_families": ("LATENT_FAMILIES",),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
@@ -117,6 +122,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.v4_compressor": ("Compressor", "rope_tail"),
     "layers.v4_indexer": ("index_scores", "Indexer", "top_k_mask"),
     "layers.mha": ("GATE_LAYOUTS", "MultiHeadAttention", "QK_NORMS"),
+    "layers.gated_mla": ("HeadGatedLatentAttention",),
     "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
     "layers.moe": (
         "ClampedGatedFeedForward", "EXPERT_KINDS", "GLUExperts", "GptOssExperts",
@@ -145,12 +151,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "beam_search", "Decoded", "EncoderDecoder", "greedy_decode", "length_penalty",
     ),
     "models.builders": (
-        "build_block", "build_ffn", "build_mixer", "build_norms", "rotary_embedding",
+        "build_block", "build_blocks", "build_ffn", "build_mixer", "build_norms",
+        "rotary_embedding",
     ),
     "models.config": ("CHOICES", "ModelConfig"),
     "models.config_parts": (
         "changed_fields", "ConfigError", "ConfigPart", "LinearAttentionConfig", "MLAConfig",
-        "MoEConfig",
+        "MoEConfig", "SparseConfig",
     ),
     "models.decoder": ("DecodeCache", "DecoderLM"),
     "models.encoder": (
@@ -162,6 +169,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "models.mtp": ("mtp_losses", "MTPModule", "trunk_forward"),
     "models.presets": (
+        "SOURCES", "Source",
         "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base", "spec_row", "tiny",
     ),
     "models.seq2seq": (

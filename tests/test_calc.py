@@ -366,3 +366,87 @@ def test_bad_input_is_named(call, message: str) -> None:
 def test_not_a_config() -> None:
     with pytest.raises(TypeError, match="ModelConfig"):
         count_params({"vocab_size": 10})
+
+
+# --- 2026 layer kinds: Kimi Delta Attention, gated MLA, DeepSeek Sparse Attention ---
+
+
+def _new_kinds() -> dict[str, ModelConfig]:
+    from companion.models.config_parts import (
+        LinearAttentionConfig,
+        MLAConfig,
+        MoEConfig,
+        SparseConfig,
+    )
+
+    moe = MoEConfig(8, 2, 16, dense_layers=1, shared_d_ff=16, router="sigmoid")
+    mla = MLAConfig(16, 8, 8, 12, q_lora_rank=24)
+    base = dict(vocab_size=64, d_model=48, n_layers=4, n_heads=4, d_ff=80, ffn="glu")
+    base |= dict(norm="rmsnorm", position="rope", moe=moe, bias=False)
+    kda = dict(key_heads=3, value_heads=3, key_dim=8, value_dim=8, kind="kda")
+    hybrid = dict(layer_types=("linear", "full") * 2)
+    return {
+        "kimi": ModelConfig(
+            **base, **hybrid, mla=mla, linear=LinearAttentionConfig(**kda)
+        ),
+        "bailing": ModelConfig(
+            **base,
+            **hybrid,
+            mla=mla.replace(output_gate=True),
+            linear=LinearAttentionConfig(
+                **kda, kda_layout="bailing", kda_gate_lower_bound=-5.0
+            ),
+        ),
+        "glm-5": ModelConfig(
+            **base,
+            mla=mla.replace(
+                indexer=SparseConfig(3, 16, 5, layers=("full", "shared") * 2)
+            ),
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["kimi", "bailing", "glm-5"])
+def test_new_layer_kinds_count_and_cache_as_built(name: str) -> None:
+    cfg = _new_kinds()[name]
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    pc = count_params(cfg)
+    assert _state_numel(model) == pc.total
+    assert sum(p.numel() for p in model.parameters()) == pc.trainable
+    model = DecoderLM(cfg)
+    for tokens in (3, 16):
+        cache = model.new_cache(1, tokens, dtype=torch.bfloat16)
+        stored = sum(b.numel() * b.element_size() for b in cache.state_dict().values())
+        assert stored == kv_cache_bytes(cfg, tokens)
+
+
+def test_sparse_layers_attend_to_topk_keys_and_index_every_one() -> None:
+    cfg = _new_kinds()["glm-5"]
+    index = 2 * (2 * 3 * 16)  # two layers with an indexer of their own: 2·H_I·D_I
+    attend = 4 * (2 * 4 * (16 + 12))  # four layers, H = 4: 2·H·(D_qk + D_v)
+    # below top-k a key costs attention and indexing; past it, indexing only
+    assert flops_per_token(cfg, 5) - flops_per_token(cfg, 4) == attend + index
+    assert flops_per_token(cfg, 105) - flops_per_token(cfg, 5) == 100 * index
+
+
+NEW_HF_CONFIGS = {  # transformers' defaults: the released models' shapes
+    "kimi-linear-48b": ("KimiLinearConfig", {}),
+    "ling-3.0-flash": ("BailingHybridConfig", {}),
+    "deepseek-v3.2": ("DeepseekV32Config", {}),
+    "glm-5": ("GlmMoeDsaConfig", {}),
+}
+
+
+@pytest.mark.parametrize("name", list(NEW_HF_CONFIGS))
+def test_new_families_count_matches_transformers_on_meta(name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    from companion.checkpoints.transformers_config import config_from_hf
+
+    cls, fields = NEW_HF_CONFIGS[name]
+    hf_cfg = getattr(transformers, cls)(**fields)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    pc = count_params(config_from_hf(hf_cfg))
+    assert _state_numel(model) == pc.total
+    assert sum(p.numel() for p in model.parameters()) == pc.trainable

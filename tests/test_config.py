@@ -358,3 +358,104 @@ def test_a_2017_config_mentions_nothing_from_2026_and_repr_shows_what_differs():
     assert eval(repr(cfg)) == cfg  # noqa: S307 - the repr is valid Python for the same config
     assert [cfg.is_moe_layer(i) for i in range(3)] == [False, True, True]
     assert all(getattr(preset("gpt2"), g) is None for g in ("moe", "mla", "linear"))
+
+
+def _sparse_mla(**indexer: object) -> MLAConfig:
+    from companion.models.config_parts import SparseConfig
+
+    return MLAConfig(
+        16,
+        8,
+        8,
+        8,
+        q_lora_rank=16,
+        indexer=SparseConfig(**{"n_heads": 2, "head_dim": 16, "topk": 4, **indexer}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: LinearAttentionConfig(2, 2, 4, 4, kind="mamba"),
+            r"linear.kind must be one of \('gated_deltanet', 'kda'\)",
+        ),
+        (
+            lambda: LinearAttentionConfig(2, 4, 4, 4, kind="kda"),
+            "kind='kda' needs linear.value_heads == linear.key_heads",
+        ),
+        (
+            lambda: LinearAttentionConfig(2, 2, 4, 4, kda_gate_lower_bound=-5.0),
+            "linear.kda_gate_lower_bound has no effect unless linear.kind == 'kda'",
+        ),
+        (
+            lambda: LinearAttentionConfig(
+                2, 2, 4, 4, kind="kda", kda_gate_lower_bound=1
+            ),
+            "linear.kda_gate_lower_bound must be None or a finite number < 0",
+        ),
+        (
+            lambda: LinearAttentionConfig(2, 2, 4, 4, kind="kda", kda_layout="qwen"),
+            "linear.kda_layout must be one of",
+        ),
+        (
+            lambda: MLAConfig(8, 8, 4, 8, latent_norm_eps=0.0),
+            "mla.latent_norm_eps must be None or a finite number > 0",
+        ),
+        (lambda: MLAConfig(8, 8, 4, 8, output_gate=1), "mla.output_gate must be True"),
+        (
+            lambda: ModelConfig(
+                vocab_size=8,
+                position="rope",
+                mla=MLAConfig(8, 8, 4, 8, indexer=_sparse_mla().indexer),
+            ),
+            "mla.indexer reads the query latent: set mla.q_lora_rank > 0",
+        ),
+        (lambda: _sparse_mla(topk=0), "mla.indexer.topk must be a positive integer"),
+        (
+            lambda: ModelConfig(
+                vocab_size=8, position="rope", mla=_sparse_mla(layers=("full", "all"))
+            ),
+            r"mla.indexer.layers entries must be one of \('full', 'shared'\)",
+        ),
+        (
+            lambda: ModelConfig(
+                vocab_size=8,
+                position="rope",
+                n_layers=3,
+                mla=_sparse_mla(layers=("full",)),
+            ),
+            "mla.indexer.layers has 1 entries but n_layers is 3",
+        ),
+        (
+            lambda: ModelConfig(
+                vocab_size=8,
+                position="rope",
+                n_layers=2,
+                mla=_sparse_mla(layers=("shared", "full")),
+            ),
+            r"the first attention layer \(0\) must be 'full'",
+        ),
+        (
+            lambda: ModelConfig(vocab_size=8, position="learned", mla=_sparse_mla()),
+            r"needs position='rope' \(or 'none'",
+        ),
+    ],
+)
+def test_kda_and_sparse_fields_are_checked_and_named(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_kda_and_sparse_groups_build_and_show_only_what_differs():
+    kda = LinearAttentionConfig(2, 2, 8, 8, kind="kda", kda_gate_lower_bound=-5.0)
+    cfg = ModelConfig(
+        vocab_size=8,
+        position="none",
+        layer_types=("linear", "full"),
+        linear=kda,
+        mla=MLAConfig(16, 8, 8, 8, output_gate=True),
+    )
+    assert "kind='kda'" in repr(cfg) and "output_gate=True" in repr(cfg)
+    assert "indexer" not in repr(cfg) and "latent_norm_eps" not in repr(cfg)
+    assert cfg.replace(n_layers=2) == cfg

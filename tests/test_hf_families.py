@@ -247,6 +247,128 @@ FAMILIES = {
             num_experts_per_tok=2,
         ),
     ),
+    # 2026 KDA hybrids: Kimi Linear (low-rank KDA gates, MLA without RoPE) and Ling's
+    # Bailing (full-rank, bounded KDA gates; MLA with RoPE and a gate per head); both
+    # with a dense first layer, then grouped sigmoid routing that skips experts
+    "kimi-linear": (
+        "KimiLinear",
+        dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=16,
+            routed_scaling_factor=2.5,
+            first_k_dense_replace=1,
+            linear_num_heads=3,
+            linear_head_dim=8,
+            linear_conv_kernel_dim=3,
+        ),
+    ),
+    "bailing-hybrid": (
+        "BailingHybrid",
+        dict(
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,  # the KDA heads' width (linear_head_dim)
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=2,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            short_conv_kernel_size=3,
+        ),
+    ),
+    "bailing-hybrid-unbounded-gate": (
+        "BailingHybrid",
+        dict(
+            num_hidden_layers=3,
+            layer_types=["linear_attention", "linear_attention", "full_attention"],
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=12,
+            kv_lora_rank=12,
+            q_lora_rank=None,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=12,
+            v_head_dim=8,
+            num_local_experts=6,
+            num_experts_per_tok=3,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=False,
+            first_k_dense_replace=0,
+            kda_safe_gate=False,
+            moe_intermediate_size=12,
+        ),
+    ),
+    # DeepSeek Sparse Attention: each query reads the index_topk = 5 keys its lightning
+    # indexer picks (far fewer than the 29 tokens); GLM-5's "shared" layers reuse the
+    # selection of the last "full" one. Index scores are sums of ReLUs, so with few
+    # indexer heads a score can be exactly 0 for two keys: ties that two top-k
+    # implementations may break differently. Enough heads make exact zeros rare.
+    "deepseek-v3.2": (
+        "DeepseekV32",
+        dict(
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            index_topk=5,
+            index_n_heads=3,
+            index_head_dim=16,
+        ),
+    ),
+    "glm-5": (
+        "GlmMoeDsa",
+        dict(
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=20,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=12,
+            v_head_dim=8,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            index_topk=6,
+            index_n_heads=8,
+            index_head_dim=12,
+            indexer_types=["full", "shared", "full", "shared"],
+        ),
+    ),
 }
 
 
@@ -362,3 +484,24 @@ def test_padded_batches_are_refused_by_delta_net_layers():
         ValueError, match="Gated DeltaNet layers take no attention mask"
     ):
         ours(torch.randint(3, 97, (1, 5)), attention_mask=mask)
+
+
+def test_kda_and_sparse_layers_are_built_where_the_config_says():
+    cfg = config_from_hf(make("bailing-hybrid").config)
+    assert cfg.layer_types == ("linear", "full") * 2
+    assert (cfg.linear.kind, cfg.linear.kda_gate_lower_bound) == ("kda", -5.0)
+    assert cfg.mla.output_gate and cfg.moe.dense_layers == 1
+    glm = DecoderLM(config_from_hf(make("glm-5").config))
+    kinds = [type(b.attn.indexer).__name__ for b in glm.blocks]
+    assert kinds == ["LightningIndexer", "SharedIndexer"] * 2
+    assert glm.blocks[3].attn.indexer.source is glm.blocks[2].attn.indexer
+
+
+def test_new_family_options_that_cannot_be_expressed_are_named():
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kw = dict(FAMILIES["kimi-linear"][1], mlp_layer_types=["sparse", "dense"] * 2)
+    with pytest.raises(ValueError, match="mlp_layer_types=.*only dense layers first"):
+        config_from_hf(transformers.KimiLinearConfig(**{**BASE, **kw}, **ids))
+    kw = dict(FAMILIES["bailing-hybrid"][1], hidden_act="gelu")
+    with pytest.raises(ValueError, match="hidden_act='gelu'"):
+        config_from_hf(transformers.BailingHybridConfig(**{**BASE, **kw}, **ids))

@@ -5,8 +5,9 @@ Shape legend: V vocabulary, d model width, L layers, H query heads, H_kv key/val
 heads, D head width, F dense FFN width, E routed experts, k experts per token, F_e
 expert width, F_s shared-expert width; MLA: r latent width, r_q query latent width, R
 decoupled RoPE width, D_nope / D_v per-head key and value widths; Gated DeltaNet: H_k /
-H_v heads, D_k / D_v head widths, K convolution width; w sliding window; s context (keys
-a token attends to).
+H_v heads, D_k / D_v head widths, K convolution width (Kimi Delta Attention: H heads of
+width D, keys and values alike); DSA: H_I indexer heads of width D_I, top-k K_I; w
+sliding window; s context (keys a token attends to).
 
 Everything here is arithmetic on a :class:`~companion.models.config.ModelConfig`: no
 tensor is built. :func:`count_params` counts exactly what
@@ -29,19 +30,29 @@ Conventions, each a choice the published figures force or the chapter argues for
   RoPE key per position for MLA (the absorbed form needs nothing else), and a fixed
   state for Gated DeltaNet layers (the H_v·D_k·D_v delta-rule memory, kept in fp32 by
   default as released hybrids do, plus the convolution's last K − 1 inputs in the cache
-  dtype).
+  dtype). A KDA layer keeps the same kind of state (H·D·D, conv over 3·H·D channels).
+  A DSA layer with its own indexer also caches one D_I-wide indexer key per position
+  (a "shared" indexer layer caches none).
 - **FLOPs** are a forward pass for one token: 2 per weight of every matrix (and conv
   kernel) the token goes through, the output head included even when tied, plus
   attention's 2·s·H·D for the scores and 2·s·H·D for the weighted values (sliding
-  layers: s capped at w). Norms, biases, the embedding lookup and element-wise gates are
-  left out (well under 0.1%). Forward plus backward is about three times this (the 6N
-  rule, N active).
+  layers: s capped at w; DSA layers: s capped at K_I, plus the indexer's 2·s·H_I·D_I
+  scores over every visible key on layers with their own indexer). Norms, biases, the
+  embedding lookup and element-wise gates are left out (well under 0.1%). Forward plus
+  backward is about three times this (the 6N rule, N active).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from companion.analysis.mixer_params import (
+    gated_deltanet_params,
+    indexer_params,
+    kimi_delta_params,
+    latent_attention_params,
+    own_indexer,
+)
 from companion.checks import check_int
 from companion.models.config import ModelConfig
 
@@ -53,10 +64,8 @@ __all__ = [
     "count_params",
     "dense_ffn_params",
     "flops_per_token",
-    "gated_deltanet_params",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
-    "latent_attention_params",
     "tally_moe",
 ]
 
@@ -153,33 +162,24 @@ def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
     return matrices + extra, matrices
 
 
-def latent_attention_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters, matrix weights) of one MLA layer; its two norms have no bias."""
-    mla = cfg.mla
-    d, h, r, r_q = cfg.d_model, cfg.n_heads, mla.kv_lora_rank, mla.q_lora_rank
-    q_heads = h * cfg.head_dim
-    q = d * q_heads if r_q == 0 else d * r_q + r_q * q_heads
-    kv_a = d * (r + mla.qk_rope_head_dim)
-    kv_b = r * h * (mla.qk_nope_head_dim + mla.v_head_dim)
-    out = h * mla.v_head_dim * d
-    matrices = q + kv_a + kv_b + out
-    return matrices + r_q + r, matrices
-
-
-def gated_deltanet_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters, matrix and conv weights) of one Gated DeltaNet layer."""
-    lin = cfg.linear
-    d, h_v = cfg.d_model, lin.value_heads
-    keys, values = lin.key_heads * lin.key_dim, h_v * lin.value_dim
-    qkvz = d * (2 * keys + 2 * values)  # q, k, v and the output gate z
-    ba = d * 2 * h_v  # the write strength β and the decay's input, per value head
-    conv = (2 * keys + values) * lin.conv_kernel  # depthwise, no bias
-    out = values * d
-    weights = qkvz + ba + conv + out
-    return (
-        weights + 2 * h_v + lin.value_dim,
-        weights,
-    )  # + dt_bias, A_log, out norm
+def _mixer_params(cfg: ModelConfig, layer: int, kind: str) -> tuple[int, int]:
+    """(parameters, matrix weights) of layer ``layer``'s token mixer."""
+    if kind == "linear":
+        if cfg.linear.kind == "kda":
+            return kimi_delta_params(cfg)
+        return gated_deltanet_params(cfg)
+    if not cfg.is_mla:
+        return attention_layer_params(cfg)
+    params, weights = latent_attention_params(cfg)
+    if cfg.mla.output_gate:  # a gate logit per head
+        params, weights = (
+            params + cfg.n_heads * cfg.d_model,
+            weights + cfg.n_heads * cfg.d_model,
+        )
+    if own_indexer(cfg, layer):
+        more, more_w = indexer_params(cfg)
+        params, weights = params + more, weights + more_w
+    return params, weights
 
 
 def dense_ffn_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -217,12 +217,7 @@ def _tally(cfg: ModelConfig) -> Tally:
         tally.add("positions", cfg.max_seq_len * d)
     norm = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     for layer, kind in enumerate(cfg.layer_types):
-        if kind == "linear":
-            params, weights = gated_deltanet_params(cfg)
-        elif cfg.is_mla:
-            params, weights = latent_attention_params(cfg)
-        else:
-            params, weights = attention_layer_params(cfg)
+        params, weights = _mixer_params(cfg, layer, kind)
         tally.add("attention", params, macs=weights)
         if cfg.is_moe_layer(layer):
             tally_moe(cfg, tally)
@@ -257,7 +252,9 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
     _check_config(cfg)
     check_int("dtype_bytes", dtype_bytes, 1)
     layers = sum(kind != "linear" for kind in cfg.layer_types)
-    return layers * _cache_width(cfg) * dtype_bytes
+    index = sum(own_indexer(cfg, i) for i in range(cfg.n_layers))
+    d_i = cfg.mla.indexer.head_dim if index else 0
+    return (layers * _cache_width(cfg) + index * d_i) * dtype_bytes
 
 
 def kv_cache_bytes(
@@ -281,7 +278,7 @@ def kv_cache_bytes(
     check_int("batch", batch, 1)
     check_int("state_dtype_bytes", state_dtype_bytes, 1)
     total = 0
-    for kind in cfg.layer_types:
+    for layer, kind in enumerate(cfg.layer_types):
         if kind == "linear":
             lin = cfg.linear
             h_k, h_v, d_k, d_v = (
@@ -294,7 +291,10 @@ def kv_cache_bytes(
             total += (2 * h_k * d_k + h_v * d_v) * (lin.conv_kernel - 1) * dtype_bytes
         else:
             kept = min(tokens, cfg.sliding_window) if kind == "sliding" else tokens
-            total += kept * _cache_width(cfg) * dtype_bytes
+            width = _cache_width(cfg)
+            if own_indexer(cfg, layer):
+                width += cfg.mla.indexer.head_dim
+            total += kept * width * dtype_bytes
     return batch * total
 
 
@@ -303,19 +303,25 @@ def flops_per_token(cfg: ModelConfig, context: int) -> int:
 
     2 × the active matrix weights, plus per attention layer 2·s·H·D_qk (scores) and
     2·s·H·D_v (weighted values) with s = ``context`` (sliding layers: min(s, w)); MLA
-    counts its heads' full widths (D_qk = D_nope + R). A Gated DeltaNet layer's state
-    costs 6·H_v·D_k·D_v whatever the context (read-out, the delta rule's read and its
-    write).
+    counts its heads' full widths (D_qk = D_nope + R); a DSA layer attends to min(s,
+    K_I) keys and, with its own indexer, adds 2·s·H_I·D_I for the index scores. A
+    Gated DeltaNet (or KDA) layer's state costs 6·H_v·D_k·D_v whatever the context
+    (read-out, the delta rule's read and its write).
     """
     tally = _tally(cfg)
     check_int("context", context, 0)
     mixing = 0
-    for kind in cfg.layer_types:
+    for layer, kind in enumerate(cfg.layer_types):
         if kind == "linear":
             lin = cfg.linear
             mixing += 6 * lin.value_heads * lin.key_dim * lin.value_dim
             continue
         s = min(context, cfg.sliding_window) if kind == "sliding" else context
         d_v = cfg.mla.v_head_dim if cfg.mla is not None else cfg.head_dim
+        sparse = cfg.mla.indexer if cfg.mla is not None else None
+        if sparse is not None:
+            if own_indexer(cfg, layer):  # the indexer scores every visible key
+                mixing += 2 * s * sparse.n_heads * sparse.head_dim
+            s = min(s, sparse.topk)
         mixing += 2 * s * cfg.n_heads * (cfg.head_dim + d_v)
     return 2 * tally.macs + mixing

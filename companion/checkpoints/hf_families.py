@@ -4,7 +4,9 @@
 family shares (widths, heads, RoPE, layer pattern); the :data:`FAMILIES` entry of the
 architecture gives its ``model_type``, its norm placement and a function that returns
 the config fields beyond them (experts, MLA, gates, DeltaNet, NoPE layers, ...),
-overriding the shared ones where the family differs. A family function appends to
+overriding the shared ones where the family differs (the DeepSeek-style families, MLA
+and what composes onto it, are in :mod:`companion.checkpoints.hf_latent_families`). A
+family function appends to
 ``problems`` what ``companion`` cannot express; the caller raises them together.
 
 Like the rest of :mod:`companion.checkpoints`, nothing here imports transformers: the
@@ -16,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from companion.models.config_parts import LinearAttentionConfig, MLAConfig, MoEConfig
+from companion.checkpoints.hf_latent_families import LATENT_FAMILIES as LATENT
+from companion.models.config_parts import LinearAttentionConfig, MoEConfig
 
 __all__ = ["FAMILIES", "Family"]
 
@@ -123,34 +126,6 @@ def _qwen3_5_moe(c: object, problems: list[str]) -> Fields:
     return _qwen_hybrid(c, "split") | {"moe": moe, "d_ff": moe.expert_d_ff}
 
 
-def _deepseek_v3(c: object, problems: list[str]) -> Fields:
-    return {
-        "moe": MoEConfig(
-            n_experts=c.n_routed_experts,
-            experts_per_token=c.num_experts_per_tok,
-            expert_d_ff=c.moe_intermediate_size,
-            dense_layers=c.first_k_dense_replace,
-            shared_d_ff=c.moe_intermediate_size * c.n_shared_experts,
-            router="sigmoid",
-            router_norm_topk=bool(c.norm_topk_prob),
-            router_groups=c.n_group,
-            router_topk_groups=c.topk_group,
-            router_scale=float(c.routed_scaling_factor),
-            router_selection_bias=True,
-        ),
-        "mla": MLAConfig(
-            kv_lora_rank=c.kv_lora_rank,
-            q_lora_rank=c.q_lora_rank or 0,
-            qk_nope_head_dim=c.qk_nope_head_dim,
-            qk_rope_head_dim=c.qk_rope_head_dim,
-            v_head_dim=c.v_head_dim,
-        ),
-        # MLA: qk_nope_head_dim + qk_rope_head_dim (HF's head_dim is the RoPE part)
-        "head_dim": None,
-        "rope_layout": "interleaved" if getattr(c, "rope_interleave", True) else "half",
-    }
-
-
 def _gpt_oss(c: object, problems: list[str]) -> Fields:
     if (c.swiglu_limit, c.swiglu_alpha) != (7.0, 1.702):
         problems.append(
@@ -225,7 +200,7 @@ FAMILIES: dict[str, Family] = {
         "olmo3", "post_branch", lambda c, p: {"qk_norm": "full"}
     ),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", "pre", _qwen3_moe),
-    "DeepseekV3ForCausalLM": Family("deepseek_v3", "pre", _deepseek_v3),
+    "DeepseekV3ForCausalLM": Family("deepseek_v3", "pre", LATENT["deepseek_v3"]),
     "GptOssForCausalLM": Family("gpt_oss", "pre", _gpt_oss),
     "Qwen3NextForCausalLM": Family("qwen3_next", "pre", _qwen3_next),
     "Qwen3_5ForCausalLM": Family("qwen3_5_text", "pre", _qwen3_5),
@@ -233,4 +208,10 @@ FAMILIES: dict[str, Family] = {
     "AfmoeForCausalLM": Family("afmoe", "sandwich", _afmoe),
     "SmolLM3ForCausalLM": Family("smollm3", "pre", _smollm3),
     "MiniMaxM2ForCausalLM": Family("minimax_m2", "pre", _minimax_m2),
+    "KimiLinearForCausalLM": Family("kimi_linear", "pre", LATENT["kimi_linear"]),
+    "BailingHybridForCausalLM": Family(
+        "bailing_hybrid", "pre", LATENT["bailing_hybrid"]
+    ),
+    "DeepseekV32ForCausalLM": Family("deepseek_v32", "pre", LATENT["deepseek_v32"]),
+    "GlmMoeDsaForCausalLM": Family("glm_moe_dsa", "pre", LATENT["glm_moe_dsa"]),
 }

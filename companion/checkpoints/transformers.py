@@ -72,13 +72,29 @@ _TRANSPOSED = {
 }
 
 
-def _layer_key(rest: str, cfg: ModelConfig) -> str | None:
+def _kda_layer(cfg: ModelConfig, layer: int) -> bool:
+    """True if layer ``layer`` is Kimi Delta Attention (its weights under ``self_attn``
+    carry our names already)."""
+    return (
+        cfg.linear is not None
+        and cfg.linear.kind == "kda"
+        and cfg.layer_types[layer] == "linear"
+    )
+
+
+def _layer_key(rest: str, cfg: ModelConfig, layer: int = 0) -> str | None:
     """Our name (inside ``blocks.i``) of one HF layer tensor, or None if no rule maps
     it. Separate q, k and v projections are fused later, in
     :func:`convert_state_dict`."""
     mod, leaf = rest.rsplit(".", 1)  # e.g. "self_attn.o_proj", "weight"
+    if rest.startswith("self_attn.") and _kda_layer(cfg, layer):
+        return "attn." + rest.removeprefix("self_attn.")  # KDA: the same names
     if cfg.is_mla and mod in _MLA_NAMES:
         return f"{_MLA_NAMES[mod]}.{leaf}"
+    if cfg.is_mla and mod == "self_attn.g_proj":  # Bailing's gate per head
+        return f"attn.gate_proj.{leaf}"
+    if cfg.is_mla and rest.startswith("self_attn.indexer."):  # DSA: the same names
+        return "attn." + rest.removeprefix("self_attn.")
     if mod == "self_attn.o_proj":
         return f"attn.out_proj.{leaf}"
     if mod == "self_attn.gate_proj":  # Trinity's output gate
@@ -129,7 +145,7 @@ def convert_state_dict(
         elif parts[:2] == ["model", "layers"] and len(parts) >= 5:
             i, rest = int(parts[2]), ".".join(parts[3:])
             mod, leaf = rest.rsplit(".", 1)
-            ours = _layer_key(rest, cfg)
+            ours = _layer_key(rest, cfg, i)
             if ours is None and mod in (
                 "self_attn.q_proj",
                 "self_attn.k_proj",

@@ -8,7 +8,9 @@ gains, local/global layers with two RoPE bases), Olmo 3 (post-branch norms, full
 QK-norm, sliding layers), Qwen3-MoE (experts), DeepSeek-V3 (latent attention,
 group-limited sigmoid routing, a shared expert, dense first layers), gpt-oss (attention
 sinks, biases, clamped-SwiGLU experts, 1:1 sliding layers) and Qwen3-Next (Gated
-DeltaNet layers 3:1 with gated attention, experts with a gated shared expert). Options
+DeltaNet layers 3:1 with gated attention, experts with a gated shared expert), and the
+families of :mod:`companion.checkpoints.hf_families` after them (Qwen3.5, Trinity,
+SmolLM3, MiniMax-M2, Kimi Linear, Ling's Bailing hybrid, DeepSeek-V3.2, GLM-5). Options
 ``companion`` cannot express are rejected with an error that names them, never silently
 dropped.
 
@@ -78,7 +80,8 @@ def config_from_hf(hf_config: object) -> ModelConfig:
     act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", None)
     if act not in _ACTIVATIONS:
         problems.append(f"activation {act!r} (supported: {sorted(_ACTIVATIONS)})")
-    rope = dict(c.rope_parameters)
+    # Kimi Linear has no RoPE at all (its family sets position="none")
+    rope = dict(getattr(c, "rope_parameters", None) or {"rope_theta": 10000.0})
     local_theta = None
     if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3, Olmo 3)
         local = dict(rope.get("sliding_attention", rope["full_attention"]))

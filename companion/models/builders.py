@@ -24,6 +24,9 @@ from torch import nn
 from companion.layers.block import TransformerBlock
 from companion.layers.ffn import FeedForward, GatedFeedForward
 from companion.layers.gated_deltanet import GatedDeltaNet
+from companion.layers.gated_mla import HeadGatedLatentAttention
+from companion.layers.kimi_delta import KimiDeltaAttention
+from companion.layers.lightning_indexer import LightningIndexer, SharedIndexer
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.mla import MultiHeadLatentAttention, softmax_scale
 from companion.layers.moe import MoEFeedForward
@@ -34,6 +37,7 @@ from companion.ops.rope import RopeScaling
 
 __all__ = [
     "build_block",
+    "build_blocks",
     "build_ffn",
     "build_mixer",
     "build_norms",
@@ -113,12 +117,47 @@ def _attention(cfg: ModelConfig, **fixed: object) -> MultiHeadAttention:
     )
 
 
-def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAttention:
+def _indexer(
+    cfg: ModelConfig,
+    layer: int,
+    rope: RotaryEmbedding | None,
+    source: LightningIndexer | None,
+) -> LightningIndexer | SharedIndexer | None:
+    """Layer ``layer``'s DSA indexer: its own, the ``source`` one shared, or None."""
+    sparse = cfg.mla.indexer
+    if sparse is None:
+        return None
+    if sparse.kind(layer) == "shared":
+        if source is None:
+            raise ValueError(
+                f"layer {layer} shares the indexer of an earlier 'full' layer "
+                "(mla.indexer.layers): pass it as indexer_source, or build the stack "
+                "with build_blocks"
+            )
+        return SharedIndexer(source)
+    return LightningIndexer(
+        cfg.d_model,
+        cfg.mla.q_lora_rank,
+        n_heads=sparse.n_heads,
+        head_dim=sparse.head_dim,
+        topk=sparse.topk,
+        rope=rope,
+        rope_layout=sparse.rope_layout,
+    )
+
+
+def _latent_attention(
+    cfg: ModelConfig,
+    layer: int = 0,
+    source: LightningIndexer | None = None,
+    **fixed: object,
+) -> MultiHeadLatentAttention:
     scale = cfg.attn_scale
     if scale is None:
         scale = softmax_scale(cfg.head_dim, cfg.rope_scaling)
     mla = cfg.mla
-    return MultiHeadLatentAttention(
+    cls = HeadGatedLatentAttention if mla.output_gate else MultiHeadLatentAttention
+    return cls(
         cfg.d_model,
         cfg.n_heads,
         kv_lora_rank=mla.kv_lora_rank,
@@ -126,38 +165,65 @@ def _latent_attention(cfg: ModelConfig, **fixed: object) -> MultiHeadLatentAtten
         qk_rope_head_dim=mla.qk_rope_head_dim,
         v_head_dim=mla.v_head_dim,
         q_lora_rank=mla.q_lora_rank,
-        norm_eps=cfg.norm_eps,
+        norm_eps=cfg.norm_eps if mla.latent_norm_eps is None else mla.latent_norm_eps,
         rope_layout=cfg.rope_layout,
         scale=scale,
         form=mla.form,
         impl=cfg.attn_impl,
         dropout=cfg.attn_dropout,
+        indexer=_indexer(cfg, layer, fixed.get("rope"), source),
         **fixed,
     )
 
 
-def build_mixer(cfg: ModelConfig, layer: int = 0, *, causal: bool = True) -> nn.Module:
-    """Layer ``layer``'s token mixer: Gated DeltaNet on ``"linear"`` layers, else MLA or
-    multi-head attention, with this layer's window and RoPE table fixed in it."""
-    kind = cfg.layer_types[layer]
-    if kind == "linear":
-        lin = cfg.linear
-        return GatedDeltaNet(
+def _linear(cfg: ModelConfig) -> nn.Module:
+    """A ``"linear"`` layer's recurrence: Gated DeltaNet or Kimi Delta Attention."""
+    lin = cfg.linear
+    if lin.kind == "kda":
+        return KimiDeltaAttention(
             cfg.d_model,
             lin.key_heads,
-            lin.value_heads,
             lin.key_dim,
-            lin.value_dim,
             lin.conv_kernel,
-            norm_eps=cfg.norm_eps,
-            rule=lin.rule,
-            projections=lin.projections,
+            cfg.norm_eps,
+            layout=lin.kda_layout,
+            gate_lower_bound=lin.kda_gate_lower_bound,
         )
+    return GatedDeltaNet(
+        cfg.d_model,
+        lin.key_heads,
+        lin.value_heads,
+        lin.key_dim,
+        lin.value_dim,
+        lin.conv_kernel,
+        norm_eps=cfg.norm_eps,
+        rule=lin.rule,
+        projections=lin.projections,
+    )
+
+
+def build_mixer(
+    cfg: ModelConfig,
+    layer: int = 0,
+    *,
+    causal: bool = True,
+    indexer_source: LightningIndexer | None = None,
+) -> nn.Module:
+    """Layer ``layer``'s token mixer: Gated DeltaNet or KDA on ``"linear"`` layers,
+    else MLA (gated, sparse) or multi-head attention, with this layer's window and RoPE
+    table fixed in it. A GLM-5 ``"shared"`` indexer layer reuses ``indexer_source``,
+    the indexer of the last ``"full"`` one before it."""
+    kind = cfg.layer_types[layer]
+    if kind == "linear":
+        return _linear(cfg)
     sliding = kind == "sliding"
     rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)
     window = cfg.sliding_window if sliding and causal else None
-    make = _latent_attention if cfg.is_mla else _attention
-    return make(cfg, causal=causal, window=window, rope=rope)
+    if cfg.is_mla:
+        return _latent_attention(
+            cfg, layer, indexer_source, causal=causal, window=window, rope=rope
+        )
+    return _attention(cfg, causal=causal, window=window, rope=rope)
 
 
 def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
@@ -191,11 +257,12 @@ def build_block(
     *,
     causal: bool = True,
     cross_attention: bool = False,
+    indexer_source: LightningIndexer | None = None,
 ) -> TransformerBlock:
     """Layer ``layer`` of a stack: its norms, token mixer, optional cross-attention (the
     2017 decoder; no RoPE, never causal) and FFN, built in that order."""
     attn_norm, attn_out_norm = build_norms(cfg)
-    attn = build_mixer(cfg, layer, causal=causal)
+    attn = build_mixer(cfg, layer, causal=causal, indexer_source=indexer_source)
     cross = {}
     if cross_attention:
         cross_norm, cross_out_norm = build_norms(cfg)
@@ -213,3 +280,16 @@ def build_block(
         dropout=cfg.dropout,
         **cross,
     )
+
+
+def build_blocks(cfg: ModelConfig) -> list[TransformerBlock]:
+    """The decoder's ``cfg.n_layers`` causal blocks in order, each ``"shared"``
+    indexer layer (GLM-5) handed the indexer of the last ``"full"`` one before it."""
+    blocks, source = [], None
+    for i in range(cfg.n_layers):
+        block = build_block(cfg, i, indexer_source=source)
+        own = getattr(block.attn, "indexer", None)
+        if isinstance(own, LightningIndexer):
+            source = own
+        blocks.append(block)
+    return blocks

@@ -21,7 +21,7 @@ from companion.layers.embedding import embed_tokens, embedding_params, normal_in
 from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.layers.recording import recorded_inputs
-from companion.models.builders import build_block, rotary_embedding
+from companion.models.builders import build_blocks, rotary_embedding
 from companion.models.config import ModelConfig
 from companion.models.generation import generate
 from companion.models.inputs import check_mask, check_token_ids
@@ -76,7 +76,7 @@ class DecoderLM(nn.Module):
         elif cfg.position == "sinusoidal":
             self.pos_emb = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(build_block(cfg, i) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(build_blocks(cfg))
         # Post-LN blocks end in a norm already; every other placement leaves the stream raw.
         self.final_norm = (
             nn.Identity()

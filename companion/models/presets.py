@@ -7,13 +7,16 @@ RoPE base and scaling, tied embeddings, biases), so that
 :func:`companion.analysis.calculator.count_params` gives the published parameter count
 and a ``DecoderLM`` built from it on the meta device has the shapes of the real
 checkpoint. ``max_seq_len`` is the config's ``max_position_embeddings``. Text towers
-only: Gemma 3's vision encoder and DeepSeek-V3's multi-token-prediction module are left
-out. :func:`spec_row` writes a preset as one row of the chapter's spec sheet.
+only: Gemma 3's and Qwen3.5's vision encoders and the multi-token-prediction modules
+(DeepSeek-V3, Qwen3.5, MiniMax-M2) are left out. For the presets from 2025 on,
+:data:`SOURCES` says which file each copies, the published counts, and which values no
+primary source gave. :func:`spec_row` writes a preset as one row of the chapter's spec sheet.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from companion.models.config import (
     LinearAttentionConfig,
@@ -26,6 +29,8 @@ from companion.ops.rope import RopeScaling
 __all__ = [
     "GLU_NAMES",
     "PRESETS",
+    "SOURCES",
+    "Source",
     "head_sharing",
     "preset",
     "rope_base",
@@ -71,6 +76,12 @@ def _modern(**fields: object) -> ModelConfig:
 def _every(n: int, layers: int, kind: str) -> tuple[str, ...]:
     """Layer i is full attention when (i + 1) is a multiple of n, else ``kind``."""
     return tuple("full" if (i + 1) % n == 0 else kind for i in range(layers))
+
+
+def _nope_every(n: int, layers: int) -> tuple[int, ...]:
+    """The layers i with (i + 1) a multiple of n: SmolLM3's NoPE layers, Trinity's full
+    (and RoPE-free) ones."""
+    return tuple(i for i in range(layers) if (i + 1) % n == 0)
 
 
 _DEEPSEEK_YARN = RopeScaling(
@@ -321,6 +332,160 @@ PRESETS: dict[str, ModelConfig] = {
         rope_theta=100000.0,
         tie_embeddings=True,
     ),
+    # --- 2025-2026: the sources and the values no primary source gave are in SOURCES ---
+    "smollm3-3b": _modern(
+        vocab_size=128256,
+        d_model=2048,
+        n_layers=36,
+        n_heads=16,
+        n_kv_heads=4,
+        d_ff=11008,
+        max_seq_len=65536,
+        norm_eps=1e-6,
+        rope_theta=2000000.0,
+        nope_layers=_nope_every(
+            4, 36
+        ),  # no_rope_layer_interval 4: layers 3, 7, ..., 35
+        tie_embeddings=True,
+    ),
+    "minimax-m2": _modern(
+        vocab_size=200064,
+        d_model=3072,
+        n_layers=62,
+        n_heads=48,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=1536,
+        max_seq_len=196608,
+        norm_eps=1e-6,
+        qk_norm="full",  # RMSNorm over the whole q and k projections
+        rope_theta=5000000.0,
+        partial_rotary_factor=0.5,  # rotary_dim 64 of 128
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=8,
+            expert_d_ff=1536,
+            router="sigmoid",
+            router_selection_bias=True,
+        ),
+    ),
+    "trinity-large": _modern(
+        vocab_size=200192,
+        d_model=3072,
+        n_layers=60,
+        n_heads=48,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=12288,
+        max_seq_len=131072,
+        norm_eps=1e-5,
+        norm_placement="sandwich",
+        qk_norm="head",
+        rope_theta=10000.0,
+        sliding_window=4096,
+        layer_types=_every(4, 60, "sliding"),
+        nope_layers=_nope_every(4, 60),  # RoPE on the sliding layers only
+        attn_output_gate=True,
+        attn_gate_layout="separate",
+        scale_embeddings=True,  # mup_enabled
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=4,
+            expert_d_ff=3072,
+            dense_layers=6,
+            shared_d_ff=3072,
+            router="sigmoid",
+            router_scale=2.826,
+            router_selection_bias=True,
+        ),
+    ),
+    "qwen3.5-397b-a17b": _modern(
+        vocab_size=248320,
+        d_model=4096,
+        n_layers=60,
+        n_heads=32,
+        n_kv_heads=2,
+        head_dim=256,
+        d_ff=1024,  # no dense FFN: the config has no intermediate_size
+        max_seq_len=262144,
+        norm_eps=1e-6,
+        norm_offset=1.0,
+        qk_norm="head",
+        rope_theta=10000000.0,
+        partial_rotary_factor=0.25,
+        layer_types=_every(4, 60, "linear"),
+        attn_output_gate=True,
+        moe=MoEConfig(
+            n_experts=512,
+            experts_per_token=10,
+            expert_d_ff=1024,
+            shared_d_ff=1024,
+            shared_expert_gate=True,
+        ),
+        linear=LinearAttentionConfig(
+            key_heads=16,
+            value_heads=64,
+            key_dim=128,
+            value_dim=128,
+            projections="split",
+        ),
+    ),
+}
+
+
+class Source(NamedTuple):
+    """Where a preset's values and published counts come from.
+
+    ``config``: the released ``config.json`` or the copy of it that was read; ``counts``:
+    the published total and active parameters as the card writes them, with where;
+    ``unverified``: fields no primary source gave (read from transformers' defaults for
+    that checkpoint or from a sibling model's file), each with what was used.
+    """
+
+    config: str
+    counts: str
+    unverified: tuple[str, ...] = ()
+
+
+# the presets from 2025 on; the earlier ones cite their checkpoints in the chapters
+SOURCES: dict[str, Source] = {
+    "smollm3-3b": Source(
+        "HuggingFaceTB/SmolLM3-3B config.json, as transformers 5.24's SmolLM3Config "
+        "defaults (they name that checkpoint) and a fine-tune's copy of the file",
+        "'3B' in the model's name; no exact count found",
+        (
+            "rope_theta: transformers' default 2e6, the released file not read",
+            "max_position_embeddings: 65536 from a fine-tune's copy",
+        ),
+    ),
+    "minimax-m2": Source(
+        "MiniMaxAI/MiniMax-M2 config.json, as copied in third-party test fixtures (two "
+        "agree on every width; one gives 204800 positions, likely from M2.1)",
+        "'230 billion total parameters with 10 billion active' (SGLang's MiniMax-M2 "
+        "page); the preset counts 228.69B (text, no MTP modules) and 9.80B active "
+        "without the embedding tables; the card's convention is not stated",
+    ),
+    "trinity-large": Source(
+        "arcee-ai/Trinity-Large-Preview: widths, layers, experts and window from a "
+        "config copy that writes Large as overrides of Trinity-Nano's file; the card's "
+        "architecture table agrees (6 dense layers, 256 experts + 1 shared, 4 active)",
+        "'398B-parameter sparse MoE ... approximately 13B active parameters per token' "
+        "(the Trinity-Large-Preview model card); the hub's count of the checkpoint "
+        "shows 399B, the preset counts 398.64B: the card truncates",
+        (
+            "vocab_size 200192, rope_theta 1e4, route_scale 2.826, max positions 131072, "
+            "norm_eps 1e-5, head_dim 128, 1 full layer in 4: Trinity-Nano's values, not "
+            "confirmed for Large",
+        ),
+    ),
+    "qwen3.5-397b-a17b": Source(
+        "Qwen/Qwen3.5-397B-A17B config.json (text_config), as copied in third-party code "
+        "(several copies agree; one writes a shared expert of 4096, the rest 1024)",
+        "'397B total parameters, 17B activated' (SGLang's Qwen3.5 page, from the card); "
+        "the preset counts 396.35B and 17.35B active for the text tower; the release is "
+        "a vision-language model with an MTP layer, and which of them the 397B includes "
+        "is not stated",
+    ),
 }
 
 
@@ -408,6 +573,8 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
             position += f" ×{factor:g}" if factor else ""
         if cfg.rope_local_theta is not None:
             position += f"; local b={rope_base(cfg.rope_local_theta)}"
+        if cfg.nope_layers:
+            position += f"; NoPE on {len(cfg.nope_layers)} of {cfg.n_layers} layers"
     act = cfg.activation.split("_")[0].upper()
     ffn = GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
     moe = cfg.moe

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 from companion.checks import check_int
 from companion.models.config_parts import (
+    INDEXER_KINDS,
     ConfigError,
     LinearAttentionConfig,
     MLAConfig,
     MoEConfig,
+    SparseConfig,
 )
 from companion.ops.rope import RopeScaling, rope_frequencies
 
@@ -207,9 +209,10 @@ def _validate_mla(cfg: ModelConfig) -> None:
     _group(cfg, "mla", MLAConfig)
     if cfg.mla is None:
         return
-    if cfg.position != "rope":
+    if cfg.position not in ("rope", "none"):
         raise ConfigError(
-            f"multi-head latent attention needs position='rope', got {cfg.position!r}"
+            "multi-head latent attention needs position='rope' (or 'none': no RoPE, "
+            f"Kimi Linear), got {cfg.position!r}"
         )
     qk = cfg.mla.qk_head_dim
     if cfg.head_dim not in (None, qk):
@@ -218,6 +221,7 @@ def _validate_mla(cfg: ModelConfig) -> None:
             f"mla.qk_rope_head_dim = {qk} (or None), got {cfg.head_dim}; MLA sets its "
             "widths in mla"
         )
+    _validate_indexer(cfg)
 
 
 def _validate_linear(cfg: ModelConfig) -> None:
@@ -229,3 +233,51 @@ def _validate_linear(cfg: ModelConfig) -> None:
         )
     if cfg.linear is not None and not has_layers:
         raise ConfigError("linear has no effect: layer_types has no 'linear' layer")
+
+
+def _validate_indexer(cfg: ModelConfig) -> None:
+    """A DSA indexer's per-layer kinds fit the stack: one per layer, the first
+    attention layer "full", and no sliding window (the selection is the whole mask)."""
+    mla, sparse = cfg.mla, cfg.mla.indexer
+    if sparse is None:
+        return
+    if not isinstance(sparse, SparseConfig):
+        raise ConfigError(
+            f"mla.indexer must be a SparseConfig or None, got {type(sparse).__name__} "
+            f"{sparse!r}"
+        )
+    if mla.q_lora_rank == 0:
+        raise ConfigError("mla.indexer reads the query latent: set mla.q_lora_rank > 0")
+    if sparse.head_dim < mla.qk_rope_head_dim:
+        raise ConfigError(
+            f"mla.indexer.head_dim ({sparse.head_dim}) must be at least "
+            f"mla.qk_rope_head_dim ({mla.qk_rope_head_dim}), the channels it rotates"
+        )
+    if sparse.layers is not None and not isinstance(sparse.layers, tuple):
+        raise ConfigError(
+            f"mla.indexer.layers must be a tuple or None, got "
+            f"{type(sparse.layers).__name__} {sparse.layers!r}"
+        )
+    bad = sorted(set(sparse.layers or ()) - set(INDEXER_KINDS))
+    if bad:
+        raise ConfigError(
+            f"mla.indexer.layers entries must be one of {INDEXER_KINDS}, got {bad}"
+        )
+    if sparse.layers is not None and len(sparse.layers) != cfg.n_layers:
+        raise ConfigError(
+            f"mla.indexer.layers has {len(sparse.layers)} entries but n_layers is "
+            f"{cfg.n_layers}"
+        )
+    default = "sliding" if cfg.sliding_window else "full"
+    kinds = cfg.layer_types or (default,) * cfg.n_layers
+    if "sliding" in kinds:
+        raise ConfigError(
+            "mla.indexer (sparse attention) does not combine with 'sliding' layers: the "
+            "indexer's selection is the whole mask"
+        )
+    attn_layers = [i for i, k in enumerate(kinds) if k != "linear"]
+    if attn_layers and sparse.kind(attn_layers[0]) != "full":
+        raise ConfigError(
+            f"mla.indexer.layers: the first attention layer ({attn_layers[0]}) must be "
+            "'full'; a 'shared' layer reuses the selection of a 'full' one before it"
+        )
