@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from companion.models.config import (
+from companion.models.config import ModelConfig
+from companion.models.config_parts import (
     LinearAttentionConfig,
     MLAConfig,
-    ModelConfig,
     MoEConfig,
+    SparseConfig,
 )
 from companion.ops.rope import RopeScaling
 
@@ -430,6 +431,173 @@ PRESETS: dict[str, ModelConfig] = {
             projections="split",
         ),
     ),
+    "deepseek-v3.2": _modern(
+        vocab_size=129280,
+        d_model=7168,
+        n_layers=61,
+        n_heads=128,
+        d_ff=18432,
+        max_seq_len=163840,
+        norm_eps=1e-6,
+        rope_scaling=_DEEPSEEK_YARN,
+        rope_layout="interleaved",
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=8,
+            expert_d_ff=2048,
+            dense_layers=3,
+            shared_d_ff=2048,
+            router="sigmoid",
+            router_groups=8,
+            router_topk_groups=4,
+            router_scale=2.5,
+            router_selection_bias=True,
+        ),
+        # DeepSeek-V3's MLA with the lightning indexer: 64 heads of 128, the top 2048 keys
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            q_lora_rank=1536,
+            indexer=SparseConfig(n_heads=64, head_dim=128, topk=2048),
+        ),
+    ),
+    "glm-5": _modern(
+        vocab_size=154880,
+        d_model=6144,
+        n_layers=78,
+        n_heads=64,
+        d_ff=12288,
+        max_seq_len=202752,
+        norm_eps=1e-5,
+        rope_theta=1000000.0,
+        rope_layout="interleaved",
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=8,
+            expert_d_ff=2048,
+            dense_layers=3,
+            shared_d_ff=2048,
+            router="sigmoid",
+            router_scale=2.5,
+            router_selection_bias=True,
+        ),
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=192,
+            qk_rope_head_dim=64,
+            v_head_dim=256,
+            q_lora_rank=2048,
+            latent_norm_eps=1e-6,
+            indexer=SparseConfig(
+                n_heads=32, head_dim=128, topk=2048, rope_layout="interleaved"
+            ),
+        ),
+    ),
+    "kimi-k2.5": _modern(
+        vocab_size=163840,
+        d_model=7168,
+        n_layers=61,
+        n_heads=64,
+        d_ff=18432,
+        max_seq_len=262144,
+        norm_eps=1e-5,
+        rope_theta=50000.0,
+        rope_layout="interleaved",
+        moe=MoEConfig(
+            n_experts=384,
+            experts_per_token=8,
+            expert_d_ff=2048,
+            dense_layers=1,
+            shared_d_ff=2048,
+            router="sigmoid",
+            router_scale=2.827,
+            router_selection_bias=True,
+        ),
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            q_lora_rank=1536,
+            latent_norm_eps=1e-6,
+        ),
+    ),
+    "kimi-linear-48b-a3b": _modern(
+        vocab_size=163840,
+        d_model=2304,
+        n_layers=27,
+        n_heads=32,
+        d_ff=9216,
+        max_seq_len=1048576,
+        norm_eps=1e-5,
+        position="none",  # mla_use_nope: the MLA layers rotate nothing
+        # 1-based full_attn_layers 4, 8, ..., 24 and 27: 7 MLA layers, 20 KDA layers
+        layer_types=tuple(
+            "full" if i in (3, 7, 11, 15, 19, 23, 26) else "linear" for i in range(27)
+        ),
+        moe=MoEConfig(
+            n_experts=256,
+            experts_per_token=8,
+            expert_d_ff=1024,
+            dense_layers=1,
+            shared_d_ff=1024,
+            router="sigmoid",
+            router_scale=2.446,
+            router_selection_bias=True,
+        ),
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            latent_norm_eps=1e-6,
+        ),
+        linear=LinearAttentionConfig(
+            key_heads=32, value_heads=32, key_dim=128, value_dim=128, kind="kda"
+        ),
+    ),
+    "ling-3.0-flash": _modern(
+        vocab_size=157184,
+        d_model=2560,
+        n_layers=42,
+        n_heads=32,
+        d_ff=6144,
+        max_seq_len=262144,
+        norm_eps=1e-6,
+        rope_theta=6000000.0,
+        rope_layout="interleaved",
+        layer_types=_every(6, 42, "linear"),  # layer_group_size 6: one MLA layer in 6
+        moe=MoEConfig(
+            n_experts=512,
+            experts_per_token=8,
+            expert_d_ff=768,
+            dense_layers=2,
+            shared_d_ff=768,
+            router="sigmoid",
+            router_groups=8,
+            router_topk_groups=4,
+            router_scale=2.5,
+            router_selection_bias=True,
+        ),
+        mla=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            output_gate=True,  # a sigmoid gate per head
+        ),
+        linear=LinearAttentionConfig(
+            key_heads=32,
+            value_heads=32,
+            key_dim=128,
+            value_dim=128,
+            kind="kda",
+            kda_layout="bailing",
+            kda_gate_lower_bound=-5.0,
+        ),
+    ),
 }
 
 
@@ -449,6 +617,54 @@ class Source(NamedTuple):
 
 # the presets from 2025 on; the earlier ones cite their checkpoints in the chapters
 SOURCES: dict[str, Source] = {
+    "deepseek-v3.2": Source(
+        "deepseek-ai/DeepSeek-V3.2-Exp inference/config_671B_v3.2.json and model.py's "
+        "defaults (DeepSeek's GitHub), in transformers' field names; the HF-format "
+        "values (positions, eps) as transformers 5.24's DeepseekV32Config defaults",
+        "'685B-parameter MoE backbone' (transformers' docs: the hub's count, with the MTP "
+        "module); the preset counts 671.88B without it (DeepSeek-V3's 671.03B plus "
+        "0.85B of indexers) and 38.40B active; no V3.2 source gives an active count",
+    ),
+    "glm-5": Source(
+        "zai-org/GLM-5-FP8 config.json (the official FP8 release)",
+        "'744B parameters (40B active)' (zai-org/GLM-5 README); the preset counts "
+        "743.91B without the MTP layer and 41.78B active, 40.83B without the "
+        "embedding tables: the README truncates",
+    ),
+    "kimi-k2.5": Source(
+        "moonshotai/Kimi-K2.5 text_config (DeepSeek-V3's architecture), as copied in "
+        "third-party tests; the K2 family's widths as in NVIDIA's Kimi-K2 provider",
+        "'1 trillion total parameters, 32 billion activated' (the Kimi K2 card, which "
+        "K2.5 continues), '1.026T' in a registry's copy of the K2 card; the preset "
+        "counts 1026.41B and 32.86B active for the text model: the card truncates",
+        (
+            "rope_scaling: the YaRN settings for 256k positions were not found; the "
+            "preset has none",
+            "max_position_embeddings 262144: from API context tables, not the file",
+            "the vision tower is left out; K2.5's own card counts were not found",
+        ),
+    ),
+    "kimi-linear-48b-a3b": Source(
+        "moonshotai/Kimi-Linear-48B-A3B-Instruct config.json as copied in third-party "
+        "tests (they agree with transformers 5.24's KimiLinearConfig defaults, which name "
+        "that checkpoint)",
+        "'48B total, 3B activated' (MoonshotAI/Kimi-Linear README); the preset counts "
+        "49.12B and 3.11B active without the embedding tables: the README's total is "
+        "the model's name, not a count",
+    ),
+    "ling-3.0-flash": Source(
+        "inclusionAI/Ling-3.0-Flash config (model_type bailing_hybrid) as pinned in a "
+        "third-party test against the real safetensors index, and transformers 5.24's "
+        "BailingHybridConfig defaults (they name that checkpoint)",
+        "no published count found; the preset counts 124.41B and 5.51B active. The "
+        "source's Ling 2.5 1T ('1T total, 63B active', 1:7 MLA + lightning attention) "
+        "is a different hybrid whose config was not found",
+        (
+            "max_position_embeddings 262144: transformers' default",
+            "sigmoid scores with a selection bias: from small Ling fixtures, not the "
+            "Flash file",
+        ),
+    ),
     "smollm3-3b": Source(
         "HuggingFaceTB/SmolLM3-3B config.json, as transformers 5.24's SmolLM3Config "
         "defaults (they name that checkpoint) and a fine-tune's copy of the file",
@@ -562,7 +778,7 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     position = {
         "sinusoidal": "sinusoidal, additive",
         "learned": "learned absolute",
-    }.get(cfg.position, "none")
+    }.get(cfg.position, "none (NoPE)")
     if cfg.position == "rope":
         position = f"RoPE, b={rope_base(cfg.rope_theta)}"
         if cfg.partial_rotary_factor < 1:
@@ -587,6 +803,10 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     h, h_kv = cfg.n_heads, cfg.n_kv_heads
     if cfg.is_mla:
         attention = f"MLA r={cfg.mla.kv_lora_rank}, {h} heads"
+        if cfg.mla.output_gate:
+            attention = "gated " + attention
+        if cfg.mla.indexer is not None:
+            attention += f", sparse top-{cfg.mla.indexer.topk}"
     else:
         sharing = head_sharing(h, h_kv)
         attention = f"MHA {h}" if sharing == "MHA" else f"{sharing} {h}:{h_kv}"
@@ -598,9 +818,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
         if "full" in unit:
             attention += f" at {unit.count('sliding')}:{unit.count('full')}"
     if "linear" in unit:
-        attention = (
-            f"Gated DeltaNet : {attention}, {unit.count('linear')}:{unit.count('full')}"
-        )
+        mixer = "KDA" if cfg.linear.kind == "kda" else "Gated DeltaNet"
+        ratio = f"{unit.count('linear')}:{unit.count('full')}"
+        attention = f"{mixer} : {attention}, {ratio}"
     if cfg.attn_sinks:
         attention += ", sinks"
     return {
