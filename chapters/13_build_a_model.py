@@ -23,7 +23,7 @@
 # token uses, how many bytes each cached token costs and how many FLOPs each token takes.
 # We write the formulas, check them to the integer against `companion.analysis.calculator` (which is
 # itself tested against the released checkpoints' counts), print the spec sheet of
-# fourteen released models from GPT-2 to Olmo 3, and build a small calculator you can turn
+# {glue:text}`ch13-n-presets` released models from GPT-2 to Qwen3.5, and build a small calculator you can turn
 # the dials of. We end with the one budgeting rule that survived the whole period, the
 # $6N$ rule, and what it means once $N$ is the *active* count.
 
@@ -230,8 +230,8 @@ glue("ch13-attn-share-long", f"{attn_share_long:.0%}", display=False)
 # ## The spec sheet
 #
 # Every preset in `companion.models.presets` copies a released `config.json`, and `spec_row`
-# writes one as a row of text. Here are all fourteen, in order of release, one row per
-# model and one column per part of the block.
+# writes one as a row of text. Here are all {glue:text}`ch13-n-presets`, in order of
+# release, one row per model and one column per part of the block.
 
 # %%
 RELEASED = {  # name -> (label, release date as a fractional year)
@@ -248,9 +248,20 @@ RELEASED = {  # name -> (label, release date as a fractional year)
     "qwen3-235b-a22b": ("Qwen3-235B-A22B", 2025.32),
     "gpt-oss-120b": ("gpt-oss-120b", 2025.6),
     "qwen3-next-80b-a3b": ("Qwen3-Next-80B-A3B", 2025.7),
+    "smollm3-3b": ("SmolLM3 3B", 2025.52),
+    "minimax-m2": ("MiniMax-M2", 2025.82),
+    "kimi-linear-48b-a3b": ("Kimi Linear 48B-A3B", 2025.83),
     "olmo3-32b": ("Olmo 3 32B", 2025.88),
+    "deepseek-v3.2": ("DeepSeek-V3.2", 2025.92),
+    "kimi-k2.5": ("Kimi K2.5", 2026.07),
+    "trinity-large": ("Trinity Large", 2026.08),
+    "glm-5": ("GLM-5", 2026.11),
+    "qwen3.5-397b-a17b": ("Qwen3.5-397B-A17B", 2026.12),
+    # its release date was not found: placed in the year transformers added its class
+    "ling-3.0-flash": ("Ling-3.0-Flash", 2026.46),
 }
 assert sorted(RELEASED) == sorted(PRESETS)
+glue("ch13-n-presets", str(len(RELEASED)), display=False)
 rows = {name: spec_row(preset(name)) for name in RELEASED}
 FIELDS = ("norm", "position", "ffn", "attention", "vocab", "context")
 assert all(tuple(row) == FIELDS for row in rows.values())
@@ -741,7 +752,7 @@ glue("ch13-6n-over", f"{dsv3.total / dsv3.active:.1f}", display=False)
 # - Doubling $P_\text{active}$ overcounts FLOPs by $2(Vd + \text{norms})$
 #   ({glue:text}`ch13-flop-over` for Llama 3 8B): the input embedding is a lookup. At 8k
 #   tokens attention's own term is {glue:text}`ch13-attn-share`.
-# - The spec sheet of fourteen presets matches the published vocabularies (50,257 →
+# - The spec sheet of {glue:text}`ch13-n-presets` presets matches the published vocabularies (50,257 →
 #   262,208), head layouts and windows; "context" differs where configs store
 #   `max_position_embeddings` rather than the trained length.
 # - The sparse turn: DeepSeek-V3 stores {glue:text}`ch13-ratio-deepseek-v3`× what it uses
