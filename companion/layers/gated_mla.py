@@ -16,16 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from companion.layers.kv_cache import LatentCache
 from companion.layers.mla import MultiHeadLatentAttention
-from companion.ops.dispatch import attention
-from companion.ops.sparse_attention import sparse_attention
 
 __all__ = ["HeadGatedLatentAttention"]
 
 
 class HeadGatedLatentAttention(MultiHeadLatentAttention):
-    """MLA whose heads are each scaled by ``σ(gate_proj x)`` before ``out_proj``. Takes
+    """MLA whose heads are each scaled by ``σ(gate_proj x)`` before ``out_proj``: only
+    :meth:`merge_heads` differs. Takes
     :class:`~companion.layers.mla.MultiHeadLatentAttention`'s arguments; adds the
     parameter ``gate_proj (H, d)``."""
 
@@ -33,33 +31,8 @@ class HeadGatedLatentAttention(MultiHeadLatentAttention):
         super().__init__(d_model, n_heads, **kwargs)
         self.gate_proj = nn.Linear(d_model, n_heads, bias=False)
 
-    def forward(
-        self,
-        x: Tensor,
-        positions: Tensor | None = None,
-        cache: LatentCache | None = None,
-        *,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        """``(B, T, d)``, called like the ungated layer: the same attention, each head's
-        output gated before the projection."""
-        q, k, v, mask, causal, indices = self.attention_inputs(
-            x, positions, cache, mask=mask
-        )
-        p = self.dropout if self.training else 0.0
-        kw = {"impl": self.impl, "mask": mask, "scale": self.scale, "dropout_p": p}
-        b, h, t, _ = q.shape
-        if indices is not None:
-            o = sparse_attention(
-                q, k, v, indices, scale=self.scale, impl=self.sparse_impl
-            )
-        elif t == 1 and not causal and k.shape[1] == 1:  # absorbed decode step
-            o = attention(q.reshape(b, 1, h, -1), k, v, **kw).reshape(b, h, 1, -1)
-        else:
-            o = attention(q, k, v, causal=causal, **kw)
-        if self.form == "absorbed":
-            _, w_uv = self.up_weights()
-            o = torch.einsum("bhtc,hvc->bhtv", o, w_uv)  # (B, H, T, Dv)
+    def merge_heads(self, x: Tensor, o: Tensor) -> Tensor:
+        """``o (B, H, T, Dv)`` with each head scaled by ``σ(gate_proj x)``, side by side
+        ``(B, T, H·Dv)``."""
         gate = torch.sigmoid(self.gate_proj(x))  # (B, T, H)
-        o = o.transpose(1, 2) * gate[..., None]  # (B, T, H, Dv)
-        return self.out_proj(o.reshape(b, t, -1))  # (B, T, d)
+        return (o.transpose(1, 2) * gate[..., None]).flatten(2)

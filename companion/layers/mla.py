@@ -48,12 +48,7 @@ from companion.ops.rope import LAYOUTS, RopeScaling, apply_rope, yarn_mscale
 from companion.ops.sparse_attention import SPARSE_IMPLS, selection_mask
 from companion.ops.sparse_attention import sparse_attention as sparse
 
-__all__ = [
-    "FORMS",
-    "MultiHeadLatentAttention",
-    "bytes_per_token",
-    "softmax_scale",
-]
+__all__ = ["FORMS", "MultiHeadLatentAttention", "bytes_per_token", "softmax_scale"]
 
 FORMS = ("naive", "absorbed")
 
@@ -315,7 +310,12 @@ class MultiHeadLatentAttention(nn.Module):
         if self.form == "absorbed":
             _, w_uv = self.up_weights()
             o = torch.einsum("bhtc,hvc->bhtv", o, w_uv)  # (B, H, T, Dv)
-        return self.out_proj(o.transpose(1, 2).reshape(b, t, -1))  # (B, T, d)
+        return self.out_proj(self.merge_heads(x, o))  # (B, T, d)
+
+    def merge_heads(self, x: Tensor, o: Tensor) -> Tensor:
+        """The heads' outputs ``o (B, H, T, Dv)`` side by side, ``(B, T, H·Dv)``; a
+        gated layer scales each head by its gate first (``x`` is the layer's input)."""
+        return o.transpose(1, 2).flatten(2)
 
     def attention_weights(
         self, x: Tensor, positions: Tensor | None = None, *, mask: Tensor | None = None
