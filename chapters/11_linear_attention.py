@@ -629,7 +629,7 @@ for key, value in {
 # %%
 qwen = preset("qwen3-next-80b-a3b")
 assert qwen.layer_types == ("linear", "linear", "linear", "full") * 12
-all_full = qwen.replace(layer_types=None)
+all_full = qwen.replace(layer_types=None, linear=None)
 layer_state = (
     32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
 )  # fp32 state, bf16 conv
