@@ -242,19 +242,9 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: Tensor, token_ids: Tensor | None = None) -> Tensor:
         """``x (..., d)`` -> ``(..., d)``; ``token_ids (...)``: the tokens' ids, for
         hash routing only."""
+        _check_token_ids(x, token_ids, self.routing)
         flat = x.reshape(-1, x.shape[-1])  # (N, d)
-        if (token_ids is None) != (self.routing == "topk"):
-            raise ValueError(
-                f"token_ids must be given with routing='hash' and only then; this MoE "
-                f"has routing={self.routing!r}"
-            )
-        if token_ids is not None and token_ids.shape != x.shape[:-1]:
-            raise ValueError(
-                f"token_ids must have the tokens' shape {tuple(x.shape[:-1])}, got "
-                f"{tuple(token_ids.shape)}"
-            )
-        route = self.router(flat) if token_ids is None else self.router(flat, token_ids)
-        self.last_routing = Routing(*route)
+        self.last_routing = self.route(flat, token_ids)
         y = self.experts(
             flat, self.last_routing.weights, self.last_routing.indices
         )  # (N, d)
@@ -264,6 +254,28 @@ class MoEFeedForward(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(flat)) * shared
             y = y + shared
         return y.view(x.shape)
+
+    def route(self, flat: Tensor, token_ids: Tensor | None = None) -> Routing:
+        """The routing of the tokens ``flat (N, d)``: by score (top-k), or by id (hash
+        routing, ``token_ids`` given)."""
+        if token_ids is None:
+            return Routing(*self.router(flat))
+        return Routing(*self.router(flat, token_ids.reshape(-1)))
+
+
+def _check_token_ids(x: Tensor, token_ids: Tensor | None, routing: str) -> None:
+    """Raise unless ``token_ids`` come with hash routing only, shaped like the tokens of
+    ``x (..., d)``."""
+    if (token_ids is None) != (routing == "topk"):
+        raise ValueError(
+            f"token_ids must be given with routing='hash' and only then; this MoE "
+            f"has routing={routing!r}"
+        )
+    if token_ids is not None and token_ids.shape != x.shape[:-1]:
+        raise ValueError(
+            f"token_ids must have the tokens' shape {tuple(x.shape[:-1])}, got "
+            f"{tuple(token_ids.shape)}"
+        )
 
 
 def _check_hash_routing(n_groups: int, router_bias: bool, selection_bias: bool) -> None:
