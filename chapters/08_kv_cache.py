@@ -969,9 +969,12 @@ glue("ch08-v3-mha-128k", f"{mha_bytes * S128K / GIB:.0f}", display=False)
 # %%
 # the four layouts at Llama 3 8B's shape; MLA with DeepSeek's latent and RoPE-key widths
 mla_8b = gqa_8b.replace(
-    n_kv_heads=None, head_dim=None,
-    mla=MLAConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
-)  # fmt: skip
+    n_kv_heads=None,
+    head_dim=None,
+    mla=MLAConfig(
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+    ),
+)
 SCHEMES = {
     "MHA": mha_8b,
     "GQA": gqa_8b,

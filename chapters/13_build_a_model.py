@@ -61,6 +61,7 @@ from companion.analysis.calculator import (
     kv_cache_bytes_per_token,
 )
 from companion.analysis.calculator_page import (
+    PAGE_PRESETS,
     calculator_html,
     config_from_dials,
     dial_values,
@@ -257,6 +258,8 @@ RELEASED = {  # name -> (label, release date as a fractional year)
     "trinity-large": ("Trinity Large", 2026.08),
     "glm-5": ("GLM-5", 2026.11),
     "qwen3.5-397b-a17b": ("Qwen3.5-397B-A17B", 2026.12),
+    "deepseek-v4-flash": ("DeepSeek-V4-Flash", 2026.31),
+    "deepseek-v4-pro": ("DeepSeek-V4-Pro", 2026.31),
     # its release date was not found: placed in the year transformers added its class
     "ling-3.0-flash": ("Ling-3.0-Flash", 2026.46),
 }
@@ -564,8 +567,8 @@ glue("ch13-calc-flop-cut", f"{flop_cut:.0%}", display=False)
 
 # %% tags=["remove-output"]
 
-# the dials describe each preset completely: read back, the same four numbers
-for name, cfg in PRESETS.items():
+# the dials describe each preset on the page completely: read back, the same four numbers
+for name, cfg in PAGE_PRESETS.items():
     back = config_from_dials(dial_values(cfg))
     assert count_params(back) == count_params(cfg), name
     assert kv_cache_bytes(back, 8192) == kv_cache_bytes(cfg, 8192), name

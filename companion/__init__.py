@@ -29,18 +29,18 @@ __version__ = "0.1.0"
 _MODULES: dict[str, tuple[str, ...]] = {
     "analysis.calculator": (
         "attention_layer_params", "COMPONENTS", "count_params", "dense_ffn_params",
-        "flops_per_token", "kv_cache_bytes",
-        "kv_cache_bytes_per_token", "ParamCount", "Tally",
-        "tally_moe",
+        "flops_per_token", "ParamCount", "Tally", "tally_moe",
     ),
+    "analysis.cache_size": ("check_config", "kv_cache_bytes", "kv_cache_bytes_per_token"),
     "analysis.mixer_params": (
-        "gated_deltanet_params", "indexer_params", "kimi_delta_params",
+        "compressed_attention_flops", "compressed_attention_params",
+        "compressed_bytes_per_token", "compressed_cache_bytes", "gated_deltanet_params",
+        "hyper_connection_params", "indexer_params", "kimi_delta_params",
         "latent_attention_params", "own_indexer",
     ),
     "analysis.calculator_page": (
         "calculator_html", "config_from_dials", "DIAL_CHOICES", "DIALS", "dial_values",
-        "GROUP_DIALS", "layer_period",
-        "USAGE",
+        "GROUP_DIALS", "layer_period", "PAGE_PRESETS", "PATTERNS", "undialled", "USAGE",
     ),
     "analysis.decode_cost": (
         "arithmetic_intensity", "attainable_flops", "attended_pairs",
@@ -84,6 +84,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.hf_families": ("FAMILIES", "Family"),
     "checkpoints.hf_latent_families": ("LATENT_FAMILIES",),
+    "checkpoints.hf_v4": ("deepseek_v4", "V4_NAMES", "v4_layer_key"),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
@@ -155,6 +156,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "rotary_embedding",
     ),
     "models.config": ("CHOICES", "ModelConfig"),
+    "models.v4_builders": ("compressed_attention", "hyper_connections"),
+    "models.config_streams": (
+        "CompressedAttentionConfig", "HyperConnectionConfig", "validate_streams",
+    ),
     "models.config_parts": (
         "changed_fields", "ConfigError", "ConfigPart", "LinearAttentionConfig", "MLAConfig",
         "MoEConfig", "SparseConfig",

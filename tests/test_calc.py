@@ -450,3 +450,88 @@ def test_new_families_count_matches_transformers_on_meta(name: str) -> None:
     pc = count_params(config_from_hf(hf_cfg))
     assert _state_numel(model) == pc.total
     assert sum(p.numel() for p in model.parameters()) == pc.trainable
+
+
+# --- DeepSeek-V4: compressed attention, hyper-connections, hash-routed experts ---
+
+
+def _v4() -> ModelConfig:
+    from companion.models.config_parts import MoEConfig
+    from companion.models.config_streams import (
+        CompressedAttentionConfig,
+        HyperConnectionConfig,
+    )
+
+    return ModelConfig(
+        vocab_size=64,
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        head_dim=16,
+        norm="rmsnorm",
+        position="rope",
+        partial_rotary_factor=0.5,
+        sliding_window=6,
+        layer_types=("hca", "sliding", "csa", "hca"),
+        attn_sinks=True,
+        bias=False,
+        ffn="glu",
+        max_seq_len=64,
+        compression=CompressedAttentionConfig(24, 2, 8, 4, 12, 3, hca_ratio=8),
+        residual=HyperConnectionConfig(3),
+        moe=MoEConfig(
+            6,
+            2,
+            16,
+            shared_d_ff=16,
+            router="sqrtsoftplus",
+            router_selection_bias=True,
+            hash_layers=2,
+            swiglu_limit=1.0,
+        ),
+    )
+
+
+def test_v4_count_and_cache_as_built() -> None:
+    cfg = _v4()
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    pc = count_params(cfg)
+    assert _state_numel(model) == pc.total
+    assert sum(p.numel() for p in model.parameters()) == pc.trainable
+    assert pc.breakdown["residual"] > 0 and pc.active < pc.total
+    model = DecoderLM(cfg)
+    for tokens in (3, 16, 40):  # below the window, past a block, past many
+        cache = model.new_cache(1, tokens, dtype=torch.bfloat16)
+        stored = sum(b.numel() * b.element_size() for b in cache.state_dict().values())
+        assert stored == kv_cache_bytes(cfg, tokens)
+    # past the window a token adds no key, only its share of the pooled entries
+    window = 4 * 16 * 2  # one key of D per layer, 2 bytes each
+    grow = kv_cache_bytes(cfg, 6 + 800) - kv_cache_bytes(cfg, 6)
+    assert grow == 800 * (kv_cache_bytes_per_token(cfg) - window)
+
+
+def test_v4_flops_window_and_selected_entries() -> None:
+    cfg = _v4()
+    per_key = 4 * 4 * 16  # 4·H·D for a key read (scores and values, K = V)
+    index = 2 * 4 * 12  # 2·H_I·c for an entry CSA's indexer scores
+    # inside the window every layer reads one more key per token
+    assert flops_per_token(cfg, 5) - flops_per_token(cfg, 4) == 4 * per_key
+    # past it: CSA's 4th entry is scored but not read (top 3), HCA's 2nd is read
+    assert flops_per_token(cfg, 12) - flops_per_token(cfg, 8) == per_key + index
+    assert flops_per_token(cfg, 16) - flops_per_token(cfg, 12) == 2 * per_key + index
+    # far past it: HCA reads every entry (one per 8), CSA the best 3 of them all scored
+    far, farther = flops_per_token(cfg, 800), flops_per_token(cfg, 1600)
+    assert farther - far == 2 * 100 * per_key + 200 * index
+
+
+def test_v4_count_matches_transformers_on_meta() -> None:
+    transformers = pytest.importorskip("transformers")
+    from companion.checkpoints.transformers_config import config_from_hf
+
+    hf_cfg = transformers.DeepseekV4Config(num_hidden_layers=4, vocab_size=1000)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    pc = count_params(config_from_hf(hf_cfg))
+    assert _state_numel(model) == pc.total
+    assert sum(p.numel() for p in model.parameters()) == pc.trainable

@@ -91,7 +91,8 @@ BAD = [
     ),
     pytest.param(
         {"n_layers": 2, "layer_types": ("full", "local"), "sliding_window": 4},
-        r"layer_types entries must be one of \('full', 'sliding', 'linear'\)",
+        r"layer_types entries must be one of \('full', 'sliding', 'linear', 'csa', "
+        r"'hca'\)",
         id="layer-types-value",
     ),
     pytest.param(
@@ -459,3 +460,80 @@ def test_kda_and_sparse_groups_build_and_show_only_what_differs():
     assert "kind='kda'" in repr(cfg) and "output_gate=True" in repr(cfg)
     assert "indexer" not in repr(cfg) and "latent_norm_eps" not in repr(cfg)
     assert cfg.replace(n_layers=2) == cfg
+
+
+# --- DeepSeek-V4: compression, residual, hash layers, the SwiGLU clamp ---
+
+
+def _v4(**changes):
+    from companion.models.config_streams import (
+        CompressedAttentionConfig,
+        HyperConnectionConfig,
+    )
+
+    base = dict(
+        vocab_size=8,
+        n_layers=3,
+        head_dim=16,
+        norm="rmsnorm",
+        position="rope",
+        partial_rotary_factor=0.5,
+        sliding_window=4,
+        layer_types=("sliding", "csa", "hca"),
+        attn_sinks=True,
+        compression=CompressedAttentionConfig(16, 2, 8, 2, 8, 3),
+        residual=HyperConnectionConfig(2),
+        moe=MoEConfig(4, 2, 8, router="sqrtsoftplus", hash_layers=1, swiglu_limit=5.0),
+    )
+    return ModelConfig(**(base | changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(compression=None), r"layer_types has \['csa', 'hca'\] layers: set comp"),
+        (dict(layer_types=("full",) * 3), "compression makes every layer compressed"),
+        (dict(sliding_window=None), "'sliding' layers but sliding_window is None"),
+        (dict(attn_sinks=False), r"attn_sinks=False does not combine with compression"),
+        (dict(n_kv_heads=2), r"n_kv_heads=2 does not combine with compression"),
+        (dict(attn_impl="flex"), "attn_impl 'reference' or 'sdpa'"),
+        (
+            dict(norm_placement="post"),
+            "residual .hyper-connections. replaces the residual add",
+        ),
+        (dict(moe=MoEConfig(4, 2, 8, hash_layers=4)), "moe.hash_layers=4 .* exceed"),
+        (dict(partial_rotary_factor=1.0), r"compression.index_head_dim \(8\) must be"),
+    ],
+)
+def test_v4_groups_are_checked_against_the_model(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        _v4(**changes)
+
+
+def test_v4_group_fields_are_named():
+    from companion.models.config_streams import (
+        CompressedAttentionConfig,
+        HyperConnectionConfig,
+    )
+
+    with pytest.raises(ConfigError, match="compression.csa_ratio must be a positive"):
+        CompressedAttentionConfig(16, 2, 8, 2, 8, 3, csa_ratio=0)
+    with pytest.raises(ConfigError, match="residual.n_streams must be a positive"):
+        HyperConnectionConfig(0)
+    with pytest.raises(ConfigError, match="moe.hash_layers must be a non-negative"):
+        MoEConfig(4, 2, hash_layers=-1)
+    with pytest.raises(ConfigError, match="moe.swiglu_limit must be"):
+        _v4(moe=MoEConfig(4, 2, 8, swiglu_limit=-1.0))
+    with pytest.raises(ConfigError, match="moe.hash_layers take their experts"):
+        _v4(
+            moe=MoEConfig(4, 2, 8, hash_layers=1, router_groups=2, router_topk_groups=1)
+        )
+
+
+def test_v4_config_derives_one_kv_head_and_shows_only_what_differs():
+    cfg = _v4()
+    assert cfg.n_kv_heads == 1 and "n_kv_heads" not in repr(cfg)
+    assert "HyperConnectionConfig(n_streams=2)" in repr(cfg)
+    assert cfg.replace(n_layers=3) == cfg
+    assert [cfg.is_hash_layer(i) for i in range(3)] == [True, False, False]
+    assert "compression" not in repr(ModelConfig(vocab_size=8))

@@ -110,3 +110,18 @@ def test_diagrams_draw_into_given_axes() -> None:
     assert plt.get_fignums() == before
     assert any("RMSNorm" in t.get_text() for t in a.texts)
     plt.close(fig)
+
+
+def test_2026_mixers_are_named_from_the_config():
+    v4 = preset("deepseek-v4-flash")
+    c = v4.compression
+    text = _text(model_diagram(v4))
+    assert "compressed sparse" in text and "heavily compressed" in text
+    block = _text(block_diagram(v4))
+    assert f"pooled every {c.csa_ratio}, top-{c.index_topk}" in block
+    assert f"pooled every {c.hca_ratio}" in block
+    kimi = preset("kimi-linear-48b-a3b")
+    assert "Kimi Delta Attention" in _text(block_diagram(kimi))
+    assert "Kimi Delta Attention" in _text(model_diagram(kimi))
+    glm = preset("glm-5")
+    assert f"indexer top-{glm.mla.indexer.topk}" in _text(block_diagram(glm))

@@ -291,6 +291,76 @@ RELEASED = {
     ),
 }
 
+# DeepSeek-V4's released configs name their layers by compress_ratios (0 sliding, 4 CSA,
+# 128 HCA; the last entry is the MTP layer's) and their RoPE scaling applies to the
+# compressed layers only
+V4_YARN = {
+    "rope_type": "yarn",
+    "factor": 16.0,
+    "original_max_position_embeddings": 65536,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+}
+V4 = dict(
+    vocab_size=129280,
+    num_key_value_heads=1,
+    head_dim=512,
+    qk_rope_head_dim=64,
+    n_shared_experts=1,
+    num_experts_per_tok=6,
+    scoring_func="sqrtsoftplus",
+    norm_topk_prob=True,
+    num_hash_layers=3,
+    swiglu_limit=10.0,
+    sliding_window=128,
+    index_n_heads=64,
+    index_head_dim=128,
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    rope_theta=10000.0,
+    compress_rope_theta=160000.0,
+    rope_parameters=V4_YARN,
+    max_position_embeddings=1048576,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    num_nextn_predict_layers=1,
+)
+RELEASED["deepseek-v4-pro"] = (
+    "DeepseekV4Config",
+    V4
+    | dict(
+        hidden_size=7168,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        q_lora_rank=1536,
+        o_lora_rank=1024,
+        o_groups=16,
+        moe_intermediate_size=3072,
+        n_routed_experts=384,
+        routed_scaling_factor=2.5,
+        compress_ratios=[128, 128] + [4, 128] * 29 + [4, 0],
+        index_topk=1024,
+    ),
+)
+RELEASED["deepseek-v4-flash"] = (
+    "DeepseekV4Config",
+    V4
+    | dict(
+        hidden_size=4096,
+        num_hidden_layers=43,
+        num_attention_heads=64,
+        q_lora_rank=1024,
+        o_lora_rank=1024,
+        o_groups=8,
+        moe_intermediate_size=2048,
+        n_routed_experts=256,
+        routed_scaling_factor=1.5,
+        compress_ratios=[0, 0] + [4, 128] * 20 + [4, 0],
+        index_topk=512,
+    ),
+)
+
 # the published figures in units of 1e9, how the source writes them ("round" to the
 # nearest, "floor": the integer part, as cards that say "398B" for 398.6B do), and what
 # our count compares with: "total", "active", or "active_without_embeddings" where the
@@ -303,6 +373,11 @@ PUBLISHED = {
     "glm-5": [("total", 744, "round"), ("active_without_embeddings", 40, "floor")],
     "kimi-k2.5": [("total", 1026, "round"), ("active", 32, "floor")],
     "kimi-linear-48b-a3b": [("active_without_embeddings", 3, "round")],
+    # DeepSeek-V4 (card: 1.6T / 49B, 284B / 13B): totals without the MTP layer, rounded
+    # (the Pro's to 0.1T); active with the embedding, as DeepSeek-V3's report counts
+    # it, truncated to the integer
+    "deepseek-v4-pro": [("total", 1600, "round100"), ("active", 49, "floor")],
+    "deepseek-v4-flash": [("total", 284, "round"), ("active", 13, "floor")],
 }
 # Totals not checked, each said in SOURCES: Qwen3.5's and MiniMax-M2's cards (397B,
 # 230B) count releases with more than the text tower (a vision encoder, MTP modules)
@@ -336,7 +411,9 @@ def test_counts_round_to_the_published_figures(name: str) -> None:
     pc = count_params(preset(name))
     for attr, figure, how in PUBLISHED[name]:
         billions = getattr(pc, attr) / 1e9
-        assert (round(billions) if how == "round" else int(billions)) == figure, attr
+        if how == "round100":  # to the nearest 0.1T
+            billions = 100 * round(billions / 100)
+        assert (int(billions) if how == "floor" else round(billions)) == figure, attr
 
 
 def test_every_2026_preset_cites_its_sources() -> None:

@@ -24,7 +24,7 @@ Conventions, each a choice the published figures force or the chapter argues for
   :attr:`ParamCount.active_without_embeddings`.
 - **DeepSeek-V3's selection bias** (one number per routed expert, moved by a balancing
   rule, not by gradients) is stored in the checkpoint and counted in ``total``; it is
-  the only part of ``ParamCount.frozen``, which ``trainable`` leaves out.
+  part of ``ParamCount.frozen``, which ``trainable`` leaves out.
 - **Cache** sizes count what decoding must keep per sequence: K and V of every position
   for full attention, of the last w positions for sliding layers, one latent and one
   RoPE key per position for MLA (the absorbed form needs nothing else), and a fixed
@@ -32,12 +32,20 @@ Conventions, each a choice the published figures force or the chapter argues for
   default as released hybrids do, plus the convolution's last K − 1 inputs in the cache
   dtype). A KDA layer keeps the same kind of state (H·D·D, conv over 3·H·D channels).
   A DSA layer with its own indexer also caches one D_I-wide indexer key per position
-  (a "shared" indexer layer caches none).
+  (a "shared" indexer layer caches none). A DeepSeek-V4 layer keeps its window ring
+  (min(tokens, w) keys of D), and on CSA/HCA layers tokens // m pooled entries, CSA's
+  index keys (c each) and the compressors' source rows of the open block; per token,
+  the entries are amortised (rounded up to a whole byte).
+- **DeepSeek-V4**: hyper-connections are the ``residual`` component; a hash layer's
+  table of V·k expert ids is stored in the checkpoint: counted in ``total`` and
+  ``frozen``, and active in full like the embedding it is indexed with.
 - **FLOPs** are a forward pass for one token: 2 per weight of every matrix (and conv
   kernel) the token goes through, the output head included even when tied, plus
   attention's 2·s·H·D for the scores and 2·s·H·D for the weighted values (sliding
   layers: s capped at w; DSA layers: s capped at K_I, plus the indexer's 2·s·H_I·D_I
-  scores over every visible key on layers with their own indexer). Norms, biases, the
+  scores over every visible key on layers with their own indexer; V4 layers: the
+  window's keys and the pooled entries they read, CSA's indexer 2·(s // m)·H_I·c).
+  Norms, biases, the
   embedding lookup and element-wise gates are left out (well under 0.1%). Forward plus
   backward is about three times this (the 6N rule, N active).
 """
@@ -46,8 +54,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from companion.analysis.cache_size import check_config
+from companion.analysis.cache_size import (  # where they were first: chapters 09, 11
+    kv_cache_bytes as kv_cache_bytes,
+)
+from companion.analysis.cache_size import (
+    kv_cache_bytes_per_token as kv_cache_bytes_per_token,
+)
 from companion.analysis.mixer_params import (
+    compressed_attention_flops,
+    compressed_attention_params,
     gated_deltanet_params,
+    hyper_connection_params,
     indexer_params,
     kimi_delta_params,
     latent_attention_params,
@@ -64,8 +82,6 @@ __all__ = [
     "count_params",
     "dense_ffn_params",
     "flops_per_token",
-    "kv_cache_bytes",
-    "kv_cache_bytes_per_token",
     "tally_moe",
 ]
 
@@ -79,6 +95,7 @@ COMPONENTS = (
     "experts",
     "shared_expert",
     "norms",
+    "residual",
     "lm_head",
 )
 _NORMS_PER_LAYER = {"pre": 2, "post": 2, "sandwich": 4, "post_branch": 2}
@@ -136,13 +153,6 @@ class Tally:
         self.macs += macs
 
 
-def _check_config(cfg: object) -> None:
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(
-            f"cfg must be a companion.models.config.ModelConfig, got {type(cfg).__name__}"
-        )
-
-
 def attention_layer_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters, matrix weights) of one softmax-attention layer with H and H_kv
     heads."""
@@ -168,6 +178,8 @@ def _mixer_params(cfg: ModelConfig, layer: int, kind: str) -> tuple[int, int]:
         if cfg.linear.kind == "kda":
             return kimi_delta_params(cfg)
         return gated_deltanet_params(cfg)
+    if cfg.compression is not None:
+        return compressed_attention_params(cfg, kind)
     if not cfg.is_mla:
         return attention_layer_params(cfg)
     params, weights = latent_attention_params(cfg)
@@ -209,17 +221,25 @@ def tally_moe(cfg: ModelConfig, tally: Tally) -> None:
 
 
 def _tally(cfg: ModelConfig) -> Tally:
-    _check_config(cfg)
+    check_config(cfg)
     d, v = cfg.d_model, cfg.vocab_size
     tally = Tally()
     tally.add("embedding", v * d)
     if cfg.position == "learned":
         tally.add("positions", cfg.max_seq_len * d)
     norm = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    hashed = _hash_router_config(cfg)
     for layer, kind in enumerate(cfg.layer_types):
         params, weights = _mixer_params(cfg, layer, kind)
         tally.add("attention", params, macs=weights)
-        if cfg.is_moe_layer(layer):
+        if cfg.residual is not None:  # one hyper-connection around each sublayer
+            hc, hc_weights, _ = hyper_connection_params(cfg)
+            tally.add("residual", 2 * hc, macs=2 * hc_weights)
+        if cfg.is_hash_layer(layer):  # no selection bias; a table of k ids per token
+            tally_moe(hashed, tally)
+            tally.add("router", v * cfg.moe.experts_per_token)
+            tally.frozen += v * cfg.moe.experts_per_token
+        elif cfg.is_moe_layer(layer):
             tally_moe(cfg, tally)
         else:
             params, weights = dense_ffn_params(cfg)
@@ -227,75 +247,24 @@ def _tally(cfg: ModelConfig) -> Tally:
         tally.add("norms", _NORMS_PER_LAYER[cfg.norm_placement] * norm)
     if cfg.norm_placement != "post":
         tally.add("norms", norm)
+    if cfg.residual is not None:  # the head that collapses the streams
+        head = hyper_connection_params(cfg)[2]
+        tally.add("residual", head, macs=head - cfg.residual.n_streams - 1)
     tally.add("lm_head", 0 if cfg.tie_embeddings else v * d, macs=v * d)
     return tally
+
+
+def _hash_router_config(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` as a hash-routed layer's router sees it: no selection bias."""
+    if cfg.moe is None or not cfg.moe.hash_layers:
+        return cfg
+    return cfg.replace(moe=cfg.moe.replace(router_selection_bias=False))
 
 
 def count_params(cfg: ModelConfig) -> ParamCount:
     """Total and active parameters of ``cfg``, with a per-component breakdown."""
     tally = _tally(cfg)
     return ParamCount(tally.total, tally.active, tally.frozen)
-
-
-def _cache_width(cfg: ModelConfig) -> int:
-    """Numbers one attention layer caches per position: K and V, or MLA's latent + RoPE
-    key."""
-    if cfg.mla is not None:
-        return cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
-    return 2 * cfg.n_kv_heads * cfg.head_dim
-
-
-def kv_cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes one more cached position costs, summed over layers, while the context is
-    shorter than every window: 2·H_kv·D per attention layer (MLA: r + R); Gated DeltaNet
-    layers add nothing per token (see :func:`kv_cache_bytes` for their fixed state)."""
-    _check_config(cfg)
-    check_int("dtype_bytes", dtype_bytes, 1)
-    layers = sum(kind != "linear" for kind in cfg.layer_types)
-    index = sum(own_indexer(cfg, i) for i in range(cfg.n_layers))
-    d_i = cfg.mla.indexer.head_dim if index else 0
-    return (layers * _cache_width(cfg) + index * d_i) * dtype_bytes
-
-
-def kv_cache_bytes(
-    cfg: ModelConfig,
-    tokens: int,
-    dtype_bytes: int = 2,
-    *,
-    batch: int = 1,
-    state_dtype_bytes: int = 4,
-) -> int:
-    """Bytes of the decoding cache of ``batch`` sequences of ``tokens`` positions each.
-
-    Full layers keep every position, sliding layers the last min(tokens, w), Gated
-    DeltaNet layers a fixed H_v·D_k·D_v state in ``state_dtype_bytes`` (4: fp32) plus
-    their convolution's last K − 1 inputs, (2·H_k·D_k + H_v·D_v)·(K − 1) numbers in
-    ``dtype_bytes``.
-    """
-    _check_config(cfg)
-    check_int("tokens", tokens, 0)
-    check_int("dtype_bytes", dtype_bytes, 1)
-    check_int("batch", batch, 1)
-    check_int("state_dtype_bytes", state_dtype_bytes, 1)
-    total = 0
-    for layer, kind in enumerate(cfg.layer_types):
-        if kind == "linear":
-            lin = cfg.linear
-            h_k, h_v, d_k, d_v = (
-                lin.key_heads,
-                lin.value_heads,
-                lin.key_dim,
-                lin.value_dim,
-            )
-            total += h_v * d_k * d_v * state_dtype_bytes
-            total += (2 * h_k * d_k + h_v * d_v) * (lin.conv_kernel - 1) * dtype_bytes
-        else:
-            kept = min(tokens, cfg.sliding_window) if kind == "sliding" else tokens
-            width = _cache_width(cfg)
-            if own_indexer(cfg, layer):
-                width += cfg.mla.indexer.head_dim
-            total += kept * width * dtype_bytes
-    return batch * total
 
 
 def flops_per_token(cfg: ModelConfig, context: int) -> int:
@@ -315,6 +284,9 @@ def flops_per_token(cfg: ModelConfig, context: int) -> int:
         if kind == "linear":
             lin = cfg.linear
             mixing += 6 * lin.value_heads * lin.key_dim * lin.value_dim
+            continue
+        if cfg.compression is not None:
+            mixing += compressed_attention_flops(cfg, kind, context)
             continue
         s = min(context, cfg.sliding_window) if kind == "sliding" else context
         d_v = cfg.mla.v_head_dim if cfg.mla is not None else cfg.head_dim

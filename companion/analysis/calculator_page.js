@@ -1,31 +1,136 @@
 // The calculator of chapter 13 for the static book: the arithmetic of
 // companion/analysis/calculator.py (count_params, kv_cache_bytes_per_token,
-// kv_cache_bytes, flops_per_token) on the dials' values, in exact integers (BigInt).
-// tests/browser/test_html.py sets every preset and random dials and requires these
-// numbers to equal companion.calc's for the same configuration.
+// kv_cache_bytes, flops_per_token) on the dials' values, in exact integers (BigInt),
+// after the checks ModelConfig runs (companion/models/validation.py, config_parts.py)
+// on what the dials can reach: a config it rejects gets no numbers, only its error.
+// tests/browser/test_html.py sets every preset, random dials and invalid ones, and
+// requires these numbers (or errors) to equal companion's for the same configuration.
 (function () {
   "use strict";
   const root = document.currentScript.closest(".calc");
   const spec = JSON.parse(root.querySelector("script.calc-data").textContent);
   const dial = (name) => root.querySelector("#calc-" + name);
   const NORMS_PER_LAYER = { pre: 2n, post: 2n, sandwich: 4n, post_branch: 2n };
+  const min = (a, b) => (a < b ? a : b);
+  const field = (name) => spec.fields[name] || name; // the config's name for a dial
 
+  // dial values: BigInt for numbers (null if not an integer), booleans, strings
   function read() {
     const c = {};
     for (const [name, kind] of Object.entries(spec.kinds)) {
-      const el = dial(name);
+      const el = dial(name), text = el.value.trim();
       if (kind === "bool") c[name] = el.checked;
-      else if (kind === "int") c[name] = BigInt(parseInt(el.value || "0", 10));
+      else if (kind === "int") c[name] = text === "" ? 0n : /^[-+]?\d+$/.test(text) ? BigInt(text) : null;
       else c[name] = el.value;
     }
-    // the pattern is repeated to the depth, as chapter 13's build() does
-    const letters = c.layer_types.replace(/[^FSL]/gi, "").toUpperCase() || "F";
-    const kinds = [];
-    for (let i = 0; i < Number(c.n_layers); i++) kinds.push(spec.letters[letters[i % letters.length]]);
-    c.layer_types = kinds;
     return c;
   }
 
+  // a pattern dial repeated to the depth, as chapter 13's build() does; null if bad
+  function pattern(c, name) {
+    const letters = spec.patterns[name], text = c[name].trim().toUpperCase();
+    if (!text || [...text].some((l) => !(l in letters))) return null;
+    const n = Number(c.n_layers > 0n ? c.n_layers : 0n);
+    return Array.from({ length: n }, (_, i) => letters[text[i % text.length]]);
+  }
+
+  // --- the config's rules: each group stops at its first error, as its check raises ---
+  function problems(c) {
+    const out = [];
+    const first = (checks) => {
+      for (const check of checks) {
+        const message = check();
+        if (message) return out.push(message) && false;
+      }
+      return true;
+    };
+    const quote = (s) => "'" + s + "'";
+    const whole = (name, least) => () => {
+      const v = c[name];
+      const what = least === 0n ? "a non-negative integer" : "a positive integer";
+      if (v === null) return `${field(name)} must be ${what}, got ${quote(dial(name).value)}`;
+      return v < least ? `${field(name)} must be ${what}, got ${v}` : "";
+    };
+    const lettersOf = (name) => "[" + Object.keys(spec.patterns[name]).sort().map(quote).join(", ") + "]";
+    for (const name of Object.keys(spec.patterns)) {
+      if (name === "indexer_layers" && c.indexer_topk === 0n) continue; // dense: unread
+      c[name + "_kinds"] = pattern(c, name);
+      if (!c[name + "_kinds"]) out.push(`${field(name)} must be letters from ${lettersOf(name)}, got ${quote(c[name])}`);
+    }
+    const kinds = c.layer_types_kinds;
+    if (!kinds) return out;
+    const on = { moe: c.n_experts !== 0n, mla: c.kv_lora_rank !== 0n, sparse: c.indexer_topk !== 0n };
+    on.linear = kinds.includes("linear");
+    const ints = (...names) => names.map((n) => whole(n, 1n));
+    if (on.moe) {
+      first([
+        whole("n_experts", 1n), whole("experts_per_token", 1n), whole("dense_layers", 0n),
+        whole("shared_d_ff", 0n), whole("expert_d_ff", 1n),
+        () => c.experts_per_token > c.n_experts
+          ? `moe.experts_per_token must be in [1, n_experts=${c.n_experts}], got ${c.experts_per_token}` : "",
+        () => c.shared_expert_gate && c.shared_d_ff === 0n
+          ? "moe.shared_expert_gate needs a shared expert: set moe.shared_d_ff > 0" : "",
+      ]);
+    }
+    if (on.mla) first([
+      ...ints("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+      whole("q_lora_rank", 0n),
+    ]);
+    if (on.sparse) first(ints("indexer_n_heads", "indexer_head_dim", "indexer_topk"));
+    if (on.linear) {
+      const kh = c.linear_key_heads, vh = c.linear_value_heads, kda = c.linear_kind === "kda";
+      first([
+        ...ints("linear_key_heads", "linear_value_heads", "linear_key_dim", "linear_value_dim", "linear_conv_kernel"),
+        () => kda && vh !== kh ? `linear.kind='kda' needs linear.value_heads == linear.key_heads, got ${vh} and ${kh}` : "",
+        () => kda && c.linear_value_dim !== c.linear_key_dim
+          ? `linear.kind='kda' needs linear.value_dim == linear.key_dim, got ${c.linear_value_dim} and ${c.linear_key_dim}` : "",
+        () => !kda && c.kda_layout !== "kimi"
+          ? `linear.kda_layout has no effect unless linear.kind == 'kda' (got kind=${quote(c.linear_kind)})` : "",
+        () => vh % kh !== 0n ? `linear.value_heads (${vh}) must be a multiple of linear.key_heads (${kh})` : "",
+      ]);
+    }
+    if (!on.mla) {
+      for (const [name, set] of [["q_lora_rank", c.q_lora_rank !== 0n], ["output_gate", c.mla_output_gate], ["indexer", on.sparse]]) {
+        if (set) out.push(`mla.${name} needs multi-head latent attention: set mla.kv_lora_rank > 0`);
+      }
+    }
+    const usage = [whole("context", 0n), ...ints("batch", "dtype_bytes", "state_dtype_bytes")]
+      .map((check) => check()).filter(Boolean);
+    if (out.length) return out.concat(usage); // the model is checked once its groups are built
+    const w = c.sliding_window, L = c.n_layers, idx = c.indexer_layers_kinds;
+    const firstAttention = kinds.findIndex((k) => k !== "linear");
+    first([
+      ...ints("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "d_ff", "head_dim", "n_kv_heads"),
+      () => c.n_heads % c.n_kv_heads !== 0n ? `n_heads (${c.n_heads}) must be a multiple of n_kv_heads (${c.n_kv_heads})` : "",
+      () => w !== 0n ? whole("sliding_window", 1n)() : "",
+      () => kinds.includes("sliding") && w === 0n ? "layer_types has 'sliding' layers but sliding_window is None" : "",
+      () => on.mla && !["rope", "none"].includes(c.position)
+        ? `multi-head latent attention needs position='rope' (or 'none': no RoPE, Kimi Linear), got ${quote(c.position)}` : "",
+      () => {
+        const qk = on.mla ? c.qk_nope_head_dim + c.qk_rope_head_dim : c.head_dim;
+        if (c.head_dim === qk) return "";
+        return `head_dim under multi-head latent attention is mla.qk_nope_head_dim + mla.qk_rope_head_dim = ${qk} (or None), got ${c.head_dim}; MLA sets its widths in mla`;
+      },
+      () => on.sparse && c.q_lora_rank === 0n ? "mla.indexer reads the query latent: set mla.q_lora_rank > 0" : "",
+      () => on.sparse && c.indexer_head_dim < c.qk_rope_head_dim
+        ? `mla.indexer.head_dim (${c.indexer_head_dim}) must be at least mla.qk_rope_head_dim (${c.qk_rope_head_dim}), the channels it rotates` : "",
+      () => on.sparse && kinds.includes("sliding")
+        ? "mla.indexer (sparse attention) does not combine with 'sliding' layers: the indexer's selection is the whole mask" : "",
+      () => on.sparse && firstAttention >= 0 && idx[firstAttention] !== "full"
+        ? `mla.indexer.layers: the first attention layer (${firstAttention}) must be 'full'; a 'shared' layer reuses the selection of a 'full' one before it` : "",
+      () => w !== 0n && !kinds.includes("sliding") ? `sliding_window=${w} has no effect: layer_types has no 'sliding' layer` : "",
+      () => on.moe && c.dense_layers >= L
+        ? `moe.dense_layers=${c.dense_layers} leaves no MoE layer in n_layers=${L}: set moe.dense_layers < n_layers, or moe=None for a dense model` : "",
+      () => {
+        const width = on.mla ? c.qk_rope_head_dim : c.head_dim, name = on.mla ? "qk_rope_head_dim" : "head_dim";
+        if (c.position !== "rope" || (width >= 2n && width % 2n === 0n)) return "";
+        return `rope settings: rotary width head_dim * partial_rotary_factor must be even and >= 2, got ${width}, from ${name}=${width} and partial_rotary_factor=1.0`;
+      },
+    ]);
+    return out.concat(usage);
+  }
+
+  // --- the arithmetic of companion.analysis.calculator and mixer_params ---
   function attention(c) {
     const d = c.d_model, h = c.n_heads, D = c.head_dim;
     const qOut = h * D * (c.attn_output_gate ? 2n : 1n);
@@ -38,14 +143,20 @@
     return [matrices + extra, matrices];
   }
 
-  function latent(c) {
+  function latent(c, own) {
     const d = c.d_model, h = c.n_heads, r = c.kv_lora_rank, rq = c.q_lora_rank;
     const qHeads = h * c.head_dim;
     const q = rq === 0n ? d * qHeads : d * rq + rq * qHeads;
     const kvA = d * (r + c.qk_rope_head_dim);
     const kvB = r * h * (c.qk_nope_head_dim + c.v_head_dim);
-    const matrices = q + kvA + kvB + h * c.v_head_dim * d;
-    return [matrices + rq + r, matrices];
+    let matrices = q + kvA + kvB + h * c.v_head_dim * d, params = matrices + rq + r;
+    if (c.mla_output_gate) [params, matrices] = [params + h * d, matrices + h * d];
+    if (own) { // the lightning indexer: queries from the latent, one key, head weights
+      const hi = c.indexer_n_heads, di = c.indexer_head_dim;
+      const m = rq * hi * di + d * (di + hi);
+      [params, matrices] = [params + m + 2n * di, matrices + m];
+    }
+    return [params, matrices];
   }
 
   function deltanet(c) {
@@ -56,11 +167,22 @@
     return [weights + 2n * hv + c.linear_value_dim, weights];
   }
 
+  function kimiDelta(c) {
+    const d = c.d_model, h = c.linear_key_heads, dh = c.linear_key_dim, width = h * dh;
+    const gates = c.kda_layout === "kimi" ? 2n * (d * dh + dh * width) : 2n * d * width;
+    const weights = 3n * d * width + 3n * width * c.linear_conv_kernel + d * h + gates + width * d;
+    return [weights + width + h + dh, weights];
+  }
+
   function denseFfn(c) {
     const d = c.d_model, f = c.d_ff, glu = c.ffn === "glu";
     const matrices = (glu ? 3n : 2n) * d * f;
     return [matrices + (c.bias ? (glu ? 2n * f : f) + d : 0n), matrices];
   }
+
+  // does layer i run (and cache) an indexer of its own?
+  const ownIndexer = (c, i) =>
+    c.kv_lora_rank > 0n && c.indexer_topk > 0n && c.kinds[i] !== "linear" && c.indexer_layers_kinds[i] === "full";
 
   function tally(c) {
     const t = { total: 0n, active: 0n, macs: 0n };
@@ -73,8 +195,9 @@
     add(v * d, null, 0n);
     if (c.position === "learned") add(c.max_seq_len * d, null, 0n);
     const norm = d * (c.norm === "layernorm" && c.bias ? 2n : 1n);
-    c.layer_types.forEach((kind, layer) => {
-      const [p, w] = kind === "linear" ? deltanet(c) : c.kv_lora_rank > 0n ? latent(c) : attention(c);
+    c.kinds.forEach((kind, layer) => {
+      const [p, w] = kind === "linear" ? (c.linear_kind === "kda" ? kimiDelta(c) : deltanet(c))
+        : c.kv_lora_rank > 0n ? latent(c, ownIndexer(c, layer)) : attention(c);
       add(p, null, w);
       if (c.n_experts > 0n && BigInt(layer) >= c.dense_layers) {
         const e = c.n_experts, k = c.experts_per_token, fe = c.expert_d_ff;
@@ -96,13 +219,14 @@
     return t;
   }
 
-  const cacheWidth = (c) =>
-    c.kv_lora_rank > 0n ? c.kv_lora_rank + c.qk_rope_head_dim : 2n * c.n_kv_heads * c.head_dim;
-  const min = (a, b) => (a < b ? a : b);
+  // numbers one attention layer caches per position (+ its indexer's key)
+  const cacheWidth = (c, i) =>
+    (c.kv_lora_rank > 0n ? c.kv_lora_rank + c.qk_rope_head_dim : 2n * c.n_kv_heads * c.head_dim)
+    + (ownIndexer(c, i) ? c.indexer_head_dim : 0n);
 
   function kvBytes(c, tokens) {
     let total = 0n;
-    for (const kind of c.layer_types) {
+    c.kinds.forEach((kind, i) => {
       if (kind === "linear") {
         const hk = c.linear_key_heads, hv = c.linear_value_heads;
         const dk = c.linear_key_dim, dv = c.linear_value_dim;
@@ -110,23 +234,27 @@
         total += (2n * hk * dk + hv * dv) * (c.linear_conv_kernel - 1n) * c.dtype_bytes;
       } else {
         const kept = kind === "sliding" ? min(tokens, c.sliding_window) : tokens;
-        total += kept * cacheWidth(c) * c.dtype_bytes;
+        total += kept * cacheWidth(c, i) * c.dtype_bytes;
       }
-    }
+    });
     return c.batch * total;
   }
 
   function flops(c, macs) {
     let mixing = 0n;
-    for (const kind of c.layer_types) {
+    c.kinds.forEach((kind, i) => {
       if (kind === "linear") {
         mixing += 6n * c.linear_value_heads * c.linear_key_dim * c.linear_value_dim;
-        continue;
+        return;
       }
-      const s = kind === "sliding" ? min(c.context, c.sliding_window) : c.context;
+      let s = kind === "sliding" ? min(c.context, c.sliding_window) : c.context;
+      if (c.kv_lora_rank > 0n && c.indexer_topk > 0n) { // DSA: k keys, picked by the indexer
+        if (ownIndexer(c, i)) mixing += 2n * s * c.indexer_n_heads * c.indexer_head_dim;
+        s = min(s, c.indexer_topk);
+      }
       const dv = c.kv_lora_rank > 0n ? c.v_head_dim : c.head_dim;
       mixing += 2n * s * c.n_heads * (c.head_dim + dv);
-    }
+    });
     return 2n * macs + mixing;
   }
 
@@ -146,6 +274,11 @@
 
   function show(id, value, unit) {
     const el = root.querySelector("#calc-" + id);
+    if (value === null) { // no model: no number
+      delete el.dataset.value;
+      el.textContent = el.title = "";
+      return;
+    }
     el.dataset.value = value.toString();
     el.textContent = human(value, unit);
     el.title = value.toLocaleString("en-US");
@@ -153,16 +286,19 @@
 
   function update() {
     const c = read();
-    const problems = [];
-    if (c.n_kv_heads < 1n || c.n_heads % c.n_kv_heads !== 0n) problems.push("n_heads must be a multiple of n_kv_heads");
-    if (c.n_experts > 0n && (c.experts_per_token < 1n || c.experts_per_token > c.n_experts)) problems.push("top-k must be between 1 and the number of experts");
-    if (c.layer_types.includes("sliding") && c.sliding_window < 1n) problems.push("sliding layers need a window");
-    root.querySelector(".calc-problems").textContent = problems.join("; ");
+    const found = problems(c);
+    root.querySelector(".calc-problems").textContent = found.join("; ");
+    if (found.length) {
+      for (const id of ["total", "active", "kv-per-token", "kv-total", "flops-per-token"]) show(id, null);
+      return;
+    }
+    c.kinds = c.layer_types_kinds;
     const t = tally(c);
     show("total", t.total, "count");
     show("active", t.active, "count");
-    const perLayer = cacheWidth(c) * c.dtype_bytes;
-    show("kv-per-token", BigInt(c.layer_types.filter((k) => k !== "linear").length) * perLayer, "bytes");
+    let perToken = 0n;
+    c.kinds.forEach((kind, i) => { if (kind !== "linear") perToken += cacheWidth(c, i); });
+    show("kv-per-token", perToken * c.dtype_bytes, "bytes");
     show("kv-total", kvBytes(c, c.context), "bytes");
     show("flops-per-token", flops(c, t.macs), "count");
   }

@@ -3,22 +3,25 @@
 :func:`calculator_html` writes a preset menu, one dial per config field that
 :mod:`companion.analysis.calculator` reads, and the five outputs, with a small script
 (``calculator_page.js``, next to this file) that repeats the calculator's arithmetic in
-exact integers. The page's contract, which the browser test relies on:
+exact integers, after the config's rules. The contract the browser test relies on:
 
-- ``<select id="calc-preset">``: its option values are ``PRESETS`` keys;
-- a dial per field in ``DIALS``, id ``calc-<field>``: ``<input>`` for numbers and
-  the
-  layer pattern, checkbox for flags, ``<select>`` for a field with fixed choices; plus
+- ``<select id="calc-preset">``: its option values are ``PAGE_PRESETS`` keys (those
+  of ``PRESETS`` that set no field without a dial, :func:`undialled`);
+- a dial per field in ``DIALS``, id ``calc-<field>``: ``<input>`` for numbers and the
+  two patterns, checkbox for flags, ``<select>`` for a field with fixed choices; plus
   ``calc-context``, ``calc-batch``, ``calc-dtype_bytes`` and ``calc-state_dtype_bytes``;
 - outputs ``#calc-total``, ``#calc-active``, ``#calc-kv-per-token``, ``#calc-kv-total``
-  and
-  ``#calc-flops-per-token``, each holding its exact integer in ``data-value``.
+  and ``#calc-flops-per-token``, each holding its exact integer in ``data-value``;
+- ``.calc-problems``: when the dials describe a config that ``ModelConfig``
+  rejects, the outputs are empty (no ``data-value``) and this line gives the config's
+  own error, field named, for each rule broken.
 
-The layer pattern is written with one letter per layer kind (``F`` full, ``S`` sliding,
-``L`` linear) and repeated to the depth, as chapter 13's ``build`` repeats a preset's
-period; :func:`config_from_dials` reads dial values back into a
-:class:`~companion.models.config.ModelConfig`, so the page's numbers can be checked
-against :func:`~companion.analysis.calculator.count_params` and the rest.
+A pattern dial has one letter per layer (layers: ``F`` full, ``S`` sliding, ``L``
+linear; DSA indexer: ``F`` its own, ``S`` shared, GLM-5), repeated to the depth as
+chapter 13's ``build`` repeats a preset's period. :func:`config_from_dials` reads the
+dials back into a :class:`~companion.models.config.ModelConfig` (raising its
+``ConfigError`` where the page shows a problem), so the page can be checked against
+:func:`~companion.analysis.calculator.count_params` and the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from companion.layers.kimi_delta import KDA_LAYOUTS
 from companion.layers.moe import EXPERT_KINDS
 from companion.models.config import (
     CHOICES,
@@ -36,17 +40,21 @@ from companion.models.config import (
     ModelConfig,
     MoEConfig,
 )
+from companion.models.config_parts import LINEAR_KINDS, ConfigError, SparseConfig
 from companion.models.presets import PRESETS
 
 __all__ = [
     "DIAL_CHOICES",
     "DIALS",
     "GROUP_DIALS",
+    "PAGE_PRESETS",
+    "PATTERNS",
     "USAGE",
     "calculator_html",
     "config_from_dials",
     "dial_values",
     "layer_period",
+    "undialled",
 ]
 
 # (field, label) per group, in the order the panel shows them
@@ -76,7 +84,7 @@ DIALS: dict[str, tuple[tuple[str, str], ...]] = {
     "feed-forward and experts": (
         ("ffn", "FFN form"),
         ("d_ff", "FFN width F"),
-        ("n_experts", "experts E"),
+        ("n_experts", "experts E (0: none)"),
         ("experts_per_token", "top-k"),
         ("expert_d_ff", "expert width F_e"),
         ("shared_d_ff", "shared width F_s"),
@@ -86,62 +94,74 @@ DIALS: dict[str, tuple[tuple[str, str], ...]] = {
         ("router_bias", "router bias"),
         ("router_selection_bias", "selection bias"),
     ),
-    "latent attention (MLA)": (
-        ("kv_lora_rank", "KV latent r"),
+    "latent attention (MLA) and its sparse indexer (DSA)": (
+        ("kv_lora_rank", "KV latent r (0: none)"),
         ("q_lora_rank", "query latent r_q"),
         ("qk_nope_head_dim", "D_nope"),
         ("qk_rope_head_dim", "RoPE key R"),
         ("v_head_dim", "value width D_v"),
+        ("mla_output_gate", "head gate"),
+        ("indexer_topk", "top-k K_I (0: dense)"),
+        ("indexer_n_heads", "indexer heads H_I"),
+        ("indexer_head_dim", "indexer width D_I"),
+        ("indexer_layers", "indexer pattern (F/S)"),
     ),
-    "linear attention (Gated DeltaNet)": (
+    "linear attention (Gated DeltaNet, KDA)": (
+        ("linear_kind", "recurrence"),
         ("linear_key_heads", "key heads H_k"),
         ("linear_value_heads", "value heads H_v"),
         ("linear_key_dim", "key width D_k"),
         ("linear_value_dim", "value width D_v"),
         ("linear_conv_kernel", "conv width K"),
+        ("kda_layout", "KDA gate layout"),
     ),
 }
-# the dials of a mechanism group: group -> (its class, {dial: field}); a dense model's
-# group is None, and its dials then show what the page's arithmetic reads as "absent"
-# (no experts, no latent, no linear heads; experts as wide as the FFN, conv width 4)
+# the dials of a mechanism group: group -> (its class, {dial: field}); a model without
+# the group shows what the page's arithmetic reads as "absent" (no experts, no latent,
+# no indexer, no linear heads; experts as wide as the FFN, conv width 4)
 GROUP_DIALS: dict[str, tuple[type, dict[str, str]]] = {
     "moe": (
         MoEConfig,
-        {
-            "n_experts": "n_experts",
-            "experts_per_token": "experts_per_token",
-            "expert_d_ff": "expert_d_ff",
-            "shared_d_ff": "shared_d_ff",
-            "shared_expert_gate": "shared_expert_gate",
-            "dense_layers": "dense_layers",
-            "expert_kind": "expert_kind",
-            "router_bias": "router_bias",
-            "router_selection_bias": "router_selection_bias",
-        },
+        {n: n for n in ("n_experts", "experts_per_token", "expert_d_ff", "shared_d_ff")}
+        | {n: n for n in ("shared_expert_gate", "dense_layers", "expert_kind")}
+        | {n: n for n in ("router_bias", "router_selection_bias")},
     ),
     "mla": (
         MLAConfig,
-        {
-            "kv_lora_rank": "kv_lora_rank",
-            "q_lora_rank": "q_lora_rank",
-            "qk_nope_head_dim": "qk_nope_head_dim",
-            "qk_rope_head_dim": "qk_rope_head_dim",
-            "v_head_dim": "v_head_dim",
-        },
+        {n: n for n in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim")}
+        | {n: n for n in ("qk_rope_head_dim", "v_head_dim")}
+        | {"mla_output_gate": "output_gate"},
+    ),
+    "mla.indexer": (
+        SparseConfig,
+        {f"indexer_{name}": name for name in ("n_heads", "head_dim", "topk", "layers")},
     ),
     "linear": (
         LinearAttentionConfig,
-        {
-            "linear_key_heads": "key_heads",
-            "linear_value_heads": "value_heads",
-            "linear_key_dim": "key_dim",
-            "linear_value_dim": "value_dim",
-            "linear_conv_kernel": "conv_kernel",
-        },
+        {f"linear_{n}": n for n in ("kind", "key_heads", "value_heads", "key_dim")}
+        | {f"linear_{n}": n for n in ("value_dim", "conv_kernel")}
+        | {"kda_layout": "kda_layout"},
     ),
 }
+# the config's name for each group dial ("moe.n_experts"), as errors name it
+_FIELDS = {
+    d: f"{g}.{f}" for g, (_, names) in GROUP_DIALS.items() for d, f in names.items()
+}
+# the dial that switches a group on (its "absent" value, 0, leaves the group None);
+# linear layers in the pattern switch on "linear"
+_SWITCH = {"moe": "n_experts", "mla": "kv_lora_rank", "mla.indexer": "indexer_topk"}
 # dials with fixed choices beyond the config's own CHOICES
-DIAL_CHOICES = {**CHOICES, "expert_kind": EXPERT_KINDS}
+DIAL_CHOICES = CHOICES | {"expert_kind": EXPERT_KINDS, "kda_layout": KDA_LAYOUTS}
+DIAL_CHOICES |= {"linear_kind": LINEAR_KINDS}
+# pattern dials: letter -> value, repeated to the depth
+PATTERNS: dict[str, dict[str, str]] = {
+    "layer_types": {"F": "full", "S": "sliding", "L": "linear"},
+    "indexer_layers": {"F": "full", "S": "shared"},
+}
+# fields the page has no dials for (DeepSeek-V4's): presets that set them stay off it
+_UNDIALLED = ("compression", "residual", "moe.hash_layers")
+_ABSENT = {"expert_kind": "glu", "linear_kind": "gated_deltanet", "kda_layout": "kimi"}
+_ABSENT |= {"linear_conv_kernel": 4, "indexer_layers": ("full",)}
 # the calculator's own arguments: name -> (label, default)
 USAGE: dict[str, tuple[str, int]] = {
     "context": ("sequence length s", 8192),
@@ -149,43 +169,35 @@ USAGE: dict[str, tuple[str, int]] = {
     "dtype_bytes": ("bytes per cached number", 2),
     "state_dtype_bytes": ("bytes per state number", 4),
 }
-_LETTERS = {"F": "full", "S": "sliding", "L": "linear"}
-_OUTPUTS = (
-    ("total", "parameters"),
-    ("active", "active per token"),
-    ("kv-per-token", "KV cache per token"),
-    ("kv-total", "KV cache at s, batch"),
-    ("flops-per-token", "FLOPs per token at s"),
-)
+_OUTPUTS = {"total": "parameters", "active": "active per token"}
+_OUTPUTS |= {"kv-per-token": "KV cache per token", "kv-total": "KV cache at s, batch"}
+_OUTPUTS |= {"flops-per-token": "FLOPs per token at s"}
 _SCRIPT = Path(__file__).with_name("calculator_page.js")
 
 
-def _absent(cfg: ModelConfig, dial: str) -> object:
-    """A group dial's value when the group is None."""
-    if dial == "expert_d_ff":
-        return cfg.d_ff
-    if dial == "linear_conv_kernel":
-        return 4
-    if dial == "expert_kind":
-        return "glu"
-    return False if dial.endswith(("_gate", "_bias")) else 0
+def undialled(cfg: ModelConfig) -> list[str]:
+    """The fields ``cfg`` sets that no dial shows; none: the page can show it."""
+    hashed = getattr(cfg.moe, "hash_layers", 0)
+    got = (getattr(cfg, "compression", None), getattr(cfg, "residual", None), hashed)
+    return [name for name, value in zip(_UNDIALLED, got, strict=True) if value]
+
+
+PAGE_PRESETS = {name: cfg for name, cfg in PRESETS.items() if not undialled(cfg)}
 
 
 def _dial(cfg: ModelConfig, dial: str) -> object:
     """The value a dial shows for ``cfg``: a field, or a field of a group."""
     for group, (_, names) in GROUP_DIALS.items():
         if dial in names:
-            part = getattr(cfg, group)
-            return _absent(cfg, dial) if part is None else getattr(part, names[dial])
+            part: object = cfg
+            for name in group.split("."):
+                part = getattr(part, name) if part is not None else None
+            if part is not None:
+                return getattr(part, names[dial])
+            if dial == "expert_d_ff":
+                return cfg.d_ff
+            return _ABSENT.get(dial, False if dial.endswith(("_gate", "_bias")) else 0)
     return getattr(cfg, dial)
-
-
-def _kind(cfg: ModelConfig, field: str) -> str:
-    if field in DIAL_CHOICES:
-        return "choice"
-    if field == "layer_types":
-        return "pattern"
-    return "bool" if isinstance(_dial(cfg, field), bool) else "int"
 
 
 def layer_period(kinds: tuple[str, ...]) -> int:
@@ -198,64 +210,77 @@ def layer_period(kinds: tuple[str, ...]) -> int:
 
 def dial_values(cfg: ModelConfig) -> dict[str, object]:
     """The dials' values for ``cfg``: its resolved fields, the window as 0 when unset,
-    and
-    the layer pattern as its shortest repeating period in letters (``"SSSF"``)."""
-    values: dict[str, object] = {}
-    for group in DIALS.values():
-        for field, _ in group:
-            values[field] = _dial(cfg, field)
-    letters = {kind: letter for letter, kind in _LETTERS.items()}
-    period = layer_period(cfg.layer_types)
-    values["layer_types"] = "".join(letters[k] for k in cfg.layer_types[:period])
+    and each pattern as its shortest repeating period in letters (``"SSSF"``)."""
+    if undialled(cfg):
+        raise ValueError(f"the page has no dials for {undialled(cfg)} of {cfg!r}")
+    values = {
+        field: _dial(cfg, field) for group in DIALS.values() for field, _ in group
+    }
     values["sliding_window"] = cfg.sliding_window or 0
+    for dial, letters in PATTERNS.items():
+        kinds = values[dial] or ("full",)  # an indexer's None: every layer its own
+        letter = {kind: letter for letter, kind in letters.items()}
+        values[dial] = "".join(letter[k] for k in kinds[: layer_period(kinds)])
     return values
 
 
-def config_from_dials(values: Mapping[str, object]) -> ModelConfig:
-    """The ``ModelConfig`` the panel's dials describe (other fields at their
-    defaults)."""
-    fields = dict(values)
-    pattern = str(fields.pop("layer_types"))
-    unknown = set(pattern) - set(_LETTERS)
-    if not pattern or unknown:
-        raise ValueError(
-            f"layer_types must be letters from {sorted(_LETTERS)}, got {pattern!r}"
+def _pattern(values: Mapping[str, object], dial: str) -> tuple[str, ...]:
+    """A pattern dial repeated to the depth (the config's name for it in errors)."""
+    letters, name = PATTERNS[dial], _FIELDS.get(dial, dial)
+    text = str(values[dial]).strip().upper()
+    if not text or set(text) - set(letters):
+        raise ConfigError(
+            f"{name} must be letters from {sorted(letters)}, got {values[dial]!r}"
         )
-    n = int(fields["n_layers"])  # type: ignore[call-overload]
-    fields["layer_types"] = tuple(_LETTERS[pattern[i % len(pattern)]] for i in range(n))
+    n = max(int(values["n_layers"]), 0)  # type: ignore[call-overload]
+    return tuple(letters[text[i % len(text)]] for i in range(n))
+
+
+def config_from_dials(values: Mapping[str, object]) -> ModelConfig:
+    """The ``ModelConfig`` the panel's dials describe (other fields at their defaults);
+    a ``ConfigError`` names the field where they describe no model."""
+    fields = dict(values)
+    fields["layer_types"] = _pattern(values, "layer_types")
     fields["sliding_window"] = fields["sliding_window"] or None
     parts = {
         group: {field: fields.pop(dial) for dial, field in names.items()}
         for group, (_, names) in GROUP_DIALS.items()
     }
-    present = {
-        "moe": parts["moe"]["n_experts"],
-        "mla": parts["mla"]["kv_lora_rank"],
-        "linear": "linear" in fields["layer_types"],
-    }
+    on = {group: values[dial] for group, dial in _SWITCH.items()}
+    on["linear"] = "linear" in fields["layer_types"]
+    if on["mla.indexer"]:
+        layers = _pattern(values, "indexer_layers")
+        parts["mla.indexer"]["layers"] = None if "shared" not in layers else layers
     for group, (cls, _) in GROUP_DIALS.items():
-        fields[group] = cls(**parts[group]) if present[group] else None
-    if fields["mla"] is None and parts["mla"]["q_lora_rank"]:
-        raise ValueError(
-            "q_lora_rank needs multi-head latent attention: set kv_lora_rank > 0"
-        )
+        fields[group] = cls(**parts[group]) if on[group] else None
+    if fields["mla"] is not None:
+        fields["mla"] = fields["mla"].replace(indexer=fields["mla.indexer"])
+    else:  # the page's own rule: a part of MLA without MLA would be ignored
+        wanted = {**parts["mla"], "indexer": on["mla.indexer"]}
+        for what in (w for w in ("q_lora_rank", "output_gate", "indexer") if wanted[w]):
+            need = "needs multi-head latent attention: set mla.kv_lora_rank > 0"
+            raise ConfigError(f"mla.{what} {need}")
+    del fields["mla.indexer"]
     return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
-def _control(cfg: ModelConfig, field: str, label: str) -> str:
-    kind, ident = _kind(cfg, field), f"calc-{field}"
-    if kind == "choice":
+def _control(cfg: ModelConfig, field: str, label: str) -> tuple[str, str]:
+    """(the kind of value the script reads, the dial's label and control)."""
+    ident = f"calc-{field}"
+    if field in DIAL_CHOICES:
         options = "".join(
             f'<option value="{c}">{c}</option>' for c in DIAL_CHOICES[field]
         )
-        control = f'<select id="{ident}">{options}</select>'
-    elif kind == "bool":
-        control = f'<input id="{ident}" type="checkbox">'
-    elif kind == "pattern":
+        kind, control = "text", f'<select id="{ident}">{options}</select>'
+    elif field in PATTERNS:
         control = f'<input id="{ident}" type="text" size="10" spellcheck="false">'
+        kind = "text"
+    elif field not in USAGE and isinstance(_dial(cfg, field), bool):
+        kind, control = "bool", f'<input id="{ident}" type="checkbox">'
     else:
-        control = f'<input id="{ident}" type="number" min="0" step="1">'
-    return f'<label for="{ident}">{html.escape(label)}</label>{control}'
+        value = f' value="{USAGE[field][1]}"' if field in USAGE else ""
+        kind, control = "int", f'<input id="{ident}" type="number" step="1"{value}>'
+    return kind, f'<label for="{ident}">{html.escape(label)}</label>{control}'
 
 
 _STYLE = """
@@ -264,58 +289,40 @@ _STYLE = """
 .calc legend { font-weight: 600; font-size: 0.85rem; padding: 0 0.3rem; }
 .calc .calc-grid { display: grid; grid-template-columns: repeat(3, auto 5.8rem);
   gap: 0.2rem 0.5rem; align-items: center; }
-.calc label { text-align: right; }
-.calc .calc-grid input[type=number], .calc .calc-grid input[type=text],
-.calc .calc-grid select { width: 5.8rem; }
-.calc table { margin: 0.4rem 0 0; }
-.calc td { padding: 0.1rem 0.6rem; }
+.calc label { text-align: right; } .calc table { margin: 0.4rem 0 0; }
+.calc .calc-grid input, .calc .calc-grid select { width: 5.8rem; }
+.calc td { padding: 0.1rem 0.6rem; } .calc .calc-problems { color: #D55E00; min-height: 1em; }
 .calc output { font-weight: 600; font-variant-numeric: tabular-nums; }
-.calc .calc-problems { color: #D55E00; min-height: 1em; }
 """
 
 
 def calculator_html(default: str = "llama3-8b") -> str:
     """The panel's HTML: controls, outputs, the presets' dial values and the script."""
-    if default not in PRESETS:
-        raise ValueError(f"default must be one of {sorted(PRESETS)}, got {default!r}")
-    sample = PRESETS[default]
-    kinds: dict[str, str] = {}
-    parts = [f"<style>{_STYLE}</style>", '<div class="calc">']
+    if default not in PAGE_PRESETS:
+        raise ValueError(
+            f"default must be one of {sorted(PAGE_PRESETS)}, got {default!r}"
+        )
+    use = tuple((name, label) for name, (label, _) in USAGE.items())
     options = "".join(
         f'<option value="{n}"{" selected" if n == default else ""}>{n}</option>'
-        for n in PRESETS
+        for n in PAGE_PRESETS
     )
-    parts.append(
-        f'<label for="calc-preset"><b>preset</b></label> '
-        f'<select id="calc-preset">{options}</select>'
-    )
-    for group, dials in DIALS.items():
-        parts.append(
-            f'<fieldset><legend>{html.escape(group)}</legend><div class="calc-grid">'
-        )
+    parts = [
+        f'<style>{_STYLE}</style><div class="calc"><label for="calc-preset"><b>preset'
+        f'</b></label> <select id="calc-preset">{options}</select>'
+    ]
+    kinds: dict[str, str] = {}
+    for group, dials in {**DIALS, "use": use}.items():
+        parts.append(f'<fieldset><legend>{group}</legend><div class="calc-grid">')
         for field, label in dials:
-            kind = _kind(sample, field)
-            kinds[field] = "text" if kind in ("choice", "pattern") else kind
-            parts.append(_control(sample, field, label))
+            kinds[field], control = _control(PRESETS[default], field, label)
+            parts.append(control)
         parts.append("</div></fieldset>")
-    parts.append('<fieldset><legend>use</legend><div class="calc-grid">')
-    for name, (label, default_value) in USAGE.items():
-        kinds[name] = "int"
-        parts.append(
-            f'<label for="calc-{name}">{html.escape(label)}</label>'
-            f'<input id="calc-{name}" type="number" min="1" step="1" value="{default_value}">'
-        )
-    parts.append("</div></fieldset><table>")
-    for ident, label in _OUTPUTS:
-        parts.append(
-            f'<tr><td>{label}</td><td><output id="calc-{ident}"></output></td></tr>'
-        )
-    parts.append('</table><div class="calc-problems"></div>')
-    data = {
-        "kinds": kinds,
-        "letters": _LETTERS,
-        "presets": {name: dial_values(cfg) for name, cfg in PRESETS.items()},
-    }
+    row = '<tr><td>{}</td><td><output id="calc-{}"></output></td></tr>'
+    rows = "".join(row.format(label, ident) for ident, label in _OUTPUTS.items())
+    parts.append(f'<table>{rows}</table><div class="calc-problems"></div>')
+    presets = {name: dial_values(cfg) for name, cfg in PAGE_PRESETS.items()}
+    data = {"kinds": kinds, "patterns": PATTERNS, "fields": _FIELDS, "presets": presets}
     parts.append(
         f'<script type="application/json" class="calc-data">{json.dumps(data)}</script>'
     )

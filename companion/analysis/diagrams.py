@@ -38,6 +38,8 @@ COLORS = {
     "sliding": PALETTE[5],
     "linear": PALETTE[2],
     "latent": PALETTE[3],
+    "csa": "#8C6BB1",  # DeepSeek-V4's compressed layers: the window's hue, darker
+    "hca": "#54278F",
     "dense": PALETTE[4],
     "moe": PALETTE[1],
     "norm": PALETTE[6],
@@ -47,7 +49,29 @@ _NAMES = {
     "full": "full attention",
     "sliding": "sliding window",
     "linear": "Gated DeltaNet",
+    "csa": "compressed sparse",
+    "hca": "heavily compressed",
 }
+
+
+def _linear_name(cfg: ModelConfig) -> str:
+    """What a ``"linear"`` layer of ``cfg`` is called: its delta rule."""
+    if cfg.linear is not None and cfg.linear.kind == "kda":
+        return "Kimi Delta Attention"
+    title = {"gated_delta": "Gated DeltaNet", "delta": "DeltaNet"}
+    return title.get(cfg.linear.rule if cfg.linear else "", "linear attention")
+
+
+def _compressed(cfg: ModelConfig, kind: str) -> Part:
+    """A DeepSeek-V4 layer: a window, plus pooled entries on CSA / HCA layers."""
+    c = cfg.compression
+    title = {"sliding": "sliding window", **_NAMES}[kind] + f", {cfg.n_heads} heads"
+    detail = [f"window {cfg.sliding_window}", "one shared K=V head", "sinks"]
+    if kind == "csa":
+        detail.insert(1, f"+ entries pooled every {c.csa_ratio}, top-{c.index_topk}")
+    elif kind == "hca":
+        detail.insert(1, f"+ entries pooled every {c.hca_ratio}")
+    return Part(kind, title, ", ".join(detail))
 
 
 @dataclass(frozen=True)
@@ -98,18 +122,19 @@ def _mixer(cfg: ModelConfig, layer: int) -> Part:
         lin = cfg.linear
         state = f"state {lin.key_dim}×{lin.value_dim} per head"
         heads = f"{lin.key_heads}:{lin.value_heads} heads"
-        title = {"gated_delta": "Gated DeltaNet", "delta": "DeltaNet"}
         return Part(
-            "linear",
-            title.get(lin.rule, "linear attention"),
-            f"{heads}, {state}, conv {lin.conv_kernel}",
+            "linear", _linear_name(cfg), f"{heads}, {state}, conv {lin.conv_kernel}"
         )
+    if cfg.compression is not None:
+        return _compressed(cfg, kind)
     extras = [_position(cfg, layer)]
     if cfg.mla is not None:
         mla = cfg.mla
         q = f", q latent {mla.q_lora_rank}" if mla.q_lora_rank else ""
         title = f"MLA {cfg.n_heads} heads"
         detail = f"latent {mla.kv_lora_rank}{q}, RoPE key {mla.qk_rope_head_dim}"
+        if mla.indexer is not None:
+            detail += f", indexer top-{mla.indexer.topk}"
         return Part("latent", title, ", ".join(x for x in [detail, *extras] if x))
     title = _heads(cfg)
     if kind == "sliding":
@@ -274,7 +299,7 @@ def model_diagram(cfg: ModelConfig, ax: plt.Axes | None = None) -> Figure:
                 )
             )  # fmt: skip
     counts = {k: mixers.count(k) for k in dict.fromkeys(mixers)}
-    names = {**_NAMES, "latent": "latent attention"}
+    names = {**_NAMES, "latent": "latent attention", "linear": _linear_name(cfg)}
     mix_text = " + ".join(f"{c} {names[k]}" for k, c in counts.items())
     n_moe = ffns.count("moe")
     ffn_text = f"{n_moe} MoE + {n - n_moe} dense FFN" if n_moe and n_moe < n else (

@@ -5,7 +5,8 @@ family shares (widths, heads, RoPE, layer pattern); the :data:`FAMILIES` entry o
 architecture gives its ``model_type``, its norm placement and a function that returns
 the config fields beyond them (experts, MLA, gates, DeltaNet, NoPE layers, ...),
 overriding the shared ones where the family differs (the DeepSeek-style families, MLA
-and what composes onto it, are in :mod:`companion.checkpoints.hf_latent_families`). A
+and what composes onto it, are in :mod:`companion.checkpoints.hf_latent_families`,
+DeepSeek-V4 in :mod:`companion.checkpoints.hf_v4`). A
 family function appends to
 ``problems`` what ``companion`` cannot express; the caller raises them together.
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from companion.checkpoints.hf_latent_families import LATENT_FAMILIES as LATENT
+from companion.checkpoints.hf_v4 import deepseek_v4
 from companion.models.config_parts import LinearAttentionConfig, MoEConfig
 
 __all__ = ["FAMILIES", "Family"]
@@ -214,4 +216,5 @@ FAMILIES: dict[str, Family] = {
     ),
     "DeepseekV32ForCausalLM": Family("deepseek_v32", "pre", LATENT["deepseek_v32"]),
     "GlmMoeDsaForCausalLM": Family("glm_moe_dsa", "pre", LATENT["glm_moe_dsa"]),
+    "DeepseekV4ForCausalLM": Family("deepseek_v4", "pre", deepseek_v4),
 }

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from companion.checkpoints.hf_v4 import v4_layer_key
 from companion.checkpoints.transformers_config import architecture, config_from_hf
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
@@ -87,6 +88,8 @@ def _layer_key(rest: str, cfg: ModelConfig, layer: int = 0) -> str | None:
     it. Separate q, k and v projections are fused later, in
     :func:`convert_state_dict`."""
     mod, leaf = rest.rsplit(".", 1)  # e.g. "self_attn.o_proj", "weight"
+    if cfg.compression is not None and v4_layer_key(rest) is not None:
+        return v4_layer_key(rest)  # DeepSeek-V4: attention, hyper-connections, hash
     if rest.startswith("self_attn.") and _kda_layer(cfg, layer):
         return "attn." + rest.removeprefix("self_attn.")  # KDA: the same names
     if cfg.is_mla and mod in _MLA_NAMES:
@@ -139,6 +142,8 @@ def convert_state_dict(
             out["tok_emb.weight"] = t
         elif key == "model.norm.weight":
             out["final_norm.weight"] = t
+        elif key.startswith("model.hc_head."):  # DeepSeek-V4's last stream collapse
+            out[key.removeprefix("model.")] = t
         elif key == "lm_head.weight":
             if not cfg.tie_embeddings:
                 out["lm_head.weight"] = t

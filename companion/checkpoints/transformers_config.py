@@ -10,7 +10,8 @@ group-limited sigmoid routing, a shared expert, dense first layers), gpt-oss (at
 sinks, biases, clamped-SwiGLU experts, 1:1 sliding layers) and Qwen3-Next (Gated
 DeltaNet layers 3:1 with gated attention, experts with a gated shared expert), and the
 families of :mod:`companion.checkpoints.hf_families` after them (Qwen3.5, Trinity,
-SmolLM3, MiniMax-M2, Kimi Linear, Ling's Bailing hybrid, DeepSeek-V3.2, GLM-5). Options
+SmolLM3, MiniMax-M2, Kimi Linear, Ling's Bailing hybrid, DeepSeek-V3.2, GLM-5,
+DeepSeek-V4). Options
 ``companion`` cannot express are rejected with an error that names them, never silently
 dropped.
 
@@ -83,6 +84,8 @@ def config_from_hf(hf_config: object) -> ModelConfig:
     # Kimi Linear has no RoPE at all (its family sets position="none")
     rope = dict(getattr(c, "rope_parameters", None) or {"rope_theta": 10000.0})
     local_theta = None
+    if "main" in rope:  # DeepSeek-V4: "main" here, "compress" read by its family
+        rope = dict(rope["main"])
     if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3, Olmo 3)
         local = dict(rope.get("sliding_attention", rope["full_attention"]))
         rope = dict(rope["full_attention"])

@@ -33,6 +33,7 @@ from companion.layers.moe import MoEFeedForward
 from companion.layers.norms import build_norm
 from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
+from companion.models.v4_builders import compressed_attention, hyper_connections
 from companion.ops.rope import RopeScaling
 
 __all__ = [
@@ -57,12 +58,24 @@ def _shared_rope(
     return RotaryEmbedding(head_dim, theta, scaling, factor, max_len)
 
 
-def rotary_embedding(cfg: ModelConfig, local: bool = False) -> RotaryEmbedding | None:
+def rotary_embedding(
+    cfg: ModelConfig, local: bool = False, compress: bool = False
+) -> RotaryEmbedding | None:
     """The RoPE table of the config's full layers, or with ``local`` of its sliding
-    layers (``rope_local_theta``, no scaling; the global table if that is unset); None
-    without RoPE."""
+    layers (``rope_local_theta``, no scaling; the global table if that is unset), or
+    with ``compress`` of its CSA/HCA layers (``compression.rope_theta`` and
+    ``rope_scaling``); None without RoPE."""
     if cfg.position != "rope":
         return None
+    if compress:
+        c = cfg.compression
+        return _shared_rope(
+            cfg.rope_dim,
+            c.rope_theta,
+            c.rope_scaling,
+            cfg.partial_rotary_factor,
+            cfg.max_seq_len,
+        )
     if local and cfg.rope_local_theta is not None:
         return _shared_rope(
             cfg.rope_dim,
@@ -216,6 +229,9 @@ def build_mixer(
     kind = cfg.layer_types[layer]
     if kind == "linear":
         return _linear(cfg)
+    if cfg.compression is not None:
+        rope = rotary_embedding(cfg, compress=kind != "sliding")
+        return compressed_attention(cfg, kind, rope)
     sliding = kind == "sliding"
     rope = None if layer in cfg.nope_layers else rotary_embedding(cfg, local=sliding)
     window = cfg.sliding_window if sliding and causal else None
@@ -230,7 +246,7 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
     """Layer ``layer``'s feed-forward sublayer: a mixture of experts or a dense
     MLP/GLU."""
     if cfg.is_moe_layer(layer):
-        moe = cfg.moe
+        moe, hashed = cfg.moe, cfg.is_hash_layer(layer)
         return MoEFeedForward(
             cfg.d_model,
             moe.n_experts,
@@ -242,10 +258,13 @@ def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
             topk_groups=moe.router_topk_groups,
             scale=moe.router_scale,
             router_bias=moe.router_bias,
-            selection_bias=moe.router_selection_bias,
+            selection_bias=moe.router_selection_bias and not hashed,
             kind=moe.expert_kind,
             shared_d_ff=moe.shared_d_ff,
             shared_gate=moe.shared_expert_gate,
+            routing="hash" if hashed else "topk",
+            vocab_size=cfg.vocab_size,
+            swiglu_limit=moe.swiglu_limit,
         )
     ffn_cls = GatedFeedForward if cfg.ffn == "glu" else FeedForward
     return ffn_cls(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias, cfg.dropout)
@@ -272,12 +291,14 @@ def build_block(
             "cross_attn": _attention(cfg),
         }
     ffn_norm, ffn_out_norm = build_norms(cfg)
+    cross_site = ("cross",) if cross_attention else ()
     return TransformerBlock(
         attn,
         build_ffn(cfg, layer),
         placement=cfg.norm_placement,
         norms=(attn_norm, attn_out_norm, ffn_norm, ffn_out_norm),
         dropout=cfg.dropout,
+        residuals=hyper_connections(cfg, ("attn", *cross_site, "ffn")),
         **cross,
     )
 

@@ -7,7 +7,8 @@ live in ``CHOICES`` (the mechanism's own tuple) or in a check in
 the field, what it got, and what it accepts.
 
 The dense block's fields are flat; each later mechanism is one group
-(:mod:`companion.models.config_parts`: ``moe``, ``mla``, ``linear``), None when the
+(:mod:`companion.models.config_parts`: ``moe``, ``mla``, ``linear``;
+:mod:`companion.models.config_streams`: ``compression``, ``residual``), None when the
 model does without it, so a 2017 config mentions nothing from 2026 and ``repr(cfg)``
 shows only what differs from the defaults.
 
@@ -33,6 +34,10 @@ from companion.models.config_parts import (
     MLAConfig,
     MoEConfig,
     changed_fields,
+)
+from companion.models.config_streams import (
+    CompressedAttentionConfig,
+    HyperConnectionConfig,
 )
 from companion.models.validation import ConfigError, validate, validate_rope
 from companion.ops.dispatch import IMPLS
@@ -70,7 +75,8 @@ def _head_dim(cfg: ModelConfig) -> int:
 _DERIVED: dict[str, Callable[[ModelConfig], object]] = {
     "d_ff": lambda cfg: 4 * cfg.d_model,
     "head_dim": _head_dim,
-    "n_kv_heads": lambda cfg: cfg.n_heads,
+    # compressed attention (DeepSeek-V4) has one key/value head
+    "n_kv_heads": lambda cfg: 1 if cfg.compression is not None else cfg.n_heads,
     "qkv_bias": lambda cfg: cfg.bias,
     "layer_types": _kinds,
 }
@@ -91,7 +97,9 @@ class ModelConfig:
     ``full`` the whole q and k projections (Olmo). ``layer_types`` gives each layer
     ``"full"`` or ``"sliding"`` attention; sliding layers see the last
     ``sliding_window`` keys (the query's own included) and use ``rope_local_theta`` when
-    set (Gemma 3). ``nope_layers`` skip RoPE.
+    set (Gemma 3). ``nope_layers`` skip RoPE. With ``compression`` (DeepSeek-V4) the
+    layers are ``"sliding"``, ``"csa"`` or ``"hca"`` compressed attention, every one
+    with the window.
     """
 
     vocab_size: int
@@ -145,6 +153,9 @@ class ModelConfig:
     moe: MoEConfig | None = None  # routed experts in place of the dense FFN
     mla: MLAConfig | None = None  # multi-head latent attention on every attention layer
     linear: LinearAttentionConfig | None = None  # Gated DeltaNet on "linear" layers
+    # DeepSeek-V4's sliding / CSA / HCA attention on every layer
+    compression: CompressedAttentionConfig | None = None
+    residual: HyperConnectionConfig | None = None  # hyper-connections: n streams
     _derived: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +196,14 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         """True if layer ``layer`` routes its FFN through experts."""
         return self.moe is not None and layer >= self.moe.dense_layers
+
+    def is_hash_layer(self, layer: int) -> bool:
+        """True if layer ``layer``'s experts come from a table by token id (the first
+        ``moe.hash_layers`` MoE layers, DeepSeek-V4)."""
+        return (
+            self.is_moe_layer(layer)
+            and layer < self.moe.dense_layers + self.moe.hash_layers
+        )
 
     def replace(self, **changes: object) -> ModelConfig:
         """A copy with some fields changed (validated again)."""

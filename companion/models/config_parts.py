@@ -5,11 +5,10 @@ A 2017 config holds the dense block only; each later mechanism brings its fields
 group, set as a whole or left None: ``moe`` (routed experts and their router, chapter
 10), ``mla`` (multi-head latent attention, chapter 08; its ``indexer``, a
 :class:`SparseConfig`, makes it DeepSeek Sparse Attention), ``linear`` (the Gated
-DeltaNet or Kimi Delta Attention layers of a hybrid stack, chapter 11). A group checks
-its own fields when built; what depends on the rest of the model (a MoE layer left in
-the stack, RoPE under MLA, a "linear" layer in the pattern, an indexer per layer) is
-checked by the model config. Every error names the
-field as ``group.field``.
+DeltaNet or Kimi Delta Attention layers of a hybrid stack, chapter 11); DeepSeek-V4's
+are in :mod:`companion.models.config_streams`. A group checks its own fields; what
+depends on the rest of the model (a MoE layer left in the stack, RoPE under MLA, an
+indexer per layer) is checked by the model config. Errors name ``group.field``.
 """
 
 from __future__ import annotations
@@ -117,13 +116,13 @@ class MoEConfig(ConfigPart):
     each of hidden width ``expert_d_ff`` (None: the model's ``d_ff``); the first
     ``dense_layers`` layers keep a dense FFN (DeepSeek-V3); ``shared_d_ff`` > 0 adds an
     always-on shared expert, ``shared_expert_gate`` a sigmoid gate on it (Qwen3-Next).
-    The router scores with ``router`` ("softmax" or "sigmoid"), renormalises the k
+    The router scores with ``router`` (softmax, sigmoid, √softplus), renormalises the k
     weights (``router_norm_topk``), searches the best ``router_topk_groups`` of
     ``router_groups`` groups (DeepSeek-V3), multiplies the weights by ``router_scale``,
     and may carry a learned bias (``router_bias``, gpt-oss) or a selection-only
     balancing bias (``router_selection_bias``, DeepSeek-V3). ``expert_kind`` "gpt_oss"
-    is gpt-oss's biased clamped-SwiGLU expert.
-    """
+    is gpt-oss's biased clamped-SwiGLU expert; the first ``hash_layers`` MoE layers
+    route by token id and ``swiglu_limit`` clamps gate and up (DeepSeek-V4)."""
 
     GROUP = "moe"
 
@@ -141,12 +140,14 @@ class MoEConfig(ConfigPart):
     router_scale: float = 1.0
     router_bias: bool = False
     router_selection_bias: bool = False
+    hash_layers: int = 0
+    swiglu_limit: float | None = None
 
     def __post_init__(self) -> None:
         g = self.GROUP
         check_int(f"{g}.n_experts", self.n_experts, 1, ConfigError)
         check_int(f"{g}.experts_per_token", self.experts_per_token, 1, ConfigError)
-        for name in ("dense_layers", "shared_d_ff"):
+        for name in ("dense_layers", "shared_d_ff", "hash_layers"):
             check_int(f"{g}.{name}", getattr(self, name), 0, ConfigError)
         if self.expert_d_ff is not None:
             check_int(f"{g}.expert_d_ff", self.expert_d_ff, 1, ConfigError)

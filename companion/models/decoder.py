@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from companion.layers.embedding import embed_tokens, embedding_params, normal_init
+from companion.layers.hyper_connections import HyperHead, expand_streams
 from companion.layers.norms import build_norm
 from companion.layers.positions import LearnedPositions, SinusoidalPositions
 from companion.layers.recording import recorded_inputs
@@ -77,6 +78,16 @@ class DecoderLM(nn.Module):
             self.pos_emb = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(build_blocks(cfg))
+        # hyper-connections (DeepSeek-V4): the streams' last collapse, before the norm
+        self.hc_head = None
+        if cfg.residual is not None:
+            self.hc_head = HyperHead(
+                cfg.d_model,
+                cfg.residual.n_streams,
+                eps=cfg.residual.eps,
+                norm_eps=cfg.norm_eps,
+                init_std=cfg.init_std,
+            )
         # Post-LN blocks end in a norm already; every other placement leaves the stream raw.
         self.final_norm = (
             nn.Identity()
@@ -163,12 +174,17 @@ class DecoderLM(nn.Module):
 
     def rope_tables(self, positions: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         """cos/sin ``(T, F)`` for the positions: ``"global"`` and, if set, ``"local"``
-        base (the tables the layers were built with)."""
+        base and DeepSeek-V4's ``"compress"`` one (the tables the layers were built
+        with)."""
         tables = {}
         if self.cfg.position == "rope":
             tables["global"] = rotary_embedding(self.cfg)(positions)
             if self.cfg.rope_local_theta is not None:
                 tables["local"] = rotary_embedding(self.cfg, local=True)(positions)
+            if self.cfg.compression is not None:
+                tables["compress"] = rotary_embedding(self.cfg, compress=True)(
+                    positions
+                )
         return tables
 
     def new_cache(
@@ -237,12 +253,17 @@ class DecoderLM(nn.Module):
         ``(B, T, V)``. Nothing here depends on a Python count, so one decode step
         (``T = 1``) has the same shapes at every position and compiles once."""
         x = self.embed(input_ids, positions)  # (B, T, d)
+        if self.hc_head is not None:  # n residual streams: (B, T, n, d)
+            x = expand_streams(x, self.cfg.residual.n_streams)
         for i, block in enumerate(self.blocks):
-            x = block(
-                x, positions, None if cache is None else cache.layers[i], mask=mask
-            )
+            # hash-routed experts (DeepSeek-V4) choose by token id
+            ids = input_ids if self.cfg.is_hash_layer(i) else None
+            layer_cache = None if cache is None else cache.layers[i]
+            x = block(x, positions, layer_cache, mask=mask, token_ids=ids)
         if last_only:
             x = x[:, -1:]
+        if self.hc_head is not None:
+            x = self.hc_head(x)  # (B, T, d)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
     @torch.no_grad()

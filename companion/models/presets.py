@@ -25,6 +25,10 @@ from companion.models.config_parts import (
     MoEConfig,
     SparseConfig,
 )
+from companion.models.config_streams import (
+    CompressedAttentionConfig,
+    HyperConnectionConfig,
+)
 from companion.ops.rope import RopeScaling
 
 __all__ = [
@@ -93,6 +97,46 @@ _DEEPSEEK_YARN = RopeScaling(
     beta_slow=1,
     mscale=1.0,
     mscale_all_dim=1.0,
+)
+
+
+def _deepseek_v4(first: tuple[str, ...], layers: int, **fields: object) -> ModelConfig:
+    """DeepSeek-V4: ``first`` layers, then CSA and HCA alternating; the window of 128,
+    one key/value head of 512 with 64 rotated channels, 4 streams, √softplus routing
+    with the first 3 layers hash-routed, clamped SwiGLU experts beside one shared."""
+    rest = tuple("csa" if i % 2 == 0 else "hca" for i in range(len(first), layers))
+    moe = fields.pop("moe")
+    return _modern(
+        vocab_size=129280,
+        n_layers=layers,
+        head_dim=512,
+        d_ff=moe.expert_d_ff,  # no dense FFN: every layer is MoE
+        max_seq_len=1048576,
+        norm_eps=1e-6,
+        partial_rotary_factor=0.125,
+        sliding_window=128,
+        layer_types=first + rest,
+        attn_sinks=True,
+        moe=moe.replace(
+            experts_per_token=6,
+            shared_d_ff=moe.expert_d_ff,
+            router="sqrtsoftplus",
+            router_selection_bias=True,
+            hash_layers=3,
+            swiglu_limit=10.0,
+        ),
+        residual=HyperConnectionConfig(n_streams=4),
+        **fields,
+    )
+
+
+_V4_YARN = RopeScaling(  # the compressed layers' RoPE only
+    "yarn",
+    factor=16.0,
+    original_max_position_embeddings=65536,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    attention_factor=1.0,
 )
 
 PRESETS: dict[str, ModelConfig] = {
@@ -598,6 +642,38 @@ PRESETS: dict[str, ModelConfig] = {
             kda_gate_lower_bound=-5.0,
         ),
     ),
+    "deepseek-v4-pro": _deepseek_v4(
+        ("hca", "hca"),
+        61,
+        d_model=7168,
+        n_heads=128,
+        moe=MoEConfig(384, 6, expert_d_ff=3072, router_scale=2.5),
+        compression=CompressedAttentionConfig(
+            q_lora_rank=1536,
+            o_groups=16,
+            o_lora_rank=1024,
+            index_n_heads=64,
+            index_head_dim=128,
+            index_topk=1024,
+            rope_scaling=_V4_YARN,
+        ),
+    ),
+    "deepseek-v4-flash": _deepseek_v4(
+        ("sliding", "sliding"),
+        43,
+        d_model=4096,
+        n_heads=64,
+        moe=MoEConfig(256, 6, expert_d_ff=2048, router_scale=1.5),
+        compression=CompressedAttentionConfig(
+            q_lora_rank=1024,
+            o_groups=8,
+            o_lora_rank=1024,
+            index_n_heads=64,
+            index_head_dim=128,
+            index_topk=512,
+            rope_scaling=_V4_YARN,
+        ),
+    ),
 }
 
 
@@ -617,6 +693,29 @@ class Source(NamedTuple):
 
 # the presets from 2025 on; the earlier ones cite their checkpoints in the chapters
 SOURCES: dict[str, Source] = {
+    "deepseek-v4-pro": Source(
+        "deepseek-ai/DeepSeek-V4-Pro config.json, as copied verbatim into a third-party "
+        "script (the HF repo itself was not read); MindSpore's DeepseekV4Config "
+        "defaults agree",
+        "'1.6T total / 49B active' (the DeepSeek-V4 model card's table, as extracted in "
+        "antirez/ds4 MODEL_CARD.md, and press coverage); the preset counts 1573.00B "
+        "without the MTP layer and 49.78B active with the embedding (48.85B without "
+        "it): the card rounds the total to 0.1T and truncates the active count; which "
+        "convention the card uses is not stated",
+        (
+            "the published counts' convention (embedding, MTP): not stated; exact "
+            "counts: not found",
+        ),
+    ),
+    "deepseek-v4-flash": Source(
+        "deepseek-ai/DeepSeek-V4-Flash config.json, as quoted in third-party test "
+        "fixtures and in the full copy of its V4.1 successor (same fields but the MTP "
+        "stages); transformers 5.24's DeepseekV4Config and NeMo's defaults agree",
+        "'284B total / 13B active' (the same card table); the preset counts 284.33B "
+        "without the MTP layer (with it the total would be about 291B) and 13.80B "
+        "active with the embedding (13.27B without it)",
+        ("the published counts' convention: not stated; exact counts: not found",),
+    ),
     "deepseek-v3.2": Source(
         "deepseek-ai/DeepSeek-V3.2-Exp inference/config_671B_v3.2.json and model.py's "
         "defaults (DeepSeek's GitHub), in transformers' field names; the HF-format "

@@ -18,6 +18,7 @@ from companion.models.config_parts import (
     MoEConfig,
     SparseConfig,
 )
+from companion.models.config_streams import validate_streams
 from companion.ops.rope import RopeScaling, rope_frequencies
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LAYER_TYPES", "validate", "validate_rope"]
 
-LAYER_TYPES = ("full", "sliding", "linear")
+# "csa" and "hca": DeepSeek-V4's compressed layers (config.compression)
+LAYER_TYPES = ("full", "sliding", "linear", "csa", "hca")
 
 
 def _probability(cfg: ModelConfig, name: str) -> None:
@@ -98,6 +100,7 @@ def validate(cfg: ModelConfig, choices: dict[str, tuple[str, ...]]) -> None:
         )
     _validate_moe(cfg)
     _validate_mla(cfg)
+    validate_streams(cfg)
     if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, RopeScaling):
         raise ConfigError(
             f"rope_scaling must be a RopeScaling or None, got {type(cfg.rope_scaling).__name__} "
@@ -144,7 +147,8 @@ def _validate_effects(cfg: ModelConfig) -> None:
             "gate: set attn_output_gate=True"
         )
     kinds = cfg.layer_types
-    if cfg.sliding_window is not None and kinds is not None and "sliding" not in kinds:
+    windowed = "sliding" in (kinds or ()) or cfg.compression is not None
+    if cfg.sliding_window is not None and kinds is not None and not windowed:
         raise ConfigError(
             f"sliding_window={cfg.sliding_window} has no effect: layer_types has no "
             "'sliding' layer"
@@ -174,10 +178,12 @@ def validate_rope(cfg: ModelConfig) -> None:
     widths)."""
     if cfg.position != "rope":
         return
+    tables = [(cfg.rope_theta, cfg.rope_scaling)]
+    if cfg.compression is not None:  # CSA/HCA layers' own table
+        tables.append((cfg.compression.rope_theta, cfg.compression.rope_scaling))
     try:
-        rope_frequencies(
-            cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
-        )
+        for theta, scaling in tables:
+            rope_frequencies(cfg.rope_dim, theta, scaling, cfg.partial_rotary_factor)
     except ValueError as err:
         width = "qk_rope_head_dim" if cfg.is_mla else "head_dim"
         raise ConfigError(

@@ -429,9 +429,12 @@ def test_page(browser, base_url: str, doc: str) -> None:
 # --- the calculator of chapter 13 -------------------------------------------------------
 
 _OUTPUTS = ("total", "active", "kv-per-token", "kv-total", "flops-per-token")
-_READ_JS = (
-    """(ids) => ids.map(i => document.querySelector("#calc-" + i).dataset.value)"""
-)
+# the five data-values (null when cleared), the shown texts, and the problems line
+_READ_JS = """(ids) => [
+  ids.map(i => document.querySelector("#calc-" + i).dataset.value ?? null),
+  ids.map(i => document.querySelector("#calc-" + i).textContent),
+  document.querySelector(".calc-problems").textContent,
+]"""
 _SET_JS = """(values) => {
   for (const [name, value] of Object.entries(values)) {
     const el = document.querySelector("#calc-" + name);
@@ -439,6 +442,40 @@ _SET_JS = """(values) => {
   }
   document.querySelector("#calc-d_model").dispatchEvent(new Event("change"));
 }"""
+# dial settings the config rejects: (preset, changed dials, the field its error names)
+_INVALID: list[tuple[str, dict, str]] = [
+    ("llama3-8b", {"n_heads": 12, "n_kv_heads": 9}, "n_kv_heads"),
+    ("llama3-8b", {"n_kv_heads": 0}, "n_kv_heads"),
+    ("llama3-8b", {"vocab_size": 0}, "vocab_size"),
+    ("llama3-8b", {"head_dim": 127}, "head_dim"),
+    ("llama3-8b", {"layer_types": "FQ"}, "layer_types"),
+    ("llama3-8b", {"q_lora_rank": 256}, "mla.q_lora_rank"),
+    ("llama3-8b", {"mla_output_gate": True}, "mla.output_gate"),
+    ("llama3-8b", {"indexer_topk": 2048}, "mla.indexer"),
+    ("gemma3-27b", {"sliding_window": 0}, "sliding_window"),
+    ("gemma3-27b", {"layer_types": "F"}, "sliding_window"),
+    ("mixtral-8x7b", {"experts_per_token": 9}, "moe.experts_per_token"),
+    ("mixtral-8x7b", {"expert_d_ff": 0}, "moe.expert_d_ff"),
+    ("deepseek-v3", {"dense_layers": 61}, "moe.dense_layers"),
+    ("qwen3-next-80b-a3b", {"shared_d_ff": 0}, "moe.shared_expert_gate"),
+    ("deepseek-v3", {"position": "learned"}, "position"),
+    ("deepseek-v3", {"head_dim": 128}, "head_dim"),
+    ("deepseek-v3", {"qk_nope_head_dim": 0}, "mla.qk_nope_head_dim"),
+    ("deepseek-v3", {"qk_rope_head_dim": 63, "head_dim": 191}, "qk_rope_head_dim"),
+    ("deepseek-v3.2", {"q_lora_rank": 0}, "mla.indexer"),
+    ("deepseek-v3.2", {"indexer_n_heads": 0}, "mla.indexer.n_heads"),
+    ("deepseek-v3.2", {"indexer_head_dim": 32}, "mla.indexer.head_dim"),
+    ("deepseek-v3.2", {"indexer_layers": "SF"}, "mla.indexer.layers"),
+    ("deepseek-v3.2", {"indexer_layers": "FX"}, "mla.indexer.layers"),
+    ("glm-5", {"layer_types": "FS", "sliding_window": 128}, "mla.indexer"),
+    ("qwen3-next-80b-a3b", {"linear_key_heads": 0}, "linear.key_heads"),
+    ("qwen3-next-80b-a3b", {"linear_value_heads": 24}, "linear.value_heads"),
+    ("qwen3-next-80b-a3b", {"kda_layout": "bailing"}, "linear.kda_layout"),
+    ("kimi-linear-48b-a3b", {"linear_value_dim": 64}, "linear.value_dim"),
+    ("ling-3.0-flash", {"linear_value_heads": 64}, "linear.value_heads"),
+    ("llama3-8b", {"batch": 0}, "batch"),
+    ("llama3-8b", {"dtype_bytes": 0}, "dtype_bytes"),
+]
 
 
 def _expected(values: dict, usage: dict) -> list[int]:
@@ -487,6 +524,8 @@ def _random_dials(rng, values: dict) -> dict:
         )
     if "S" in v["layer_types"] and (not v["sliding_window"] or pick() < 0.5):
         v["sliding_window"] = rng.randint(16, 8192)
+    if "S" not in v["layer_types"]:
+        v["sliding_window"] = 0
     if not v["kv_lora_rank"] and pick() < 0.5:
         v["n_heads"] = rng.choice([4, 8, 16, 32, 64, 128])
         v["n_kv_heads"] = rng.choice([h for h in (1, 2, 4, 8) if v["n_heads"] % h == 0])
@@ -498,6 +537,16 @@ def _random_dials(rng, values: dict) -> dict:
         v["qk_nope_head_dim"] = rng.choice([64, 128])
         v["head_dim"] = v["qk_rope_head_dim"] + v["qk_nope_head_dim"]
         v["v_head_dim"] = rng.choice([64, 128])
+        v["mla_output_gate"] = pick() < 0.5
+    if v["kv_lora_rank"] and pick() < 0.5:  # DeepSeek Sparse Attention, on or off
+        v["q_lora_rank"] = v["q_lora_rank"] or rng.randint(64, 2048)
+        v["indexer_topk"] = rng.choice([0, rng.randint(1, 4096)])
+        v["indexer_n_heads"] = rng.choice([8, 32, 64])
+        v["indexer_head_dim"] = rng.choice([64, 128])
+        period = rng.randint(1, 5)
+        v["indexer_layers"] = "F" + "".join(rng.choice("FS") for _ in range(period))
+        if "S" in v["layer_types"]:
+            v["layer_types"], v["sliding_window"] = "F", 0
     if pick() < 0.5:
         v["d_ff"] = rng.randint(64, 50_000)
     if v["n_experts"] and pick() < 0.7:
@@ -505,12 +554,18 @@ def _random_dials(rng, values: dict) -> dict:
         v["experts_per_token"] = rng.randint(1, min(16, v["n_experts"]))
         v["expert_d_ff"] = rng.randint(64, 4096)
         v["shared_d_ff"] = rng.choice([0, rng.randint(64, 8192)])
+        v["shared_expert_gate"] = v["shared_expert_gate"] and v["shared_d_ff"] > 0
         v["dense_layers"] = rng.randint(0, 3)
     if v["linear_key_heads"] and pick() < 0.5:
+        kda = pick() < 0.5
+        v["linear_kind"] = "kda" if kda else "gated_deltanet"
+        v["kda_layout"] = rng.choice(["kimi", "bailing"]) if kda else "kimi"
         v["linear_key_heads"] = rng.choice([4, 8, 16])
-        v["linear_value_heads"] = v["linear_key_heads"] * rng.choice([1, 2])
+        v["linear_value_heads"] = v["linear_key_heads"] * (
+            1 if kda else rng.choice([1, 2])
+        )
         v["linear_key_dim"] = rng.choice([64, 128])
-        v["linear_value_dim"] = rng.choice([64, 128])
+        v["linear_value_dim"] = v["linear_key_dim"] if kda else rng.choice([64, 128])
         v["linear_conv_kernel"] = rng.randint(2, 6)
     for flag in (
         "bias",
@@ -527,14 +582,76 @@ def _random_dials(rng, values: dict) -> dict:
     return v
 
 
-def test_calculator(browser, base_url: str) -> None:
-    """The static calculator gives companion.calc's numbers: every preset as loaded, then
-    random dial settings (layers, widths, heads, experts, ranks, pattern, usage)."""
+def check_calculator(page) -> None:
+    """On a page that holds the calculator: every preset as loaded, random dials, and
+    the invalid settings of ``_INVALID`` (no numbers, the config's own error shown)."""
     import random
 
-    from companion.analysis.calculator_page import USAGE, config_from_dials, dial_values
-    from companion.models.presets import PRESETS
+    from companion.analysis.calculator_page import (
+        PAGE_PRESETS,
+        USAGE,
+        config_from_dials,
+        dial_values,
+    )
     from companion.models.validation import ConfigError
+
+    usage = {name: default for name, (_, default) in USAGE.items()}
+
+    def outputs() -> tuple[list[int | None], list[str], str]:
+        values, texts, problems = page.evaluate(_READ_JS, list(_OUTPUTS))
+        return [None if x is None else int(x) for x in values], texts, problems
+
+    for name, cfg in PAGE_PRESETS.items():  # DeepSeek-V4's have no dials (undialled)
+        page.select_option("#calc-preset", name)
+        got, _, problems = outputs()
+        assert (got, problems) == (_expected(dial_values(cfg), usage), ""), name
+    for name, changes, field in _INVALID:
+        dials = {k: v for k, v in changes.items() if k not in USAGE}
+        with pytest.raises(ValueError) as err:
+            _expected(
+                {**dial_values(PAGE_PRESETS[name]), **dials}, {**usage, **changes}
+            )
+        message = str(err.value)
+        assert field in message, (name, changes, message)
+        assert isinstance(err.value, ConfigError) or field in USAGE, message
+        page.select_option("#calc-preset", name)
+        page.evaluate(_SET_JS, changes)
+        got, texts, problems = outputs()
+        assert got == [None] * 5 and texts == [""] * 5, (name, changes, got)
+        assert message in problems, (name, changes, message, problems)
+    rng = random.Random(2026)
+    checked = drawn = 0
+    while checked < 40:
+        drawn += 1
+        name = rng.choice(list(PAGE_PRESETS))
+        values = _random_dials(rng, dial_values(PAGE_PRESETS[name]))
+        try:
+            config_from_dials(values)
+        except ConfigError:
+            continue  # not a model the config accepts: draw again
+        turned = {
+            "context": rng.randint(1, 1_000_000),
+            "batch": rng.randint(1, 64),
+            "dtype_bytes": rng.choice([1, 2, 4]),
+            "state_dtype_bytes": rng.choice([2, 4]),
+        }
+        page.select_option("#calc-preset", name)
+        page.evaluate(_SET_JS, {**values, **turned})
+        got, _, problems = outputs()
+        assert (got, problems) == (_expected(values, turned), ""), (
+            name,
+            values,
+            turned,
+        )
+        checked += 1
+    assert drawn < 4 * checked, f"{drawn} draws for {checked} valid configs"
+
+
+def test_calculator(browser, base_url: str) -> None:
+    """The static calculator gives companion.calc's numbers: every preset as loaded, then
+    random dial settings (layers, widths, heads, experts, ranks, indexer, linear kind,
+    pattern, usage); and for settings the config rejects, no numbers but its error."""
+    from companion.analysis.calculator_page import PAGE_PRESETS
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -554,32 +671,8 @@ def test_calculator(browser, base_url: str) -> None:
         options = page.eval_on_selector_all(
             "#calc-preset option", "els => els.map(e => e.value)"
         )
-        assert options == list(PRESETS)
-        usage = {name: default for name, (_, default) in USAGE.items()}
-        for name, cfg in PRESETS.items():
-            page.select_option("#calc-preset", name)
-            got = [int(x) for x in page.evaluate(_READ_JS, list(_OUTPUTS))]
-            assert got == _expected(dial_values(cfg), usage), name
-        rng = random.Random(2026)
-        checked = 0
-        while checked < 30:
-            name = rng.choice(list(PRESETS))
-            values = _random_dials(rng, dial_values(PRESETS[name]))
-            try:
-                config_from_dials(values)
-            except ConfigError:
-                continue  # not a model the config accepts: draw again
-            turned = {
-                "context": rng.randint(1, 1_000_000),
-                "batch": rng.randint(1, 64),
-                "dtype_bytes": rng.choice([1, 2, 4]),
-                "state_dtype_bytes": rng.choice([2, 4]),
-            }
-            page.select_option("#calc-preset", name)
-            page.evaluate(_SET_JS, {**values, **turned})
-            got = [int(x) for x in page.evaluate(_READ_JS, list(_OUTPUTS))]
-            assert got == _expected(values, turned), (name, values, turned)
-            checked += 1
+        assert options == list(PAGE_PRESETS)
+        check_calculator(page)
         unexpected = [
             e for e in errors if not any(re.search(m, e) for m, _, _ in ALLOWED_ERRORS)
         ]
