@@ -376,8 +376,8 @@ assert weights_8b == 2 * 8_030_261_248  # the released model's parameter count
 # %%
 print("cache: at the model's full context; weights: bf16; both in GiB")
 print(
-    f"{'model':<19}{'attention':<37}{'KiB/tok':>8}{'context':>8}"
-    f"{'cache':>7}{'weights':>8}"
+    f"{'model':<20}{'attention':<38}{'KiB/tok':>7}{'context':>8}"
+    f"{'cache':>7}{'weights':>7}"
 )
 rows = {}
 for name, cfg in PRESETS.items():
@@ -386,8 +386,8 @@ for name, cfg in PRESETS.items():
     weight_gib = count_params(cfg).total * 2 / GIB
     rows[name] = (kib, cache_gib, weight_gib)
     print(
-        f"{name:<19}{spec_row(cfg)['attention']:<37}{kib:>8.1f}{cfg.max_seq_len:>8,}"
-        f"{cache_gib:>7.2f}{weight_gib:>8.1f}"
+        f"{name:<20}{spec_row(cfg)['attention']:<38}{kib:>7.1f}"
+        f"{cfg.max_seq_len // 1024:>7,}k{cache_gib:>7.2f}{weight_gib:>7.1f}"
     )
 assert (
     rows["gpt2"][0] == 36
@@ -407,9 +407,12 @@ mha_presets = [
 assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
 assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
 big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 weights
-assert [name for name, r in big.items() if r[0] < big["deepseek-v3"][0]] == [
-    "qwen3-next-80b-a3b"
-]
+lower = {name for name, r in big.items() if r[0] < big["deepseek-v3"][0]}
+hybrids = {name for name in big if "linear" in PRESETS[name].layer_types}
+assert hybrids <= lower  # every large hybrid caches less per token than DeepSeek-V3
+# and the one below it without a linear layer pools its keys
+assert [PRESETS[name].compression is not None for name in lower - hybrids] == [True]
+glue("ch08-n-lower", str(len(lower)), display=False)
 glue("ch08-llama2-kib", f"{rows['llama2-7b'][0]:.0f}", display=False)
 glue("ch08-llama31-gib", f"{rows['llama3.1-8b'][1]:.0f}", display=False)
 glue("ch08-v3-kib", f"{rows['deepseek-v3'][0]:.1f}", display=False)
@@ -421,8 +424,11 @@ glue("ch08-mistral-gib", f"{rows['mistral-7b'][1]:.1f}", display=False)
 # though most are larger. Llama 3.1 8B's cache at its full 131,072-token context
 # ({glue:text}`ch08-llama31-gib` GiB) outweighs its weights. And DeepSeek-V3, with 671
 # billion parameters and 128 heads, caches {glue:text}`ch08-v3-kib` KiB per token; among
-# the models with over 10 GiB of weights only Qwen3-Next goes lower, because three quarters
-# of its layers are Gated DeltaNet layers with a fixed state instead of a cache. (Mistral's
+# the models with over 10 GiB of weights only {glue:text}`ch08-n-lower` go lower: the
+# hybrids (Qwen3-Next, and from late 2025 Kimi Linear, Ling and Qwen3.5), because most of
+# their layers are linear-attention layers with a fixed state instead of a cache, and
+# DeepSeek-V4-Flash, whose layers keep a short window and pool older keys into a few
+# entries. (Mistral's
 # {glue:text}`ch08-mistral-gib` GiB, and the totals of gpt-oss, Gemma 3 and Olmo 3, are
 # small for their per-token cost because of sliding windows, which
 # {doc}`chapter 9 <09_sliding_windows>` takes up.)

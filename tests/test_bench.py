@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -73,3 +75,113 @@ def test_decode_bench_on_a_tiny_llama():
         "ratio companion/transformers" in table
         and "identical for the first 6 of 6" in table
     )
+
+
+def test_sparse_prints_decode_and_prefill_with_crossovers(capsys):
+    argv = ["sparse", "--device", "cpu", "--lengths", "32", "64", "--repeats", "1"]
+    main([*argv, "--prefill-lengths", "32", "--topk", "8", "64"])
+    out = capsys.readouterr().out
+    assert "H=16 query heads of width C+R = 256+32" in out  # the shape is said
+    for title in ("decode: T = 1 query", "prefill: T = S queries"):
+        assert title in out
+    for column in ("dense ms", "gather/dense", "(indexer+gather)/dense"):
+        assert out.count(column) == 2
+    rows = [line.split() for line in out.splitlines() if line[:6].strip().isdigit()]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("32", "8"),
+        ("32", "64"),
+        ("64", "8"),
+        ("64", "64"),
+        ("32", "8"),
+        ("32", "64"),
+    ]
+    assert all(r[-1].endswith("x") for r in rows)
+    assert out.count("top-k 8: gather alone ") == 2 and "skipped" not in out
+
+
+def test_sparse_skips_cells_over_the_memory_cap():
+    from companion.bench.sparse import bench_sparse, format_sparse
+
+    cpu = torch.device("cpu")
+    results = bench_sparse([64], [64], [8], cpu, repeats=1, max_gib=0.0)
+    assert all(
+        math.isnan(r[f"{f}_ms"]) and r[f"{f}_gib"] > 0
+        for rows in results.values()
+        for r in rows
+        for f in ("dense", "masked", "gather", "indexer")
+    )
+    table = format_sparse(results, 0.0)
+    assert "skipped (estimate over --max-gib 0" in table
+    assert "masked at S=64 top-k=8 (~0.0 GiB)" in table
+    assert "gather alone not measured (over the memory cap)" in table
+
+
+@pytest.mark.parametrize("t", [1, 48], ids=["decode", "prefill"])
+def test_sparse_dense_peer_is_sparse_attention_over_every_visible_key(t):
+    from companion.bench.sparse import dense_attention, spread_selection
+    from companion.ops.sparse_attention import masked_sparse_attention
+
+    s, c, gen = 48, 16, torch.Generator().manual_seed(0)
+    q, latent = torch.randn(1, 4, t, c + 8, generator=gen), torch.randn(1, 1, s, c + 8)
+    every = spread_selection(s - t, t, s, torch.device("cpu"))  # (1, T, S)
+    expected = masked_sparse_attention(q, latent, latent[..., :c], every)
+    torch.testing.assert_close(dense_attention(q, latent, c), expected)
+
+
+def test_sparse_spread_selection_reads_distinct_visible_keys():
+    from companion.bench.sparse import spread_selection
+
+    sel = spread_selection(3, 20, 8, torch.device("cpu"))[0]  # positions 3 .. 22
+    for p, row in zip(range(3, 23), sel.tolist(), strict=True):
+        keys = [j for j in row if j >= 0]
+        assert len(keys) == len(set(keys)) == min(8, p + 1)
+        assert all(0 <= j <= p for j in keys) and row.count(-1) == 8 - len(keys)
+
+
+def test_sparse_crossover_needs_the_longest_lengths_to_win():
+    from companion.bench.sparse import crossover
+
+    def row(s, dense, gather, indexer=0.0):
+        return {
+            "S": s,
+            "K": 8,
+            "dense_ms": dense,
+            "gather_ms": gather,
+            "indexer_ms": indexer,
+        }
+
+    rows = [row(512, 1, 2), row(1024, 1, 0.5), row(2048, 1, 2, 0), row(4096, 2, 1, 1.5)]
+    assert crossover(rows, 8, ["gather"]) == (
+        "beats dense from S = 4096 (measured S = 512 .. 4096)"
+    )
+    assert crossover(rows, 8, ["indexer", "gather"]) == (
+        "does not beat dense within S = 512 .. 4096"
+    )
+    rows[-2]["gather_ms"] = math.nan  # a skipped cell is left out
+    assert crossover(rows, 8, ["gather"]).startswith("beats dense from S = 1024")
+
+
+def test_kda_prints_one_row_per_length(capsys):
+    argv = ["kda", "--device", "cpu", "--lengths", "32", "48", "--heads", "2"]
+    main([*argv, "--dim", "8", "--chunk-size", "16", "--repeats", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = next(line for line in lines if line.strip().startswith("T "))
+    for column in ("chunk ms", "HF chunk/chunk", "recurrent/chunk", "HF recurrent ms"):
+        assert column in header
+    rows = [line.split() for line in lines if line.split()[0] in {"32", "48"}]
+    assert [r[0] for r in rows] == ["32", "48"]
+    assert all(r[-1].endswith("x") for r in rows)
+
+
+def test_kda_hf_columns_are_transformers_torch_code_or_a_note(monkeypatch):
+    from companion.bench import kda
+
+    hf = kda._hf_kda()
+    if hf is not None:  # taken from under the kernel-hub dispatch
+        for fn in hf:
+            assert fn.__module__.endswith("modeling_kimi_linear")
+            assert not hasattr(fn, "__wrapped__")
+    monkeypatch.setattr(kda, "_hf_kda", lambda: None)
+    rows = kda.bench_kda([16], 1, 4, torch.device("cpu"), repeats=1, chunk_size=8)
+    assert math.isnan(rows[0]["hf_chunk_ms"]) and rows[0]["recurrent_ms"] > 0
+    assert "transformers is not installed, skipped" in kda.format_kda(rows)

@@ -912,7 +912,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     if cfg.attn_output_gate:
         attention = "gated " + attention
     unit = _period(cfg.layer_types)
-    if "sliding" in unit:
+    if cfg.compression is not None:  # DeepSeek-V4: a window on every layer
+        attention += f", SWA {cfg.sliding_window} + CSA/HCA"
+    elif "sliding" in unit:
         attention += f", SWA {cfg.sliding_window}"
         if "full" in unit:
             attention += f" at {unit.count('sliding')}:{unit.count('full')}"
