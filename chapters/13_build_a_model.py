@@ -558,12 +558,16 @@ glue("ch13-calc-flop-cut", f"{flop_cut:.0%}", display=False)
 # {glue:text}`ch13-calc-flop-cut` fewer FLOPs.
 #
 # {numref}`fig-calculator` turns every dial the formulas read, in the page itself: pick a
-# preset, then change the width, the heads, the experts, the latent ranks, the window or
-# the layer pattern (one letter per layer, `F` full, `S` sliding, `L` linear, repeated to
-# the depth as `build` repeats a preset's pattern). It is a small script written for the
-# page by `companion.analysis.calculator_page`, which repeats the calculator's arithmetic
-# in exact integers; the book's browser test sets every preset and random dials and
-# requires the page's five numbers to equal `companion.analysis.calculator`'s.
+# preset, then change the width, the heads, the experts, the latent ranks, the sparse
+# indexer, the window or the layer pattern (one letter per layer, `F` full, `S` sliding,
+# `L` linear, `C` and `H` DeepSeek-V4's compressed sparse and heavily compressed layers,
+# repeated to the depth as `build` repeats a preset's pattern). It is a small script written
+# for the page by `companion.analysis.calculator_page`, which repeats the calculator's
+# arithmetic in exact integers and applies the config's rules: dials that describe a model
+# that cannot be built (12 query heads over 9 KV heads, a query latent without a latent)
+# clear the numbers and say which field is wrong, as `ModelConfig` would. The book's browser
+# test sets every preset, random dials and such impossible ones, and requires the page's
+# five numbers (or its message) to equal `companion.analysis.calculator`'s.
 
 # %% tags=["remove-output"]
 

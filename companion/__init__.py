@@ -38,9 +38,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "hyper_connection_params", "indexer_params", "kimi_delta_params",
         "latent_attention_params", "own_indexer",
     ),
+    "analysis.calculator_dials": (
+        "ABSENT_VALUES", "DIAL_CHOICES", "DIAL_FIELDS", "DIALS", "FLOAT_DIALS",
+        "GROUP_DIALS", "GROUP_SWITCHES", "PATTERNS", "USAGE",
+    ),
     "analysis.calculator_page": (
-        "calculator_html", "config_from_dials", "DIAL_CHOICES", "DIALS", "dial_values",
-        "GROUP_DIALS", "layer_period", "PAGE_PRESETS", "PATTERNS", "undialled", "USAGE",
+        "calculator_html", "config_from_dials", "dial_values", "layer_period",
+        "PAGE_PRESETS", "undialled",
     ),
     "analysis.decode_cost": (
         "arithmetic_intensity", "attainable_flops", "attended_pairs",
@@ -85,6 +89,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "checkpoints.hf_families": ("FAMILIES", "Family"),
     "checkpoints.hf_latent_families": ("LATENT_FAMILIES",),
     "checkpoints.hf_v4": ("deepseek_v4", "V4_NAMES", "v4_layer_key"),
+    "checkpoints.hf_reader": ("ConfigReader", "REQUIRED"),
     "checkpoints.transformers_config": ("architecture", "config_from_hf", "SUPPORTED"),
     "checks": (
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
@@ -102,7 +107,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "KINDS",
     ),
     "layers.gated_deltanet": (
-        "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm", "PROJECTIONS",
+        "GATE_FUNCTIONS", "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm", "PROJECTIONS",
     ),
     "layers.hyper_connections": (
         "collapse_streams", "collapse_streams_reference", "expand_streams", "HYPER_IMPLS",
@@ -110,7 +115,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "sinkhorn_reference",
     ),
     "layers.kimi_delta": (
-        "KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention", "SigmoidGatedRMSNorm",
+        "KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention",
     ),
     "layers.kv_cache": (
         "attention_mask", "IndexKeyCache", "KVCache", "LatentCache", "position_mask",

@@ -1,6 +1,7 @@
-"""The static calculator page (chapter 13): its dials describe every preset completely, and
-its HTML follows the contract the browser test uses. The page's arithmetic itself is
-checked against companion.calc in the browser (tests/browser/test_html.py)."""
+"""The static calculator page (chapter 13): its dials describe every preset completely
+(DeepSeek-V4's included), and its HTML follows the contract the browser test uses. The
+page's arithmetic itself is checked against companion.calc in the browser
+(tests/browser/test_html.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,21 @@ import re
 
 import pytest
 
-from companion.analysis.calculator import count_params, flops_per_token, kv_cache_bytes
-from companion.analysis.calculator_page import (
+from companion.analysis.calculator import (
+    count_params,
+    flops_per_token,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+)
+from companion.analysis.calculator_dials import (
     DIAL_CHOICES,
     DIALS,
+    FLOAT_DIALS,
     GROUP_DIALS,
-    PAGE_PRESETS,
     USAGE,
+)
+from companion.analysis.calculator_page import (
+    PAGE_PRESETS,
     calculator_html,
     config_from_dials,
     dial_values,
@@ -30,12 +39,15 @@ from companion.models.presets import PRESETS
 
 def _variants() -> dict[str, ModelConfig]:
     """Settings no preset has: GLM-style shared indexer layers, KDA in place of Gated
-    DeltaNet, Kimi's low-rank KDA gates beside a gated MLA."""
+    DeltaNet, Kimi's low-rank KDA gates beside a gated MLA; DeepSeek-V4 with a plain
+    residual, no hash layers and other pooling ratios, and with a dense FFN."""
     glm, qwen, ling = (
         PRESETS["glm-5"],
         PRESETS["qwen3-next-80b-a3b"],
         PRESETS["ling-3.0-flash"],
     )
+    flash = PRESETS["deepseek-v4-flash"]
+    kinds = ("sliding", "csa", "csa", "hca") * 3
     shared = tuple("full" if i % 3 == 0 else "shared" for i in range(glm.n_layers))
     kda = qwen.linear.replace(kind="kda", value_heads=16)
     return {
@@ -44,6 +56,16 @@ def _variants() -> dict[str, ModelConfig]:
         ),
         "qwen-kda": qwen.replace(linear=kda),
         "ling-kimi": ling.replace(linear=ling.linear.replace(kda_layout="kimi")),
+        "v4-plain": flash.replace(
+            n_layers=12,
+            layer_types=kinds,
+            residual=None,
+            moe=flash.moe.replace(hash_layers=0, swiglu_limit=None),
+            compression=flash.compression.replace(csa_ratio=3, hca_ratio=50),
+        ),
+        "v4-dense": flash.replace(
+            n_layers=5, layer_types=kinds[:5], moe=None, d_ff=1000
+        ),
     }
 
 
@@ -53,7 +75,11 @@ def test_dials_describe_each_preset(name: str) -> None:
     cfg = PRESETS[name] if name in PRESETS else _variants()[name]
     back = config_from_dials(dial_values(cfg))
     assert count_params(back) == count_params(cfg)
-    for tokens in (1, 4096, 131_072):
+    for dtype_bytes in (1, 2, 3):
+        assert kv_cache_bytes_per_token(back, dtype_bytes) == kv_cache_bytes_per_token(
+            cfg, dtype_bytes
+        )
+    for tokens in (1, 4096, 131_072, 1_000_003):
         assert kv_cache_bytes(back, tokens, batch=3) == kv_cache_bytes(
             cfg, tokens, batch=3
         )
@@ -71,20 +97,31 @@ def test_layer_pattern_is_the_shortest_period_repeated_to_the_depth() -> None:
         config_from_dials({**values, "layer_types": "SXF"})
 
 
-def test_the_page_leaves_out_only_what_it_has_no_dials_for() -> None:
-    """DeepSeek-V4's compressed attention, hyper-connections and hash routing have no
-    dials: its presets are off the page (and dial_values says why); no other is."""
-    for name, cfg in PRESETS.items():
-        v4 = [
-            getattr(cfg, "compression", None) is not None,
-            getattr(cfg, "residual", None) is not None,
-            bool(getattr(cfg.moe, "hash_layers", 0)),
-        ]
-        assert (name in PAGE_PRESETS) == (not any(v4)), name
-        if any(v4):
-            assert undialled(cfg), name
-            with pytest.raises(ValueError, match="the page has no dials for"):
-                dial_values(cfg)
+def test_every_preset_is_on_the_page() -> None:
+    """DeepSeek-V4's compressed attention, hyper-connections and hash routing have
+    dials too: no preset is left off, and none sets a field without a dial."""
+    assert list(PAGE_PRESETS) == list(PRESETS)
+    assert all(undialled(cfg) == [] for cfg in PRESETS.values())
+
+
+def test_deepseek_v4_dials() -> None:
+    """V4's pattern spells its sliding / CSA / HCA layers, its groups their fields; a
+    model without them shows 0 (the ratios their defaults), and reads back as None."""
+    pro = dial_values(PRESETS["deepseek-v4-pro"])
+    assert pro["layer_types"] == "HH" + "CH" * 29 + "C"
+    assert dial_values(PRESETS["deepseek-v4-flash"])["layer_types"][:4] == "SSCH"
+    assert (pro["compression_o_groups"], pro["compression_index_topk"]) == (16, 1024)
+    assert (pro["residual_n_streams"], pro["hash_layers"]) == (4, 3)
+    assert (pro["swiglu_limit"], pro["partial_rotary_factor"]) == (10.0, 0.125)
+    back = config_from_dials(pro)
+    assert back.compression.o_lora_rank == 1024 and back.residual.n_streams == 4
+    assert back.moe.swiglu_limit == 10.0 and back.partial_rotary_factor == 0.125
+    dense = dial_values(PRESETS["llama3-8b"])
+    assert dense["compression_q_lora_rank"] == dense["residual_n_streams"] == 0
+    assert (dense["compression_csa_ratio"], dense["compression_hca_ratio"]) == (4, 128)
+    assert dense["swiglu_limit"] == 0 and set(FLOAT_DIALS) <= set(dense)
+    back = config_from_dials(dense)
+    assert back.compression is None and back.residual is None
 
 
 def test_indexer_pattern_and_kda_dials() -> None:
@@ -114,6 +151,17 @@ def test_indexer_pattern_and_kda_dials() -> None:
         ("kimi-linear-48b-a3b", {"linear_value_heads": 64}, "linear.value_heads"),
         ("qwen3-next-80b-a3b", {"kda_layout": "bailing"}, "linear.kda_layout"),
         ("llama3-8b", {"n_heads": 12, "n_kv_heads": 9}, "n_kv_heads"),
+        ("llama3-8b", {"layer_types": "FH"}, "compression"),
+        ("deepseek-v4-pro", {"layer_types": "CHF"}, "layer_types"),
+        ("deepseek-v4-pro", {"sliding_window": 0}, "compression needs sliding_window"),
+        ("deepseek-v4-flash", {"n_kv_heads": 4}, "n_kv_heads"),
+        ("deepseek-v4-flash", {"compression_o_groups": 3}, "compression.o_groups"),
+        ("deepseek-v4-flash", {"compression_index_head_dim": 8}, "index_head_dim"),
+        ("deepseek-v4-pro", {"norm_placement": "sandwich"}, "residual"),
+        ("deepseek-v4-pro", {"residual_n_streams": -2}, "residual.n_streams"),
+        ("deepseek-v4-pro", {"hash_layers": 62}, "moe.hash_layers"),
+        ("deepseek-v4-pro", {"expert_kind": "gpt_oss"}, "moe.swiglu_limit"),
+        ("deepseek-v4-pro", {"partial_rotary_factor": 0.127}, "partial_rotary_factor"),
     ],
 )
 def test_dials_that_describe_no_model_raise(preset: str, changes: dict, field: str):
@@ -130,6 +178,21 @@ def test_every_field_the_formulas_read_has_a_dial() -> None:
     assert dialled - in_groups <= set(ModelConfig.field_names())
     for group, (cls, names) in GROUP_DIALS.items():
         assert set(names.values()) <= {f.name for f in dataclasses.fields(cls)}, group
+    v4 = PRESETS["deepseek-v4-flash"]
+    for field, changed in {
+        "compression.rope_theta": 1e4,
+        "residual.sinkhorn_iters": 3,
+        "residual.eps": 1e-3,
+        "moe.router_scale": 1.0,
+        "norm_eps": 1e-5,
+    }.items():
+        assert field.split(".")[-1] not in dialled
+        group, _, name = field.rpartition(".")
+        changed = getattr(v4, group).replace(**{name: changed}) if group else changed
+        other = v4.replace(**{group or name: changed})
+        assert count_params(other) == count_params(v4), field
+        assert kv_cache_bytes(other, 9999) == kv_cache_bytes(v4, 9999), field
+        assert flops_per_token(other, 9999) == flops_per_token(v4, 9999), field
     cfg = PRESETS["deepseek-v3"]
     for field, changed in {
         "rope_theta": 5e5,
@@ -167,6 +230,10 @@ def test_html_contract() -> None:
     assert set(data["presets"]) == set(PAGE_PRESETS)
     assert data["fields"]["indexer_topk"] == "mla.indexer.topk"
     assert data["fields"]["linear_kind"] == "linear.kind"
+    assert data["fields"]["compression_o_groups"] == "compression.o_groups"
+    assert data["fields"]["residual_n_streams"] == "residual.n_streams"
+    assert data["kinds"]["partial_rotary_factor"] == "float"
+    assert data["patterns"]["layer_types"]["C"] == "csa"
     assert '<div class="calc-problems">' in page
     assert '"gpt2" selected' in page
     with pytest.raises(ValueError, match="default must be one of"):

@@ -6,8 +6,9 @@
 exact integers, after the config's rules. The contract the browser test relies on:
 
 - ``<select id="calc-preset">``: its option values are ``PAGE_PRESETS`` keys (those
-  of ``PRESETS`` that set no field without a dial, :func:`undialled`);
-- a dial per field in ``DIALS``, id ``calc-<field>``: ``<input>`` for numbers and the
+  of ``PRESETS`` that set no field without a dial, :func:`undialled`: all of them);
+- a dial per entry of :data:`~companion.analysis.calculator_dials.DIALS`, id
+  ``calc-<dial>``: ``<input>`` for numbers (``FLOAT_DIALS`` take fractions) and the
   two patterns, checkbox for flags, ``<select>`` for a field with fixed choices; plus
   ``calc-context``, ``calc-batch``, ``calc-dtype_bytes`` and ``calc-state_dtype_bytes``;
 - outputs ``#calc-total``, ``#calc-active``, ``#calc-kv-per-token``, ``#calc-kv-total``
@@ -17,10 +18,11 @@ exact integers, after the config's rules. The contract the browser test relies o
   own error, field named, for each rule broken.
 
 A pattern dial has one letter per layer (layers: ``F`` full, ``S`` sliding, ``L``
-linear; DSA indexer: ``F`` its own, ``S`` shared, GLM-5), repeated to the depth as
-chapter 13's ``build`` repeats a preset's period. :func:`config_from_dials` reads the
-dials back into a :class:`~companion.models.config.ModelConfig` (raising its
-``ConfigError`` where the page shows a problem), so the page can be checked against
+linear, ``C`` CSA, ``H`` HCA; DSA indexer: ``F`` its own, ``S`` shared, GLM-5),
+repeated to the depth as chapter 13's ``build`` repeats a preset's period.
+:func:`config_from_dials` reads the dials back into a
+:class:`~companion.models.config.ModelConfig` (raising its ``ConfigError`` where the
+page shows a problem), so the page can be checked against
 :func:`~companion.analysis.calculator.count_params` and the rest.
 """
 
@@ -31,25 +33,23 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from companion.layers.kimi_delta import KDA_LAYOUTS
-from companion.layers.moe import EXPERT_KINDS
-from companion.models.config import (
-    CHOICES,
-    LinearAttentionConfig,
-    MLAConfig,
-    ModelConfig,
-    MoEConfig,
+from companion.analysis.calculator_dials import (
+    ABSENT_VALUES,
+    DIAL_CHOICES,
+    DIAL_FIELDS,
+    DIALS,
+    FLOAT_DIALS,
+    GROUP_DIALS,
+    GROUP_SWITCHES,
+    PATTERNS,
+    USAGE,
 )
-from companion.models.config_parts import LINEAR_KINDS, ConfigError, SparseConfig
+from companion.models.config import ModelConfig
+from companion.models.config_parts import ConfigError
 from companion.models.presets import PRESETS
 
 __all__ = [
-    "DIAL_CHOICES",
-    "DIALS",
-    "GROUP_DIALS",
     "PAGE_PRESETS",
-    "PATTERNS",
-    "USAGE",
     "calculator_html",
     "config_from_dials",
     "dial_values",
@@ -57,118 +57,9 @@ __all__ = [
     "undialled",
 ]
 
-# (field, label) per group, in the order the panel shows them
-DIALS: dict[str, tuple[tuple[str, str], ...]] = {
-    "model": (
-        ("vocab_size", "vocabulary V"),
-        ("d_model", "width d"),
-        ("n_layers", "layers L"),
-        ("layer_types", "layer pattern (F/S/L)"),
-        ("max_seq_len", "max positions"),
-        ("position", "positions"),
-        ("norm", "norm"),
-        ("norm_placement", "norm placement"),
-        ("bias", "biases"),
-        ("tie_embeddings", "tied head"),
-    ),
-    "attention": (
-        ("n_heads", "query heads H"),
-        ("n_kv_heads", "KV heads H_kv"),
-        ("head_dim", "head width D"),
-        ("sliding_window", "window w (0: none)"),
-        ("qkv_bias", "q/k/v biases"),
-        ("qk_norm", "QK-norm"),
-        ("attn_output_gate", "output gate"),
-        ("attn_sinks", "sinks"),
-    ),
-    "feed-forward and experts": (
-        ("ffn", "FFN form"),
-        ("d_ff", "FFN width F"),
-        ("n_experts", "experts E (0: none)"),
-        ("experts_per_token", "top-k"),
-        ("expert_d_ff", "expert width F_e"),
-        ("shared_d_ff", "shared width F_s"),
-        ("shared_expert_gate", "shared gate"),
-        ("dense_layers", "dense first layers"),
-        ("expert_kind", "expert form"),
-        ("router_bias", "router bias"),
-        ("router_selection_bias", "selection bias"),
-    ),
-    "latent attention (MLA) and its sparse indexer (DSA)": (
-        ("kv_lora_rank", "KV latent r (0: none)"),
-        ("q_lora_rank", "query latent r_q"),
-        ("qk_nope_head_dim", "D_nope"),
-        ("qk_rope_head_dim", "RoPE key R"),
-        ("v_head_dim", "value width D_v"),
-        ("mla_output_gate", "head gate"),
-        ("indexer_topk", "top-k K_I (0: dense)"),
-        ("indexer_n_heads", "indexer heads H_I"),
-        ("indexer_head_dim", "indexer width D_I"),
-        ("indexer_layers", "indexer pattern (F/S)"),
-    ),
-    "linear attention (Gated DeltaNet, KDA)": (
-        ("linear_kind", "recurrence"),
-        ("linear_key_heads", "key heads H_k"),
-        ("linear_value_heads", "value heads H_v"),
-        ("linear_key_dim", "key width D_k"),
-        ("linear_value_dim", "value width D_v"),
-        ("linear_conv_kernel", "conv width K"),
-        ("kda_layout", "KDA gate layout"),
-    ),
-}
-# the dials of a mechanism group: group -> (its class, {dial: field}); a model without
-# the group shows what the page's arithmetic reads as "absent" (no experts, no latent,
-# no indexer, no linear heads; experts as wide as the FFN, conv width 4)
-GROUP_DIALS: dict[str, tuple[type, dict[str, str]]] = {
-    "moe": (
-        MoEConfig,
-        {n: n for n in ("n_experts", "experts_per_token", "expert_d_ff", "shared_d_ff")}
-        | {n: n for n in ("shared_expert_gate", "dense_layers", "expert_kind")}
-        | {n: n for n in ("router_bias", "router_selection_bias")},
-    ),
-    "mla": (
-        MLAConfig,
-        {n: n for n in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim")}
-        | {n: n for n in ("qk_rope_head_dim", "v_head_dim")}
-        | {"mla_output_gate": "output_gate"},
-    ),
-    "mla.indexer": (
-        SparseConfig,
-        {f"indexer_{name}": name for name in ("n_heads", "head_dim", "topk", "layers")},
-    ),
-    "linear": (
-        LinearAttentionConfig,
-        {f"linear_{n}": n for n in ("kind", "key_heads", "value_heads", "key_dim")}
-        | {f"linear_{n}": n for n in ("value_dim", "conv_kernel")}
-        | {"kda_layout": "kda_layout"},
-    ),
-}
-# the config's name for each group dial ("moe.n_experts"), as errors name it
-_FIELDS = {
-    d: f"{g}.{f}" for g, (_, names) in GROUP_DIALS.items() for d, f in names.items()
-}
-# the dial that switches a group on (its "absent" value, 0, leaves the group None);
-# linear layers in the pattern switch on "linear"
-_SWITCH = {"moe": "n_experts", "mla": "kv_lora_rank", "mla.indexer": "indexer_topk"}
-# dials with fixed choices beyond the config's own CHOICES
-DIAL_CHOICES = CHOICES | {"expert_kind": EXPERT_KINDS, "kda_layout": KDA_LAYOUTS}
-DIAL_CHOICES |= {"linear_kind": LINEAR_KINDS}
-# pattern dials: letter -> value, repeated to the depth
-PATTERNS: dict[str, dict[str, str]] = {
-    "layer_types": {"F": "full", "S": "sliding", "L": "linear"},
-    "indexer_layers": {"F": "full", "S": "shared"},
-}
-# fields the page has no dials for (DeepSeek-V4's): presets that set them stay off it
-_UNDIALLED = ("compression", "residual", "moe.hash_layers")
-_ABSENT = {"expert_kind": "glu", "linear_kind": "gated_deltanet", "kda_layout": "kimi"}
-_ABSENT |= {"linear_conv_kernel": 4, "indexer_layers": ("full",)}
-# the calculator's own arguments: name -> (label, default)
-USAGE: dict[str, tuple[str, int]] = {
-    "context": ("sequence length s", 8192),
-    "batch": ("batch", 1),
-    "dtype_bytes": ("bytes per cached number", 2),
-    "state_dtype_bytes": ("bytes per state number", 4),
-}
+# fields a preset may set that the page's formulas read but no dial shows (none now:
+# DeepSeek-V4's compression, residual and hash layers have theirs)
+_UNDIALLED: tuple[str, ...] = ()
 _OUTPUTS = {"total": "parameters", "active": "active per token"}
 _OUTPUTS |= {"kv-per-token": "KV cache per token", "kv-total": "KV cache at s, batch"}
 _OUTPUTS |= {"flops-per-token": "FLOPs per token at s"}
@@ -177,9 +68,13 @@ _SCRIPT = Path(__file__).with_name("calculator_page.js")
 
 def undialled(cfg: ModelConfig) -> list[str]:
     """The fields ``cfg`` sets that no dial shows; none: the page can show it."""
-    hashed = getattr(cfg.moe, "hash_layers", 0)
-    got = (getattr(cfg, "compression", None), getattr(cfg, "residual", None), hashed)
-    return [name for name, value in zip(_UNDIALLED, got, strict=True) if value]
+    out = []
+    for path in _UNDIALLED:
+        value: object = cfg
+        for name in path.split("."):
+            value = getattr(value, name, None)
+        out += [path] if value else []
+    return out
 
 
 PAGE_PRESETS = {name: cfg for name, cfg in PRESETS.items() if not undialled(cfg)}
@@ -196,7 +91,9 @@ def _dial(cfg: ModelConfig, dial: str) -> object:
                 return getattr(part, names[dial])
             if dial == "expert_d_ff":
                 return cfg.d_ff
-            return _ABSENT.get(dial, False if dial.endswith(("_gate", "_bias")) else 0)
+            return ABSENT_VALUES.get(
+                dial, False if dial.endswith(("_gate", "_bias")) else 0
+            )
     return getattr(cfg, dial)
 
 
@@ -209,14 +106,16 @@ def layer_period(kinds: tuple[str, ...]) -> int:
 
 
 def dial_values(cfg: ModelConfig) -> dict[str, object]:
-    """The dials' values for ``cfg``: its resolved fields, the window as 0 when unset,
-    and each pattern as its shortest repeating period in letters (``"SSSF"``)."""
+    """The dials' values for ``cfg``: its resolved fields, the window and the SwiGLU
+    clamp as 0 when unset, and each pattern as its shortest repeating period in
+    letters (``"SSSF"``)."""
     if undialled(cfg):
         raise ValueError(f"the page has no dials for {undialled(cfg)} of {cfg!r}")
     values = {
         field: _dial(cfg, field) for group in DIALS.values() for field, _ in group
     }
     values["sliding_window"] = cfg.sliding_window or 0
+    values["swiglu_limit"] = values["swiglu_limit"] or 0
     for dial, letters in PATTERNS.items():
         kinds = values[dial] or ("full",)  # an indexer's None: every layer its own
         letter = {kind: letter for letter, kind in letters.items()}
@@ -226,7 +125,7 @@ def dial_values(cfg: ModelConfig) -> dict[str, object]:
 
 def _pattern(values: Mapping[str, object], dial: str) -> tuple[str, ...]:
     """A pattern dial repeated to the depth (the config's name for it in errors)."""
-    letters, name = PATTERNS[dial], _FIELDS.get(dial, dial)
+    letters, name = PATTERNS[dial], DIAL_FIELDS.get(dial, dial)
     text = str(values[dial]).strip().upper()
     if not text or set(text) - set(letters):
         raise ConfigError(
@@ -241,12 +140,15 @@ def config_from_dials(values: Mapping[str, object]) -> ModelConfig:
     a ``ConfigError`` names the field where they describe no model."""
     fields = dict(values)
     fields["layer_types"] = _pattern(values, "layer_types")
-    fields["sliding_window"] = fields["sliding_window"] or None
+    for dial in FLOAT_DIALS:
+        fields[dial] = float(values[dial])  # type: ignore[arg-type]
+    for dial in ("sliding_window", "swiglu_limit"):  # 0: None
+        fields[dial] = fields[dial] or None
     parts = {
         group: {field: fields.pop(dial) for dial, field in names.items()}
         for group, (_, names) in GROUP_DIALS.items()
     }
-    on = {group: values[dial] for group, dial in _SWITCH.items()}
+    on = {group: values[dial] for group, dial in GROUP_SWITCHES.items()}
     on["linear"] = "linear" in fields["layer_types"]
     if on["mla.indexer"]:
         layers = _pattern(values, "indexer_layers")
@@ -272,6 +174,9 @@ def _control(cfg: ModelConfig, field: str, label: str) -> tuple[str, str]:
             f'<option value="{c}">{c}</option>' for c in DIAL_CHOICES[field]
         )
         kind, control = "text", f'<select id="{ident}">{options}</select>'
+    elif field in FLOAT_DIALS:
+        kind = "float"
+        control = f'<input id="{ident}" type="number" step="any">'
     elif field in PATTERNS:
         control = f'<input id="{ident}" type="text" size="10" spellcheck="false">'
         kind = "text"
@@ -322,7 +227,12 @@ def calculator_html(default: str = "llama3-8b") -> str:
     rows = "".join(row.format(label, ident) for ident, label in _OUTPUTS.items())
     parts.append(f'<table>{rows}</table><div class="calc-problems"></div>')
     presets = {name: dial_values(cfg) for name, cfg in PAGE_PRESETS.items()}
-    data = {"kinds": kinds, "patterns": PATTERNS, "fields": _FIELDS, "presets": presets}
+    data = {
+        "kinds": kinds,
+        "patterns": PATTERNS,
+        "fields": DIAL_FIELDS,
+        "presets": presets,
+    }
     parts.append(
         f'<script type="application/json" class="calc-data">{json.dumps(data)}</script>'
     )

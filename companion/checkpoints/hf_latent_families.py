@@ -14,6 +14,7 @@ and appends to ``problems`` what ``companion`` cannot express.
 
 from __future__ import annotations
 
+from companion.checkpoints.hf_reader import ConfigReader
 from companion.models.config_parts import (
     LinearAttentionConfig,
     MLAConfig,
@@ -26,28 +27,17 @@ __all__ = ["LATENT_FAMILIES"]
 Fields = dict[str, object]
 
 
-def deepseek_v3(c: object, problems: list[str]) -> Fields:
+def deepseek_v3(c: ConfigReader, problems: list[str]) -> Fields:
     """DeepSeek-V3: MLA (RoPE interleaved unless ``rope_interleave`` is False) and
     grouped sigmoid routing with shared experts after ``first_k_dense_replace`` dense
     layers."""
+    dense = c.integer("first_k_dense_replace")
     return {
-        "moe": MoEConfig(
-            n_experts=c.n_routed_experts,
-            experts_per_token=c.num_experts_per_tok,
-            expert_d_ff=c.moe_intermediate_size,
-            dense_layers=c.first_k_dense_replace,
-            shared_d_ff=c.moe_intermediate_size * c.n_shared_experts,
-            router="sigmoid",
-            router_norm_topk=bool(c.norm_topk_prob),
-            router_groups=c.n_group,
-            router_topk_groups=c.topk_group,
-            router_scale=float(c.routed_scaling_factor),
-            router_selection_bias=True,
-        ),
+        "moe": _sigmoid_grouped_moe(c, c.integer("n_routed_experts"), dense),
         "mla": _mla(c),
         # MLA: qk_nope_head_dim + qk_rope_head_dim (HF's head_dim is the RoPE part)
         "head_dim": None,
-        "rope_layout": "interleaved" if getattr(c, "rope_interleave", True) else "half",
+        "rope_layout": "interleaved" if c.flag("rope_interleave", True) else "half",
     }
 
 
@@ -55,64 +45,73 @@ def deepseek_v3(c: object, problems: list[str]) -> Fields:
 _LATENT_EPS = 1e-6
 
 
-def _mla(c: object, **more: object) -> MLAConfig:
+def _mla(c: ConfigReader, **more: object) -> MLAConfig | None:
     """The MLA fields every DeepSeek-style config shares, and ``more``."""
-    if c.rms_norm_eps != _LATENT_EPS:
+    if c.number("rms_norm_eps") != _LATENT_EPS:
         more["latent_norm_eps"] = _LATENT_EPS
-    return MLAConfig(
-        kv_lora_rank=c.kv_lora_rank,
-        q_lora_rank=c.q_lora_rank or 0,
-        qk_nope_head_dim=c.qk_nope_head_dim,
-        qk_rope_head_dim=c.qk_rope_head_dim,
-        v_head_dim=c.v_head_dim,
+    return c.make(
+        MLAConfig,
+        kv_lora_rank=c.integer("kv_lora_rank"),
+        q_lora_rank=c.integer("q_lora_rank", 0) or 0,
+        qk_nope_head_dim=c.integer("qk_nope_head_dim"),
+        qk_rope_head_dim=c.integer("qk_rope_head_dim"),
+        v_head_dim=c.integer("v_head_dim"),
         **more,
     )
 
 
-def _dense_first(c: object, problems: list[str]) -> int:
+def _dense_first(c: ConfigReader, problems: list[str]) -> int:
     """How many first layers keep a dense FFN (``mlp_layer_types``: "dense" layers, then
     "sparse" ones; anything else is a problem)."""
-    kinds = list(c.mlp_layer_types)
+    kinds = c.sequence("mlp_layer_types")
     dense = kinds.count("dense")
     if kinds != ["dense"] * dense + ["sparse"] * (len(kinds) - dense):
         problems.append(f"mlp_layer_types={kinds!r} (only dense layers first)")
     return dense
 
 
-def _sigmoid_grouped_moe(c: object, n_experts: int, dense: int) -> MoEConfig:
+def _sigmoid_grouped_moe(
+    c: ConfigReader, n_experts: int, dense: int
+) -> MoEConfig | None:
     """DeepSeek-V3's router and experts, as Kimi Linear and Bailing name them: sigmoid
     scores with a selection-only bias, group-limited top-k, scaled weights, always-on
     shared experts."""
-    return MoEConfig(
+    expert_d_ff = c.integer("moe_intermediate_size")
+    return c.make(
+        MoEConfig,
         n_experts=n_experts,
-        experts_per_token=c.num_experts_per_tok,
-        expert_d_ff=c.moe_intermediate_size,
+        experts_per_token=c.integer("num_experts_per_tok"),
+        expert_d_ff=expert_d_ff,
         dense_layers=dense,
-        shared_d_ff=c.moe_intermediate_size * c.n_shared_experts,
+        shared_d_ff=expert_d_ff * c.integer("n_shared_experts"),
         router="sigmoid",
-        router_norm_topk=bool(c.norm_topk_prob),
-        router_groups=c.n_group,
-        router_topk_groups=c.topk_group,
-        router_scale=float(c.routed_scaling_factor),
+        router_norm_topk=c.flag("norm_topk_prob"),
+        router_groups=c.integer("n_group"),
+        router_topk_groups=c.integer("topk_group"),
+        router_scale=float(c.number("routed_scaling_factor")),
         router_selection_bias=True,
     )
 
 
-def _kda_hybrid(c: object, problems: list[str], **kda: object) -> Fields:
+def _kda_hybrid(c: ConfigReader, problems: list[str], **kda: object) -> Fields:
     """Kimi Linear and Bailing: KDA on "linear_attention" layers, MLA on the others,
     DeepSeek-V3 experts after dense first layers, SiLU in the KDA convolution."""
-    if c.hidden_act != "silu":
-        problems.append(f"hidden_act={c.hidden_act!r} (KDA's convolution uses silu)")
-    bad = sorted(set(c.layer_types) - {"linear_attention", "full_attention"})
+    act = c.text("hidden_act")
+    if act != "silu":
+        problems.append(f"hidden_act={act!r} (KDA's convolution uses silu)")
+    types = c.sequence("layer_types", of="text")
+    bad = sorted(set(types) - {"linear_attention", "full_attention"})
     if bad:
         problems.append(f"layer_types entries {bad}")
     mla = _mla(c, output_gate=kda.pop("output_gate"))
-    heads, width = kda.pop("heads"), c.linear_head_dim
+    heads, width = kda.pop("heads"), c.integer("linear_head_dim")
+    dense = _dense_first(c, problems)
     return {
-        "moe": _sigmoid_grouped_moe(c, c.num_local_experts, _dense_first(c, problems)),
+        "moe": _sigmoid_grouped_moe(c, c.integer("num_local_experts"), dense),
         "mla": mla,
         "head_dim": None,  # MLA: qk_nope_head_dim + qk_rope_head_dim
-        "linear": LinearAttentionConfig(
+        "linear": c.make(
+            LinearAttentionConfig,
             key_heads=heads,
             value_heads=heads,
             key_dim=width,
@@ -123,69 +122,73 @@ def _kda_hybrid(c: object, problems: list[str], **kda: object) -> Fields:
     }
 
 
-def kimi_linear(c: object, problems: list[str]) -> Fields:
+def kimi_linear(c: ConfigReader, problems: list[str]) -> Fields:
     """Kimi Linear: low-rank KDA gates, MLA without RoPE (the "rope" channels of its
     shared key stay unrotated)."""
     return _kda_hybrid(
         c,
         problems,
-        heads=c.linear_num_heads,
-        conv_kernel=c.linear_conv_kernel_dim,
+        heads=c.integer("linear_num_heads"),
+        conv_kernel=c.integer("linear_conv_kernel_dim"),
         kda_layout="kimi",
         output_gate=False,
     ) | {"position": "none"}
 
 
-def bailing_hybrid(c: object, problems: list[str]) -> Fields:
+def bailing_hybrid(c: ConfigReader, problems: list[str]) -> Fields:
     """Ling's Bailing hybrid: full-rank KDA gates (bounded when ``kda_safe_gate``), MLA
     with interleaved RoPE and a sigmoid gate per head. Its ``head_dim`` is overwritten
     with the RoPE width: the KDA heads' width is ``linear_head_dim``."""
-    bound = float(c.kda_lower_bound) if c.kda_safe_gate else None
+    bound = float(c.number("kda_lower_bound")) if c.flag("kda_safe_gate") else None
     return _kda_hybrid(
         c,
         problems,
-        heads=c.num_attention_heads,
-        conv_kernel=c.short_conv_kernel_size,
+        heads=c.integer("num_attention_heads"),
+        conv_kernel=c.integer("short_conv_kernel_size"),
         kda_layout="bailing",
         kda_gate_lower_bound=bound,
         output_gate=True,
     ) | {"rope_layout": "interleaved"}
 
 
-def _sparse_mla(c: object, problems: list[str], indexer: SparseConfig) -> Fields:
+def _sparse_mla(c: ConfigReader, problems: list[str], indexer: SparseConfig) -> Fields:
     """DeepSeek-V3.2 and GLM-5: MLA (interleaved RoPE) whose every layer attends to the
     ``index_topk`` keys its lightning indexer picks, DeepSeek-V3 experts after dense
     first layers."""
-    bad = sorted(set(c.layer_types) - {"indexed_attention"})
+    bad = sorted(set(c.sequence("layer_types", of="text")) - {"indexed_attention"})
     if bad:
         problems.append(f"layer_types entries {bad} (only 'indexed_attention')")
+    dense = _dense_first(c, problems)
     return {
-        "moe": _sigmoid_grouped_moe(c, c.n_routed_experts, _dense_first(c, problems)),
+        "moe": _sigmoid_grouped_moe(c, c.integer("n_routed_experts"), dense),
         "mla": _mla(c, indexer=indexer),
         "head_dim": None,  # MLA: qk_nope_head_dim + qk_rope_head_dim
         "rope_layout": "interleaved",
     }
 
 
-def _indexer(c: object, rope_layout: str, layers: object = None) -> SparseConfig:
-    return SparseConfig(
-        n_heads=c.index_n_heads,
-        head_dim=c.index_head_dim,
-        topk=c.index_topk,
+def _indexer(
+    c: ConfigReader, rope_layout: str, layers: object = None
+) -> SparseConfig | None:
+    return c.make(
+        SparseConfig,
+        n_heads=c.integer("index_n_heads"),
+        head_dim=c.integer("index_head_dim"),
+        topk=c.integer("index_topk"),
         rope_layout=rope_layout,
         layers=None if layers is None else tuple(layers),
     )
 
 
-def deepseek_v32(c: object, problems: list[str]) -> Fields:
+def deepseek_v32(c: ConfigReader, problems: list[str]) -> Fields:
     """DeepSeek-V3.2: the indexer rotates its first channels in the half layout."""
     return _sparse_mla(c, problems, _indexer(c, "half"))
 
 
-def glm_moe_dsa(c: object, problems: list[str]) -> Fields:
+def glm_moe_dsa(c: ConfigReader, problems: list[str]) -> Fields:
     """GLM-5: interleaved RoPE in the indexer too; "shared" layers reuse the selection
     of the last "full" one (``indexer_types``)."""
-    layers = list(c.indexer_types)
+    layers = c.sequence("indexer_types", of="text")
     if all(t == "full" for t in layers):
         layers = None
     return _sparse_mla(c, problems, _indexer(c, "interleaved", layers))

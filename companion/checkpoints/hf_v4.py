@@ -27,6 +27,7 @@ map:
 
 from __future__ import annotations
 
+from companion.checkpoints.hf_reader import ConfigReader
 from companion.layers.compressed_attention import HF_LAYER_TYPES
 from companion.layers.router import SCORINGS
 from companion.models.config_parts import MoEConfig
@@ -61,78 +62,90 @@ def v4_layer_key(rest: str) -> str | None:
     return None
 
 
-def _compress_rope(c: object, problems: list[str]) -> tuple[float, RopeScaling | None]:
+def _compress_rope(
+    c: ConfigReader, problems: list[str]
+) -> tuple[float, RopeScaling | None]:
     """The CSA/HCA layers' RoPE base and scaling (``rope_parameters["compress"]``)."""
-    rp = dict(c.rope_parameters["compress"])
-    theta = float(rp.pop("rope_theta"))
-    factor = rp.pop("partial_rotary_factor", c.partial_rotary_factor)
-    main = c.rope_parameters["main"].get("partial_rotary_factor", factor)
-    if factor != main:
+    rope = c.mapping("rope_parameters")
+    rp = c.entry("rope_parameters", rope, "compress", "mapping")
+    where = "rope_parameters['compress']"
+    theta = float(c.entry(where, rp, "rope_theta", "number"))
+    rp.pop("rope_theta", None)
+    factor = rp.pop("partial_rotary_factor", None) or c.number("partial_rotary_factor")
+    main = c.entry("rope_parameters", rope, "main", "mapping")
+    main_factor = main.get("partial_rotary_factor", factor)
+    if factor != main_factor:
         problems.append(
             f"partial_rotary_factor {factor!r} in rope_parameters['compress'] and "
-            f"{main!r} in ['main'] (only one for both)"
+            f"{main_factor!r} in ['main'] (only one for both)"
         )
-    return theta, RopeScaling.from_mapping(rp)
+    return theta, c.make(RopeScaling.from_mapping, rp)
 
 
-def _hash_layers(c: object, problems: list[str]) -> int:
+def _hash_layers(c: ConfigReader, problems: list[str]) -> int:
     """How many first layers are hash-routed (``mlp_layer_types``: "hash_moe" first,
     then "moe"; anything else is a problem)."""
-    kinds = list(c.mlp_layer_types)
+    kinds = c.sequence("mlp_layer_types")
     n = kinds.count("hash_moe")
     if kinds != ["hash_moe"] * n + ["moe"] * (len(kinds) - n):
         problems.append(f"mlp_layer_types={kinds!r} (only hash_moe layers first)")
     return n
 
 
-def deepseek_v4(c: object, problems: list[str]) -> Fields:
+def deepseek_v4(c: ConfigReader, problems: list[str]) -> Fields:
     """DeepSeek-V4: compressed attention (sliding, CSA, HCA) with sinks and one
     key/value head, hyper-connections, √softplus routing with hash-routed first layers,
     clamped SwiGLU experts beside one shared expert."""
-    if c.hidden_act != "silu":
-        problems.append(f"hidden_act={c.hidden_act!r} (the experts are SwiGLU)")
-    bad = sorted(set(c.layer_types) - set(HF_LAYER_TYPES))
+    act, scoring = c.text("hidden_act"), c.text("scoring_func")
+    if act != "silu":
+        problems.append(f"hidden_act={act!r} (the experts are SwiGLU)")
+    types = c.sequence("layer_types", of="text")
+    bad = sorted(set(types) - set(HF_LAYER_TYPES))
     if bad:
         problems.append(f"layer_types entries {bad}")
-    if c.scoring_func not in SCORINGS:
-        problems.append(f"scoring_func={c.scoring_func!r} (supported: {SCORINGS})")
-    rates = dict(c.compress_rates)
+    if scoring not in SCORINGS:
+        problems.append(f"scoring_func={scoring!r} (supported: {SCORINGS})")
+    rates = c.mapping("compress_rates")
     theta, scaling = _compress_rope(c, problems)
+    expert_d_ff = c.integer("moe_intermediate_size")
     return {
-        "layer_types": tuple(HF_LAYER_TYPES.get(t, "sliding") for t in c.layer_types),
-        "sliding_window": c.sliding_window,
+        "layer_types": tuple(HF_LAYER_TYPES.get(t, "sliding") for t in types),
+        "sliding_window": c.integer("sliding_window"),
         "n_kv_heads": None,  # derived: one shared key/value head
-        "head_dim": c.head_dim,
-        "partial_rotary_factor": float(c.partial_rotary_factor),
+        "head_dim": c.integer("head_dim"),
+        "partial_rotary_factor": float(c.number("partial_rotary_factor")),
         "attn_sinks": True,
-        "d_ff": c.moe_intermediate_size,  # no dense FFN: every layer is MoE
-        "compression": CompressedAttentionConfig(
-            q_lora_rank=c.q_lora_rank,
-            o_groups=c.o_groups,
-            o_lora_rank=c.o_lora_rank,
-            index_n_heads=c.index_n_heads,
-            index_head_dim=c.index_head_dim,
-            index_topk=c.index_topk,
+        "d_ff": expert_d_ff,  # no dense FFN: every layer is MoE
+        "compression": c.make(
+            CompressedAttentionConfig,
+            q_lora_rank=c.integer("q_lora_rank"),
+            o_groups=c.integer("o_groups"),
+            o_lora_rank=c.integer("o_lora_rank"),
+            index_n_heads=c.integer("index_n_heads"),
+            index_head_dim=c.integer("index_head_dim"),
+            index_topk=c.integer("index_topk"),
             csa_ratio=rates.get("compressed_sparse_attention", 4),
             hca_ratio=rates.get("heavily_compressed_attention", 128),
             rope_theta=theta,
             rope_scaling=scaling,
         ),
-        "residual": HyperConnectionConfig(
-            n_streams=c.hc_mult,
-            sinkhorn_iters=c.hc_sinkhorn_iters,
-            eps=float(c.hc_eps),
+        "residual": c.make(
+            HyperConnectionConfig,
+            n_streams=c.integer("hc_mult"),
+            sinkhorn_iters=c.integer("hc_sinkhorn_iters"),
+            eps=float(c.number("hc_eps")),
         ),
-        "moe": MoEConfig(
-            n_experts=c.n_routed_experts,
-            experts_per_token=c.num_experts_per_tok,
-            expert_d_ff=c.moe_intermediate_size,
-            shared_d_ff=c.moe_intermediate_size,
-            router=c.scoring_func if c.scoring_func in SCORINGS else "softmax",
+        "moe": c.make(
+            MoEConfig,
+            n_experts=c.integer("n_routed_experts"),
+            experts_per_token=c.integer("num_experts_per_tok"),
+            expert_d_ff=expert_d_ff,
+            shared_d_ff=expert_d_ff,
+            router=scoring if scoring in SCORINGS else "softmax",
             router_norm_topk=True,
-            router_scale=float(c.routed_scaling_factor),
+            router_scale=float(c.number("routed_scaling_factor")),
             router_selection_bias=True,
             hash_layers=_hash_layers(c, problems),
-            swiglu_limit=float(c.swiglu_limit),
+            swiglu_limit=float(c.number("swiglu_limit")),
         ),
     }

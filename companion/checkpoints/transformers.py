@@ -19,7 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from companion.checkpoints.hf_v4 import v4_layer_key
-from companion.checkpoints.transformers_config import architecture, config_from_hf
+from companion.checkpoints.transformers_config import (
+    SUPPORTED,
+    architecture,
+    config_from_hf,
+)
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 
@@ -121,6 +125,62 @@ def _layer_key(rest: str, cfg: ModelConfig, layer: int = 0) -> str | None:
     return None
 
 
+def _check_tensors(sd: object, name: str) -> None:
+    """Raise a TypeError unless ``sd`` maps str keys to tensors, naming every key that
+    does not."""
+    if not isinstance(sd, Mapping):
+        raise TypeError(
+            f"{name} must be a mapping of names to tensors, got {type(sd).__name__}"
+        )
+    bad = [
+        f"{k!r} ({type(v).__name__})"
+        for k, v in sd.items()
+        if not isinstance(k, str) or not isinstance(v, Tensor)
+    ]
+    if bad:
+        raise TypeError(
+            f"{name} must map str names to tensors; not a tensor (or not a str name): "
+            + ", ".join(bad)
+        )
+
+
+def _check_layer_keys(hf_sd: Mapping[str, Tensor], n_layers: int) -> None:
+    """Raise one ValueError naming every ``model.layers.*`` key without a layer index
+    in ``0..n_layers-1`` and a tensor name after it."""
+    bad = []
+    for key in hf_sd:
+        parts = key.split(".")
+        if parts[:2] != ["model", "layers"]:
+            continue
+        if len(parts) < 5:
+            bad.append(f"{key!r} (expected model.layers.<index>.<module>.<tensor>)")
+        elif not parts[2].isdecimal():
+            bad.append(f"{key!r} (layer index {parts[2]!r} is not an integer)")
+        elif int(parts[2]) >= n_layers:
+            bad.append(
+                f"{key!r} (layer index {parts[2]} out of range: the config has "
+                f"{n_layers} layers, 0..{n_layers - 1})"
+            )
+    if bad:
+        raise ValueError("cannot convert the state dict; bad keys: " + ", ".join(bad))
+
+
+def _fuse_qkv(i: int, leaf: str, parts: dict[str, Tensor]) -> Tensor:
+    """Layer ``i``'s q, k and v projections (``leaf``: weight or bias) as one tensor;
+    an error naming them if one is missing or they do not stack."""
+    names = {p: f"model.layers.{i}.self_attn.{p}_proj.{leaf}" for p in "qkv"}
+    missing = [names[p] for p in "qkv" if p not in parts]
+    if missing:
+        raise ValueError(f"cannot load weights; missing tensors: {missing}")
+    if len({t.shape[1:] for t in parts.values()}) != 1:
+        shapes = ", ".join(f"{names[p]} {tuple(parts[p].shape)}" for p in "qkv")
+        raise ValueError(
+            f"cannot load weights; q, k and v must agree past their first dimension: "
+            f"{shapes}"
+        )
+    return torch.cat([parts["q"], parts["k"], parts["v"]])
+
+
 def convert_state_dict(
     hf_sd: Mapping[str, Tensor], cfg: ModelConfig, arch: str = ""
 ) -> dict[str, Tensor]:
@@ -129,8 +189,12 @@ def convert_state_dict(
 
     ``arch`` (e.g. ``"GptOssForCausalLM"``) names layouts that differ by more than
     names. Keys that no rule maps are kept under their own name, so that
-    :func:`load_state_dict_strict` reports them as unexpected.
+    :func:`load_state_dict_strict` reports them as unexpected; a value that is not a
+    tensor, or a layer key whose index is not one of the config's layers, is an error
+    that names the key.
     """
+    _check_tensors(hf_sd, "hf_sd")
+    _check_layer_keys(hf_sd, cfg.n_layers)
     transposed = _TRANSPOSED.get(arch, ())
     out: dict[str, Tensor] = {}
     qkv: dict[
@@ -158,22 +222,13 @@ def convert_state_dict(
             ):
                 qkv.setdefault((i, leaf), {})[mod[-6]] = t  # "q", "k" or "v"
             else:
-                if rest in transposed:
+                if rest in transposed and t.dim() == 3:  # else a wrong shape, named
                     t = t.transpose(1, 2)
                 out[f"blocks.{i}.{ours}" if ours else key] = t
         else:
             out[key] = t
     for (i, leaf), parts in qkv.items():
-        missing = [
-            f"model.layers.{i}.self_attn.{p}_proj.{leaf}"
-            for p in "qkv"
-            if p not in parts
-        ]
-        if missing:
-            raise ValueError(f"cannot load weights; missing tensors: {missing}")
-        out[f"blocks.{i}.attn.qkv.{leaf}"] = torch.cat(
-            [parts["q"], parts["k"], parts["v"]]
-        )
+        out[f"blocks.{i}.attn.qkv.{leaf}"] = _fuse_qkv(i, leaf, parts)
     if cfg.tie_embeddings and "tok_emb.weight" in out:
         out["lm_head.weight"] = out["tok_emb.weight"]  # one tensor under both names
     return out
@@ -182,6 +237,9 @@ def convert_state_dict(
 def load_state_dict_strict(model: nn.Module, sd: Mapping[str, Tensor]) -> None:
     """Copy ``sd`` into ``model``; raise one error naming every missing, unexpected or
     mis-shaped tensor."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_tensors(sd, "sd")
     own = model.state_dict()
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
@@ -210,10 +268,21 @@ def from_hf(hf_model: nn.Module) -> DecoderLM:
             "hf_model must be a transformers model (an nn.Module with a .config), got "
             f"{type(hf_model).__name__}"
         )
+    arch, cls = architecture(hf_model.config), type(hf_model)
+    if cls.__module__.startswith("transformers.") and cls.__name__ not in SUPPORTED:
+        raise ValueError(
+            f"hf_model is a {cls.__name__}, not a causal LM companion converts; "
+            f"for this config pass {arch} (the model with its language-model head)"
+        )
     cfg = config_from_hf(hf_model.config)
+    hf_sd = hf_model.state_dict()
+    _check_tensors(hf_sd, f"{cls.__name__}.state_dict()")
+    if "model.embed_tokens.weight" not in hf_sd:
+        raise ValueError(
+            f"{cls.__name__}.state_dict() has no 'model.embed_tokens.weight' (keys "
+            f"start {sorted(hf_sd)[:3]}): from_hf takes a causal LM laid out as {arch}"
+        )
     model = DecoderLM(cfg)
-    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-    load_state_dict_strict(
-        model, convert_state_dict(sd, cfg, architecture(hf_model.config))
-    )
+    sd = {k: v.detach().float() for k, v in hf_sd.items()}
+    load_state_dict_strict(model, convert_state_dict(sd, cfg, arch))
     return model.eval()

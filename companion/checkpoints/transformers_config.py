@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from companion.checkpoints.hf_families import FAMILIES
+from companion.checkpoints.hf_reader import REQUIRED, ConfigReader
 from companion.models.config import ModelConfig
 from companion.ops.rope import RopeScaling
 
@@ -52,21 +53,49 @@ def architecture(hf_config: object) -> str:
     )
 
 
-def _rope(params: Mapping) -> tuple[float, RopeScaling | None]:
+def _rope(
+    r: ConfigReader, params: Mapping, where: str
+) -> tuple[float, RopeScaling | None]:
     params = dict(params)
-    theta = float(params.pop("rope_theta"))
+    theta = float(r.entry(where, params, "rope_theta", "number"))
+    params.pop("rope_theta", None)
     params.pop("partial_rotary_factor", None)  # a config field of its own
     # Qwen3.5's multimodal RoPE: text positions are equal on its three axes (plain RoPE)
     params.pop("mrope_section", None)
     params.pop("mrope_interleaved", None)
-    return theta, RopeScaling.from_mapping(params)
+    return theta, r.make(RopeScaling.from_mapping, params)
+
+
+def _rope_fields(
+    r: ConfigReader, problems: list[str], uses_rope: bool
+) -> tuple[float, RopeScaling | None, float | None]:
+    """The RoPE base and scaling of the (global) layers and the base of sliding ones;
+    ``rope_parameters`` may be absent only where no layer rotates (Kimi Linear)."""
+    default = REQUIRED if uses_rope else {"rope_theta": 10000.0}
+    rope, where = r.mapping("rope_parameters", default), "rope_parameters"
+    local_theta = None
+    if "main" in rope:  # DeepSeek-V4: "main" here, "compress" read by its family
+        rope, where = r.entry(where, rope, "main", "mapping"), f"{where}['main']"
+    if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3, Olmo 3)
+        full = r.entry(where, rope, "full_attention", "mapping")
+        local = rope.get("sliding_attention", full)
+        if not isinstance(local, Mapping):
+            local = r.entry(where, rope, "sliding_attention", "mapping")
+        local_theta, local_scaling = _rope(r, local, f"{where}['sliding_attention']")
+        rope, where = full, f"{where}['full_attention']"
+        if local_scaling is not None:
+            problems.append(
+                f"RoPE scaling on sliding layers ({local_scaling.rope_type!r})"
+            )
+    theta, scaling = _rope(r, rope, where)
+    return theta, scaling, local_theta
 
 
 def config_from_hf(hf_config: object) -> ModelConfig:
     """The :class:`~companion.models.config.ModelConfig` of a transformers config (or an
-    error)."""
+    error naming every missing, mistyped or unsupported field)."""
     arch = architecture(hf_config)
-    c = hf_config
+    r = ConfigReader(hf_config)
     problems = []
     for name, ok in (
         ("attention_bias", lambda v: not v or arch == "GptOssForCausalLM"),
@@ -76,52 +105,47 @@ def config_from_hf(hf_config: object) -> ModelConfig:
         ("attn_logit_softcapping", lambda v: v is None),
         ("use_bidirectional_attention", lambda v: not v),
     ):
-        if hasattr(c, name) and not ok(getattr(c, name)):
-            problems.append(f"{name}={getattr(c, name)!r}")
-    act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", None)
-    if act not in _ACTIVATIONS:
+        if r.has(name) and not ok(r.get(name)):
+            problems.append(f"{name}={r.get(name)!r}")
+    act = r.get("hidden_activation") or r.get("hidden_act")
+    if not isinstance(act, str) or act not in _ACTIVATIONS:
         problems.append(f"activation {act!r} (supported: {sorted(_ACTIVATIONS)})")
-    # Kimi Linear has no RoPE at all (its family sets position="none")
-    rope = dict(getattr(c, "rope_parameters", None) or {"rope_theta": 10000.0})
-    local_theta = None
-    if "main" in rope:  # DeepSeek-V4: "main" here, "compress" read by its family
-        rope = dict(rope["main"])
-    if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3, Olmo 3)
-        local = dict(rope.get("sliding_attention", rope["full_attention"]))
-        rope = dict(rope["full_attention"])
-        local_theta, local_scaling = _rope(local)
-        if local_scaling is not None:
-            problems.append(
-                f"RoPE scaling on sliding layers ({local_scaling.rope_type!r})"
-            )
-    theta, scaling = _rope(rope)
-    family = FAMILIES[arch].fields(c, problems)
+    n_layers, n_heads = r.integer("num_hidden_layers"), r.integer("num_attention_heads")
+    d_model = r.integer("hidden_size")
+    try:
+        family = FAMILIES[arch].fields(r, problems)
+    except (ValueError, TypeError, ArithmeticError):
+        # a stand-in for a bad field can make a family's own config invalid: the bad
+        # field is the error to report
+        if not r.problems:
+            raise
+        family = {}
+    theta, scaling, local_theta = _rope_fields(r, problems, FAMILIES[arch].rope)
+    layer_types = r.sequence("layer_types", None, of="text")
+    window = r.integer("sliding_window", None)
+    fields = dict(
+        vocab_size=r.integer("vocab_size"),
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=r.integer("num_key_value_heads", None) or n_heads,
+        head_dim=r.integer("head_dim", None) or d_model // max(n_heads, 1),
+        d_ff=r.integer("intermediate_size", None),
+        max_seq_len=r.integer("max_position_embeddings"),
+        norm_eps=r.number("rms_norm_eps"),
+    )
+    r.raise_problems(arch)
     if problems:
         raise ValueError(f"{arch}: companion does not support {', '.join(problems)}")
 
-    layer_types = getattr(c, "layer_types", None)
-    window = getattr(c, "sliding_window", None)
     if arch == "MistralForCausalLM":
-        layer_types = [
-            "sliding_attention" if window else "full_attention"
-        ] * c.num_hidden_layers
+        layer_types = ["sliding_attention" if window else "full_attention"] * n_layers
     kind_of = {"sliding_attention": "sliding", "linear_attention": "linear"}
     kinds = tuple(kind_of.get(t, "full") for t in layer_types or [])
     if layer_types is None:
-        kinds = ("full",) * c.num_hidden_layers
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    n_kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    fields = dict(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        d_ff=getattr(c, "intermediate_size", None),
-        max_seq_len=c.max_position_embeddings,
+        kinds = ("full",) * n_layers
+    fields |= dict(
         norm="rmsnorm",
-        norm_eps=c.rms_norm_eps,
         norm_placement=SUPPORTED[arch],
         activation=_ACTIVATIONS[act],
         ffn="glu",
@@ -137,7 +161,7 @@ def config_from_hf(hf_config: object) -> ModelConfig:
         sliding_window=window if "sliding" in kinds else None,
         layer_types=kinds,
         bias=False,
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)),
         attn_impl="sdpa",
     )
     return ModelConfig(**(fields | family))

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_cache_buffers, check_int, check_tensor
+from companion.checks import check_cache_buffers, check_choice, check_int, check_tensor
 from companion.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -49,14 +49,8 @@ from companion.ops.linear_attention import (
     recurrent_linear_attention,
 )
 
-__all__ = [
-    "IMPLS",
-    "PROJECTIONS",
-    "RULES",
-    "GatedDeltaNet",
-    "GatedDeltaNetCache",
-    "GatedRMSNorm",
-]
+__all__ = ["GATE_FUNCTIONS", "IMPLS", "PROJECTIONS", "RULES", "GatedDeltaNet"]
+__all__ += ["GatedDeltaNetCache", "GatedRMSNorm"]
 
 IMPLS = ("chunk", "recurrent")
 # how the input projections are stored: "grouped" (two fused matrices grouped by key head:
@@ -68,17 +62,23 @@ PROJECTIONS = ("grouped", "split")
 RULES = ("gated_delta", "delta", "linear")
 
 
-class GatedRMSNorm(nn.Module):
-    """``rmsnorm(x)·weight·silu(gate)`` over the last dimension, computed in fp32."""
+# the gated norm's gate: SiLU (Gated DeltaNet) or sigmoid (Kimi Delta Attention)
+GATE_FUNCTIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(x)·weight·act(gate)`` over the last dimension, computed in fp32;
+    ``activation`` "silu" (Gated DeltaNet) or "sigmoid" (KDA)."""
+
+    def __init__(self, d: int, eps: float = 1e-6, activation: str = "silu") -> None:
         super().__init__()
-        self.eps = eps
+        check_choice("activation", activation, tuple(GATE_FUNCTIONS))
+        self.eps, self.act = eps, GATE_FUNCTIONS[activation]
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         y = F.rms_norm(x.float(), self.weight.shape, eps=self.eps) * self.weight.float()
-        return (y * F.silu(gate.float())).to(x.dtype)
+        return (y * self.act(gate.float())).to(x.dtype)
 
 
 class GatedDeltaNetCache(nn.Module):

@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion.checks import check_choice, check_int
-from companion.layers.gated_deltanet import IMPLS, GatedDeltaNetCache
+from companion.layers.gated_deltanet import IMPLS, GatedDeltaNetCache, GatedRMSNorm
 from companion.ops.delta_rule import chunk_kda, recurrent_kda
 
-__all__ = ["KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention", "SigmoidGatedRMSNorm"]
+__all__ = ["KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention"]
 
 # where the gates' parameters sit: "kimi" (low-rank f and output gates, A_log (1, 1, H, 1))
 # or "bailing" (full-rank, A_log (H,))
@@ -101,19 +101,6 @@ class KDAForgetGate(nn.Module):
         return self.lower_bound * torch.sigmoid(rate * f)
 
 
-class SigmoidGatedRMSNorm(nn.Module):
-    """``rmsnorm(x)·weight·σ(gate)`` over the last dimension, computed in fp32."""
-
-    def __init__(self, d: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        y = F.rms_norm(x.float(), self.weight.shape, eps=self.eps) * self.weight.float()
-        return (y * torch.sigmoid(gate.float())).to(x.dtype)
-
-
 class KimiDeltaAttention(nn.Module):
     """KDA token mixer (Kimi Linear, Bailing hybrid): ``(B, T, d) -> (B, T, d)``.
 
@@ -166,7 +153,7 @@ class KimiDeltaAttention(nn.Module):
             self.g_b_proj = nn.Linear(head_dim, width, bias=False)
         else:
             self.g_proj = nn.Linear(d_model, width, bias=False)
-        self.o_norm = SigmoidGatedRMSNorm(head_dim, eps=norm_eps)
+        self.o_norm = GatedRMSNorm(head_dim, eps=norm_eps, activation="sigmoid")
         self.o_proj = nn.Linear(width, d_model, bias=False)
 
     def new_cache(

@@ -475,6 +475,39 @@ _INVALID: list[tuple[str, dict, str]] = [
     ("ling-3.0-flash", {"linear_value_heads": 64}, "linear.value_heads"),
     ("llama3-8b", {"batch": 0}, "batch"),
     ("llama3-8b", {"dtype_bytes": 0}, "dtype_bytes"),
+    # DeepSeek-V4: compressed attention, hyper-connections, hash layers, the clamp
+    ("llama3-8b", {"layer_types": "FC"}, "compression"),
+    ("deepseek-v4-pro", {"compression_q_lora_rank": 0}, "compression"),
+    ("deepseek-v4-pro", {"layer_types": "SCHF"}, "layer_types"),
+    ("deepseek-v4-pro", {"sliding_window": 0}, "sliding_window"),
+    ("deepseek-v4-flash", {"sliding_window": 0}, "sliding_window"),
+    ("deepseek-v4-flash", {"position": "learned"}, "position"),
+    ("deepseek-v4-flash", {"n_kv_heads": 8}, "n_kv_heads"),
+    ("deepseek-v4-flash", {"attn_sinks": False}, "attn_sinks"),
+    ("deepseek-v4-flash", {"qk_norm": "head"}, "qk_norm"),
+    ("deepseek-v4-flash", {"attn_output_gate": True}, "attn_output_gate"),
+    (
+        "deepseek-v4-flash",
+        {"kv_lora_rank": 512, "qk_nope_head_dim": 448, "qk_rope_head_dim": 64}
+        | {"v_head_dim": 128},
+        "mla=MLAConfig(kv_lora_rank=512",
+    ),
+    ("deepseek-v4-flash", {"compression_o_groups": 3}, "compression.o_groups"),
+    ("deepseek-v4-flash", {"compression_o_groups": 0}, "compression.o_groups"),
+    ("deepseek-v4-flash", {"compression_csa_ratio": 0}, "compression.csa_ratio"),
+    ("deepseek-v4-pro", {"compression_index_topk": -1}, "compression.index_topk"),
+    ("deepseek-v4-pro", {"compression_index_head_dim": 32}, "index_head_dim"),
+    ("deepseek-v4-pro", {"partial_rotary_factor": 0.127}, "partial_rotary_factor"),
+    ("deepseek-v4-pro", {"partial_rotary_factor": 0}, "partial_rotary_factor"),
+    ("llama3-8b", {"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+    ("deepseek-v4-pro", {"norm_placement": "post"}, "residual"),
+    ("deepseek-v4-pro", {"residual_n_streams": -1}, "residual.n_streams"),
+    ("deepseek-v4-pro", {"hash_layers": 62}, "moe.hash_layers"),
+    ("deepseek-v4-pro", {"hash_layers": -1}, "moe.hash_layers"),
+    ("deepseek-v4-pro", {"router_bias": True}, "moe.hash_layers"),
+    ("deepseek-v4-pro", {"expert_kind": "gpt_oss"}, "moe.swiglu_limit"),
+    ("deepseek-v4-pro", {"swiglu_limit": -1.5}, "moe.swiglu_limit"),
+    ("gemma3-27b", {"n_layers": 3, "layer_types": "SHC"}, "compression"),
 ]
 
 
@@ -505,10 +538,61 @@ def _expected(values: dict, usage: dict) -> list[int]:
     ]
 
 
+def _random_v4(rng, values: dict) -> dict:
+    """Turn a random subset of a DeepSeek-V4 preset's dials to other values a model can
+    have: widths, heads, groups, ranks, ratios, the indexer, the window, the pattern
+    of sliding / CSA / HCA layers, the streams (0: plain residual), hash layers, the
+    clamp, experts, the rotated fraction."""
+    v = dict(values)
+    pick = rng.random
+    if pick() < 0.5:
+        v["vocab_size"] = rng.randint(1000, 300_000)
+    if pick() < 0.5:
+        v["d_model"] = 64 * rng.randint(1, 128)
+    if pick() < 0.5:
+        v["n_layers"] = rng.randint(1, 96)
+        v["layer_types"] = "".join(rng.choice("SCH") for _ in range(rng.randint(1, 8)))
+    if pick() < 0.5:
+        v["compression_o_groups"] = rng.choice([1, 2, 4, 8, 16])
+        v["n_heads"] = v["compression_o_groups"] * rng.randint(1, 16)
+        v["head_dim"] = rng.choice([128, 256, 512])
+        v["partial_rotary_factor"] = rng.choice([0.0625, 0.125, 0.25])
+    if pick() < 0.5:
+        v["compression_q_lora_rank"] = rng.randint(1, 2048)
+        v["compression_o_lora_rank"] = rng.randint(1, 2048)
+        v["compression_csa_ratio"] = rng.randint(1, 8)
+        v["compression_hca_ratio"] = rng.randint(1, 256)
+        v["sliding_window"] = rng.randint(1, 4096)
+    if pick() < 0.5:
+        v["compression_index_n_heads"] = rng.randint(1, 64)
+        v["compression_index_head_dim"] = rng.choice([128, 256])
+        v["compression_index_topk"] = rng.randint(1, 4096)
+    if pick() < 0.5:
+        v["residual_n_streams"] = rng.choice([0, rng.randint(1, 8)])
+    if pick() < 0.7:
+        v["n_experts"] = rng.randint(2, 512)
+        v["experts_per_token"] = rng.randint(1, min(16, v["n_experts"]))
+        v["expert_d_ff"] = rng.randint(64, 4096)
+        v["shared_d_ff"] = rng.choice([0, rng.randint(64, 8192)])
+        v["dense_layers"] = rng.randint(0, min(3, v["n_layers"] - 1))
+        v["hash_layers"] = rng.randint(0, v["n_layers"] - v["dense_layers"])
+        v["router_selection_bias"] = pick() < 0.5
+        v["swiglu_limit"] = rng.choice([0, 7.0, 10.0])
+    if pick() < 0.3:
+        v["n_experts"] = 0  # a dense FFN
+        v["d_ff"] = rng.randint(64, 50_000)
+    for flag in ("bias", "tie_embeddings"):
+        if pick() < 0.3:
+            v[flag] = not v[flag]
+    return v
+
+
 def _random_dials(rng, values: dict) -> dict:
     """Turn a random subset of a preset's dials to other values a model can have."""
     from companion.models.config import CHOICES
 
+    if values["compression_q_lora_rank"]:
+        return _random_v4(rng, values)
     v = dict(values)
     pick = rng.random
     if pick() < 0.5:
@@ -576,6 +660,8 @@ def _random_dials(rng, values: dict) -> dict:
     ):
         if pick() < 0.3:
             v[flag] = not v[flag]
+    if pick() < 0.2:
+        v["partial_rotary_factor"] = rng.choice([0.25, 0.5, 1.0])
     for field in ("ffn", "norm", "norm_placement", "qk_norm", "position"):
         if pick() < 0.3:
             v[field] = rng.choice(CHOICES[field])
@@ -587,9 +673,9 @@ def check_calculator(page) -> None:
     the invalid settings of ``_INVALID`` (no numbers, the config's own error shown)."""
     import random
 
+    from companion.analysis.calculator_dials import USAGE
     from companion.analysis.calculator_page import (
         PAGE_PRESETS,
-        USAGE,
         config_from_dials,
         dial_values,
     )
@@ -601,7 +687,7 @@ def check_calculator(page) -> None:
         values, texts, problems = page.evaluate(_READ_JS, list(_OUTPUTS))
         return [None if x is None else int(x) for x in values], texts, problems
 
-    for name, cfg in PAGE_PRESETS.items():  # DeepSeek-V4's have no dials (undialled)
+    for name, cfg in PAGE_PRESETS.items():  # every preset, DeepSeek-V4's included
         page.select_option("#calc-preset", name)
         got, _, problems = outputs()
         assert (got, problems) == (_expected(dial_values(cfg), usage), ""), name
@@ -621,9 +707,12 @@ def check_calculator(page) -> None:
         assert message in problems, (name, changes, message, problems)
     rng = random.Random(2026)
     checked = drawn = 0
-    while checked < 40:
+    v4 = [name for name, cfg in PAGE_PRESETS.items() if cfg.compression is not None]
+    assert v4, "no DeepSeek-V4 preset on the page"
+    while checked < 56:
         drawn += 1
-        name = rng.choice(list(PAGE_PRESETS))
+        # 40 draws from every preset, then 16 from DeepSeek-V4's
+        name = rng.choice(list(PAGE_PRESETS) if checked < 40 else v4)
         values = _random_dials(rng, dial_values(PAGE_PRESETS[name]))
         try:
             config_from_dials(values)
@@ -650,7 +739,8 @@ def check_calculator(page) -> None:
 def test_calculator(browser, base_url: str) -> None:
     """The static calculator gives companion.calc's numbers: every preset as loaded, then
     random dial settings (layers, widths, heads, experts, ranks, indexer, linear kind,
-    pattern, usage); and for settings the config rejects, no numbers but its error."""
+    pattern, usage; DeepSeek-V4's compression, streams and hash layers); and for
+    settings the config rejects, no numbers but its error."""
     from companion.analysis.calculator_page import PAGE_PRESETS
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
