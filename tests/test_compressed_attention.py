@@ -207,6 +207,7 @@ def _ours_from_config(cfg, kind: str, impl: str = "reference") -> CompressedAtte
 def _pair(kind: str, impl: str = "reference", rope_parameters=None, seed: int = 0):
     """transformers' attention with random weights (norms away from 1, sinks and position
     biases away from 0) and ours with the same tensors."""
+    pytest.importorskip("transformers")
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Attention
 
     cfg = _hf_config(rope_parameters)
