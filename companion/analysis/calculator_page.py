@@ -7,7 +7,7 @@ exact integers, after the config's rules. The contract the browser test relies o
 
 - ``<select id="calc-preset">``: its option values are ``PAGE_PRESETS`` keys (those
   of ``PRESETS`` that set no field without a dial, :func:`undialled`: all of them);
-- a dial per entry of :data:`~companion.analysis.calculator_dials.DIALS`, id
+- a dial per entry of ``companion.analysis.calculator_dials.DIALS``, id
   ``calc-<dial>``: ``<input>`` for numbers (``FLOAT_DIALS`` take fractions) and the
   two patterns, checkbox for flags, ``<select>`` for a field with fixed choices; plus
   ``calc-context``, ``calc-batch``, ``calc-dtype_bytes`` and ``calc-state_dtype_bytes``;

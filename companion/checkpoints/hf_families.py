@@ -1,7 +1,7 @@
 """What each supported transformers family adds to the dense block (chapters 05-13).
 
 :func:`companion.checkpoints.transformers_config.config_from_hf` reads the fields every
-family shares (widths, heads, RoPE, layer pattern); the :data:`FAMILIES` entry of the
+family shares (widths, heads, RoPE, layer pattern); the ``FAMILIES`` entry of the
 architecture gives its ``model_type``, its norm placement and a function that returns
 the config fields beyond them (experts, MLA, gates, DeltaNet, NoPE layers, ...),
 overriding the shared ones where the family differs (the DeepSeek-style families, MLA
@@ -37,7 +37,7 @@ class Family(NamedTuple):
 
     model_type: str
     placement: str
-    fields: Callable[[ConfigReader, list[str]], Fields]
+    fields: Callable[[ConfigReader, list[str]], dict[str, object]]
     rope: bool = True
 
 

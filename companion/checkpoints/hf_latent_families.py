@@ -6,7 +6,7 @@ DeepSeek-V3 (MLA, experts); DeepSeek-V3.2 and GLM-5 (DeepSeek Sparse Attention: 
 lightning indexer per layer, GLM-5's "shared" layers reusing the last "full" one's
 selection); Kimi Linear and Ling's Bailing hybrid (Kimi Delta Attention on
 "linear_attention" layers, MLA on the others: without RoPE in Kimi, with a sigmoid gate
-per head in Bailing). :data:`LATENT_FAMILIES` maps each ``model_type`` to its
+per head in Bailing). ``LATENT_FAMILIES`` maps each ``model_type`` to its
 function, with the signature of
 :attr:`companion.checkpoints.hf_families.Family.fields`: it reads ``hf_model.config``
 and appends to ``problems`` what ``companion`` cannot express.

@@ -7,7 +7,7 @@ function of :mod:`companion.checkpoints.hf_families` read ``hf_model.config`` th
 ``r.sequence("layer_types")``, ``r.mapping("rope_parameters")``, each with an optional
 default for a field that may be absent (or None), and build config groups with
 ``r.make(MoEConfig, ...)``. A missing field, or one holding None or
-a value of the wrong type, is recorded in :attr:`ConfigReader.problems` and a harmless
+a value of the wrong type, is recorded in ``ConfigReader.problems`` and a harmless
 stand-in is returned (and :meth:`ConfigReader.make` builds nothing more), so that the
 family function runs to its end and the caller raises
 one error naming every bad field (:meth:`ConfigReader.raise_problems`), not an
@@ -56,7 +56,7 @@ _CONVERT: dict[str, Callable[[Any], object]] = {
 
 class ConfigReader:
     """Typed access to the fields of one transformers config (or any object with the
-    same attributes); :attr:`problems` lists each field that is missing or bad."""
+    same attributes); ``problems`` lists each field that is missing or bad."""
 
     def __init__(self, hf_config: object) -> None:
         self.config = hf_config

@@ -22,7 +22,7 @@ map:
   whatever ``n_shared_experts`` says, and the top-k weights are always renormalised
   (``norm_topk_prob`` is not read).
 
-:data:`V4_NAMES` renames the state-dict entries that differ from the other families.
+``V4_NAMES`` renames the state-dict entries that differ from the other families.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ computed for every visible key (O(T·S), but with H_I·D_I small and no softmax)
 the K best become the selection ``(B, T, K)``; ``-1`` fills the slots of a query with
 fewer than K visible keys. The indexer is causal by positions: a query never selects a
 key at a later position, nor an empty cache slot. Only the keys are cached
-(:class:`IndexKeyCache`, D_I numbers per token beside MLA's C + R). DeepSeek's kernels
-also rotate q and k by a Hadamard matrix and score in FP8; the rotation keeps every q·k
-and FP8 is a precision choice, so neither is here (nor in transformers).
+(:class:`~companion.layers.kv_cache.IndexKeyCache`, D_I numbers per token beside MLA's
+C + R). DeepSeek's kernels also rotate q and k by a Hadamard matrix and score in FP8;
+the rotation keeps every q·k and FP8 is a precision choice, so neither is here (nor in
+transformers).
 
 :class:`SharedIndexer` is the indexer part of GLM-5's ``"shared"`` layers: no weights,
 no cache; it hands on the selection the earlier ``"full"`` layer made for the same
@@ -133,8 +134,8 @@ class LightningIndexer(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> IndexKeyCache:
-        """An empty :class:`IndexKeyCache` for this indexer (default: the weights'
-        dtype)."""
+        """An empty :class:`~companion.layers.kv_cache.IndexKeyCache` for this indexer
+        (default: the weights' dtype)."""
         w = self.wk.weight
         return IndexKeyCache(
             batch,

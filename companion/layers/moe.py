@@ -146,7 +146,8 @@ class GptOssExperts(nn.Module):
 
 class ClampedGatedFeedForward(GatedFeedForward):
     """DeepSeek-V4's shared expert: a SwiGLU whose gate is clamped above at ``limit``
-    and whose up projection to ±``limit``, with :class:`GatedFeedForward`'s parameters."""
+    and whose up projection to ±``limit``, with
+    :class:`~companion.layers.ffn.GatedFeedForward`'s parameters."""
 
     def __init__(self, d: int, d_ff: int, limit: float) -> None:
         super().__init__(d, d_ff)

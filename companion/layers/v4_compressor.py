@@ -92,7 +92,8 @@ class Compressor(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> CompressorState:
-        """An empty :class:`CompressorState` for ``batch`` sequences of ``max_len``."""
+        """An empty :class:`~companion.layers.v4_cache.CompressorState` for ``batch``
+        sequences of ``max_len``."""
         w = self.kv_proj.weight
         return CompressorState(
             batch,

@@ -252,7 +252,7 @@ class MLAConfig(ConfigPart):
 
     @property
     def qk_head_dim(self) -> int:
-        """One head's query/key width in the naive form: nope + RoPE channels."""
+        """One head's query/key width in the naive form (nope + RoPE channels)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 

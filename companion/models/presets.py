@@ -9,7 +9,7 @@ and a ``DecoderLM`` built from it on the meta device has the shapes of the real
 checkpoint. ``max_seq_len`` is the config's ``max_position_embeddings``. Text towers
 only: Gemma 3's and Qwen3.5's vision encoders and the multi-token-prediction modules
 (DeepSeek-V3, Qwen3.5, MiniMax-M2) are left out. For the presets from 2025 on,
-:data:`SOURCES` says which file each copies, the published counts, and which values no
+``SOURCES`` says which file each copies, the published counts, and which values no
 primary source gave. :func:`spec_row` writes a preset as one row of the chapter's spec sheet.
 """
 
