@@ -290,8 +290,10 @@ def changed_fields(a: ModelConfig, b: ModelConfig) -> dict[str, tuple]:
 
 
 def shown(value: object) -> str:
-    """A field's value for the listing; a layer pattern as full/full/..."""
-    return "/".join(value) if isinstance(value, tuple) else repr(value)
+    """A field's value for the listing; a layer pattern as full/full/..., a mechanism
+    group wrapped to the column."""
+    text = "/".join(value) if isinstance(value, tuple) else repr(value)
+    return textwrap.fill(text, 64, subsequent_indent=" " * 9, break_long_words=False)
 
 
 components, replaced_by = [], {}
