@@ -571,7 +571,7 @@ glue("ch13-calc-flop-cut", f"{flop_cut:.0%}", display=False)
 
 # %% tags=["remove-output"]
 
-# the dials describe each preset on the page completely: read back, the same four numbers
+# the dials describe each preset on the page: read back, the same four numbers
 for name, cfg in PAGE_PRESETS.items():
     back = config_from_dials(dial_values(cfg))
     assert count_params(back) == count_params(cfg), name
