@@ -71,7 +71,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "input_gradient_norms", "layer_masks", "receptive_field_size", "receptive_fields",
         "visible_pairs",
     ),
-    "analysis.seeds": ("compare", "Spread", "spread"),
+    "analysis.seeds": ("compare", "Difference", "difference", "Spread", "spread", "t_quantile"),
     "analysis.scaling": (
         "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM", "compute_optimal",
         "count_flops", "dense_flops_per_token", "fit_power_law", "kaplan_flops_per_token",

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from companion.analysis.seeds import compare, spread
+from companion.analysis.seeds import compare, difference, spread, t_quantile
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.tasks.probes import (
@@ -206,17 +206,41 @@ def test_spread_is_the_sample_mean_and_standard_deviation():
         spread([1.0, float("nan")])
 
 
-def test_compare_claims_a_difference_only_beyond_the_spread():
+@pytest.mark.parametrize(
+    "df, table",
+    [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (30, 2.042)],
+)
+def test_t_quantile_matches_the_published_table(df, table):
+    # two-sided 95 % critical values of Student's t (any statistics table)
+    assert t_quantile(0.95, df) == pytest.approx(table, abs=1e-3)
+
+
+def test_compare_claims_a_difference_only_beyond_chance():
     assert compare([0.9, 0.92, 0.91], [0.5, 0.55, 0.52]) == 1
     assert compare([0.5, 0.55, 0.52], [0.9, 0.92, 0.91]) == -1
     assert compare([0.5, 0.7, 0.6], [0.55, 0.65, 0.62]) == 0  # within the scatter
-    # means far apart for their spreads, but one pair disagrees: not paired-consistent
-    a, b = [1.0, 1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.1]
-    gap = spread(a).mean - spread(b).mean
-    assert gap > spread(a).sd + spread(b).sd
-    assert compare(a, b, paired=True) == 0 and compare(a, b, paired=False) == 1
+    # paired: seed-to-seed scatter cancels in the differences, which all agree
+    a, b = [1.0, 2.0, 3.0, 4.0], [0.9, 1.9, 2.95, 3.9]
+    assert compare(a, b, paired=True) == 1 and compare(a, b, paired=False) == 0
+    d = difference(a, b)
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    assert d.mean == pytest.approx(statistics.mean(diffs))
+    assert d.half_width == pytest.approx(3.182 * se, rel=1e-3)
+    assert d.low > 0 and d.format(3).startswith("+0.")
+    # two pairs against three: the interval of the differences spans zero
+    a, b = [1.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.5, 0.5]
+    assert compare(a, b, paired=True) == 0
+    # unpaired: Welch, equal variances and sizes give df = 2n - 2
+    a, b = [1.0, 2.0, 3.0], [3.0, 4.0, 5.0]
+    w = difference(a, b, paired=False)
+    assert w.mean == -2.0 and w.half_width == pytest.approx(
+        2.776 * (2 / 3) ** 0.5, rel=1e-3
+    )
     with pytest.raises(ValueError, match="as many seeds"):
         compare([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="level"):
+        t_quantile(1.5, 3)
 
 
 ONE_TOKEN = {"sliding_window": 1, "layer_types": ("sliding", "sliding")}
