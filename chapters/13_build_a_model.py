@@ -287,8 +287,11 @@ HTML(
 
 # %% [markdown]
 # Read down the `norm` column and the 2019 convention, LayerNorm before each sublayer, gives
-# way to RMSNorm in 2023 and never comes back; the placement then moves again in 2025
-# (Gemma's sandwich, Olmo's post-branch) with QK-norm added. The `ffn` column goes from a
+# way to RMSNorm in 2023 and never comes back; the placement then moves again, in this
+# table with Gemma 3 and Olmo 3 (2025): Gemma's sandwich and Olmo's post-branch norms, with
+# QK-norm added. Both placements are a year older than their rows here: they came with
+# Gemma 2 {cite}`gemmateam2024gemma2` and OLMo 2 {cite}`olmo2024olmo2` in 2024, models
+# that have no preset in this sheet. The `ffn` column goes from a
 # GELU MLP to SwiGLU to experts; the `attention` column from full multi-head attention to
 # grouped queries, latent attention, windows and, in the hybrid, three Gated DeltaNet
 # layers per softmax layer. The largest vocabulary is {glue:text}`ch13-vocab-growth` times
