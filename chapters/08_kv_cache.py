@@ -64,7 +64,6 @@ import numpy as np
 import torch
 from IPython.display import HTML, Code
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullFormatter
 from torch.utils.flop_counter import FlopCounterMode
 
 from companion import COLORS
@@ -84,8 +83,8 @@ from companion.analysis.decode_cost import (
     projected_tokens,
     ridge_point,
 )
-from companion.bench.common import median_seconds
-from companion.device import default_device, describe
+from companion.bench.bandwidth import LAYOUTS, bench_kv_read, format_kv_read
+from companion.device import default_device, default_dtype, describe
 from companion.layers.kv_cache import KVCache, LatentCache, position_mask
 from companion.layers.mla import MultiHeadLatentAttention, bytes_per_token
 from companion.layers.rotary import RotaryEmbedding
@@ -632,10 +631,14 @@ for h_kv in (8, 4, 2, 1):
     )
 
 # %% [markdown]
-# The bytes one decode step reads per layer are the cache's own bytes, now exact and not a
-# formula: we build a `KVCache` for each variant at Llama 3's head shape (32 query heads of
-# width 128) with 4096 positions in fp32 and weigh its tensors. `expand_kv` would also
-# write and then read a copy $G$ times larger.
+# What must one decode step read per layer? At least its whole cache: every cached key
+# enters one score and every cached value one weighted sum. We build a `KVCache` for each
+# variant at Llama 3's head shape (32 query heads of width 128) with 4096 positions in
+# fp32 and check that its tensors hold the bytes `decode_attention_bytes` counts. That is
+# bookkeeping, not a measurement: the cache is allocated from the very shape the formula
+# multiplies out, so the two agree by construction, and neither says how many bytes
+# cross the memory bus or how long that takes (the next cell times it). `expand_kv`
+# would also write, and then read, a copy $G$ times larger.
 
 # %%
 S_STEP, D_STEP = 4096, 128
@@ -648,80 +651,114 @@ for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     )
     copy = expand_kv(cache_v.k, 32).nbytes + expand_kv(cache_v.v, 32).nbytes
     print(
-        f"{name}: {step_bytes[name] / MIB:5.0f} MiB read per layer and step; "
-        f"the repeated copy: {copy / MIB:.0f} MiB"
+        f"{name}: cache allocated {step_bytes[name] / MIB:5.0f} MiB = the formula's; "
+        f"repeated to 32 heads: {copy / MIB:.0f} MiB"
     )
 assert step_bytes["MHA"] == 4 * step_bytes["GQA"] == 32 * step_bytes["MQA"]
 for name, nbytes in step_bytes.items():
     glue(f"ch08-step-mib-{name.lower()}", f"{nbytes / MIB:.0f}", display=False)
 
 # %% [markdown]
-# Does time follow bytes? On a CPU we time one decode step's attention (one query per
-# head, batch 1, fp32) for the three variants with `grouped_attention`, and GQA once more
-# with its heads first repeated by `expand_kv`, as the easy implementation does. The times
-# depend on the machine that ran this notebook, and the notebook asserts nothing about them.
+# Does time follow bytes? If a step were limited by memory alone, its time would be the
+# bytes it moves divided by the machine's bandwidth, whatever the layout.
+# `companion.bench.bandwidth` tests that: it times one decode step's attention (batch 1,
+# one query for each of 32 heads of width 128) for the three layouts with
+# `grouped_attention`, and GQA once more with its heads first repeated by `expand_kv`, as
+# the easy implementation does, and sets the rate each achieves beside the bandwidth of
+# a large tensor copy measured in the same process. Every layout gets a cache of the same
+# size (so MQA holds 32 times MHA's positions), of 64 MiB and more: larger than this CPU's
+# 32 MiB last-level cache, which would otherwise serve small caches at a speed memory
+# cannot. Each layout is counted at the bytes it moves: the grouped forms read their
+# cache once; the repeated GQA reads its cache, writes an MHA-sized copy and reads that
+# copy back. The times belong to the machine that ran this notebook, and the notebook
+# asserts nothing about them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-LENGTHS = (512, 1024, 2048, 4096, 8192) + ((16384, 32768) if FULL else ())
-timed = {"MHA 32:32": 32, "GQA 32:8": 8, "MQA 32:1": 1, "GQA 32:8, heads repeated": 8}
-ms = {name: [] for name in timed}
-q_step = torch.randn(1, 32, 1, D_STEP, device=DEVICE)
-for s in LENGTHS:
-    for name, h_kv in timed.items():
-        k = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
-        v = torch.rand(1, h_kv, s, D_STEP, device=DEVICE)
-        if "repeated" in name:  # copy each K/V head to its 4 query heads, then attend
+CACHE_MIB = (64, 128) + ((256, 512, 1024) if FULL else ())  # K/V cache per layout
+kv_rows, copy_bps = bench_kv_read(CACHE_MIB, DEVICE, repeats=5)
+print(format_kv_read(kv_rows, copy_bps))
 
-            def fn(k=k, v=v):
-                return grouped_attention(q_step, expand_kv(k, 32), expand_kv(v, 32))
-
-        else:
-
-            def fn(k=k, v=v):
-                return grouped_attention(q_step, k, v)
-
-        ms[name].append(median_seconds(fn, DEVICE, 5) * 1e3)
-    del k, v
+# %% tags=["hide-input"]
+# NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-for j, (name, h_kv) in enumerate(timed.items()):
-    style = "--" if "repeated" in name else "o-"
-    axes[0].loglog(LENGTHS, ms[name], style, ms=4, color=PALETTE[j], label=name)
-    read = [
-        decode_attention_bytes(2 * h_kv * D_STEP, s, bytes_per_element=4) / MIB
-        for s in LENGTHS
-    ]
-    axes[1].loglog(read, ms[name], style, ms=4, color=PALETTE[j], label=name)
+width = 0.8 / len(CACHE_MIB)
+for j, name in enumerate(LAYOUTS):
+    mine = [r for r in kv_rows if r["layout"] == name]
+    style = dict(ls="--" if "repeated" in name else "-", marker="o", ms=4)
+    moved, times = [r["mib"] for r in mine], [r["ms"] for r in mine]
+    axes[0].loglog(moved, times, color=PALETTE[j], label=name, **style)
+    for i, r in enumerate(mine):  # one bar per cache size, lighter for smaller
+        alpha = 0.4 + 0.6 * (i + 1) / len(mine)
+        axes[1].bar(
+            j + (i - (len(mine) - 1) / 2) * width,
+            r["gbps"],
+            width * 0.9,
+            color=PALETTE[j],
+            alpha=alpha,
+        )
+span = np.array([min(r["mib"] for r in kv_rows), max(r["mib"] for r in kv_rows)])
+axes[0].loglog(span, span * MIB / copy_bps * 1e3, ":", color="grey", label="copy rate")
+axes[1].axhline(copy_bps / 1e9, color="grey", ls=":", label="copy rate")
 axes[0].set(
-    xlabel="cached positions s",
+    xlabel="bytes moved (MiB)",
     ylabel="ms per step (one layer)",
-    title="Time against context",
+    title="Time against bytes moved",
 )
-axes[0].set_xticks(LENGTHS, [f"{s:,}" for s in LENGTHS], minor=False)
-axes[0].xaxis.set_minor_formatter(NullFormatter())
 axes[1].set(
-    xlabel="cache bytes read (MiB)",
-    ylabel="ms per step (one layer)",
-    title="Time against bytes",
+    ylabel="GB/s (bytes moved ÷ time)",
+    title=f"Achieved rate; bars: K/V caches of {', '.join(map(str, CACHE_MIB))} MiB",
+    ylim=(0, None),
 )
+axes[1].set_xticks(range(len(LAYOUTS)), [n.replace(" rep", "\nrep") for n in LAYOUTS])
+axes[1].legend(fontsize=8)
 axes[0].legend(fontsize=8)
 fig.suptitle(
-    f"One decode step's attention, 32 query heads of width 128, fp32 on {DEVICE.type}"
+    f"One decode step's attention, 32 query heads of width 128, "
+    f"{default_dtype(DEVICE)} on {DEVICE.type}, {torch.get_num_threads()} thread(s)"
 )
 plt.show()
-for name in timed:
-    print(f"{name:<26}" + "  ".join(f"{t:7.2f} ms" for t in ms[name]))
+
+grouped = [r for r in kv_rows if "repeated" not in r["layout"]]
+share = max(r["of_copy"] for r in grouped)
+per_mib = [r["ms"] / r["mib"] for r in grouped]
+largest = {r["layout"]: r for r in kv_rows if r["cache_mib"] == CACHE_MIB[-1]}
+where = f"{DEVICE.type} with {torch.get_num_threads()} thread(s)"
+verdict = (
+    f"On the {where} that built this page, a decode step is not bandwidth-bound: "
+    "no layout comes near the rate of a plain copy."
+    if share < 0.5
+    else f"On the {where} that built this page, the steps come near the copy rate: "
+    "here time does follow bytes."
+)
+glue("ch08-bw-verdict", verdict, display=False)
+glue("ch08-copy-gbps", f"{copy_bps / 1e9:.0f}", display=False)
+glue("ch08-read-gbps-lo", f"{min(r['gbps'] for r in grouped):.1f}", display=False)
+glue("ch08-read-gbps-hi", f"{max(r['gbps'] for r in grouped):.1f}", display=False)
+glue("ch08-read-share", f"{share:.0%}", display=False)
+glue("ch08-ms-per-mib-spread", f"{max(per_mib) / min(per_mib):.0f}", display=False)
+glue("ch08-largest-mib", f"{CACHE_MIB[-1]:,}", display=False)
+repeated_over_mha = largest["GQA 32:8 repeated"]["ms"] / largest["MHA 32:32"]["ms"]
+glue("ch08-repeated-over-mha", f"{repeated_over_mha:.1f}", display=False)
 
 # %% [markdown]
-# On the left the variants separate by their number of K/V heads. On the right, plotted
-# against the bytes each reads, the three `grouped_attention` lines would lie on one
-# another if a step cost exactly what it reads; how close they come depends on the
-# machine, since fixed per-call costs weigh more at short contexts and a single K/V head
-# gives the CPU smaller matrix products to work on. The repeated-heads GQA (dashed) stores
-# a quarter of MHA's cache but then writes and reads an MHA-sized copy at every step, so we
-# expect it to be no faster than MHA, and slower wherever `repeat_interleave`, a gather
-# rather than a plain copy, is slow; the printed times show how it went on the machine
-# that built this page. Your machine's numbers will differ; the bytes will not.
+# On the left each layout sits at the bytes it moves, and the dotted line is where a step
+# would sit if it moved them at the copy rate; on the right, the rate each achieved.
+# {glue:text}`ch08-bw-verdict` A plain copy moved {glue:text}`ch08-copy-gbps` GB/s in the
+# same process; the grouped steps moved their caches at {glue:text}`ch08-read-gbps-lo` to
+# {glue:text}`ch08-read-gbps-hi` GB/s, at most {glue:text}`ch08-read-share` of that, and
+# their milliseconds per MiB differ {glue:text}`ch08-ms-per-mib-spread`-fold from one
+# layout and size to another. What sets the time instead, the table does not measure;
+# the candidates are arithmetic and the fixed costs of each call: in fp32, MQA asks 16
+# FLOPs of every byte it reads (32 query heads on each key), MHA half a FLOP. The
+# roofline of the previous section is about chips whose arithmetic outruns their memory
+# by hundreds of FLOPs per byte (the H100's ridge point is {glue:text}`ch08-ridge`), so a
+# CPU core neither confirms nor refutes it. `python -m companion.bench bandwidth --device
+# cuda` makes the same table on a GPU; this page claims nothing from a run it did not
+# make. The repeated GQA (dashed) moves its quarter-size cache plus an MHA-sized copy,
+# written and read back, nine times its own cache and more than MHA, and with
+# {glue:text}`ch08-largest-mib` MiB caches it took {glue:text}`ch08-repeated-over-mha`
+# times MHA's time here: storing less saves nothing if each step rebuilds the full cache.
 #
 # ## Multi-head latent attention
 #
@@ -734,10 +771,12 @@ for name in timed:
 # $$c_t = W^{DKV} h_t \in \mathbb{R}^{r}, \qquad k^{(i)}_t = W^{UK}_i c_t, \qquad
 # v^{(i)}_t = W^{UV}_i c_t .$$
 #
-# DeepSeek-V3 has $r = 512$ for a model width of 7168 and 128 heads of width 128: a latent
-# the size of two heads' keys. Only $c_t$ is cached. And the up-projections never have to
-# be applied to the cache, because each can move to the other side of its product. For
-# head $i$ with query $q^{(i)}$,
+# DeepSeek-V3 has $r = 512$ for a model width of 7168 and 128 heads whose keys and values
+# are 128 wide (each key also has a 64-wide rotated part, below): the latent is as large
+# as four such vectors, the keys and values of two heads, and stands in for those of all
+# 128. Only $c_t$ is cached. And the up-projections never have to be applied to the
+# cache, because each can move to the other side of its product. For head $i$ with
+# query $q^{(i)}$,
 #
 # $$q^{(i)\top} k^{(i)}_t = q^{(i)\top} W^{UK}_i c_t
 #   = \big(W^{UK\top}_i q^{(i)}\big)^{\top} c_t,
@@ -1141,15 +1180,15 @@ glue("fig-kv-cache", HTML(animate(fig, draw_kv, len(CONTEXTS), interval_ms=600))
 #
 # ## The fast decode path
 #
-# Reading fewer bytes per step is also what makes decoding fast on a CPU, where
-# `companion` runs its real-weights benchmark. A decode step of `DecoderLM` has the same
-# shapes at every position: each layer's cache is a buffer preallocated for the whole
-# generation and written at the new token's position `input_pos`, and attention reads all
-# of it through a mask built from the position each slot holds (`-1` while empty). This is
-# gpt-fast's design, and it turns one step into a fixed graph: `torch.compile` compiles
-# the model's own blocks once and reuses the result at every position. `generate` is
-# built from `prefill`, `decode_one_token`, `decode_n_tokens` and `sample`; here are the
-# step and the cache write it relies on:
+# Bytes are also the yardstick for a whole decode step, weights included, and
+# `companion`'s real-weights benchmark holds its loops to it. A decode step of
+# `DecoderLM` has the same shapes at every position: each layer's cache is a buffer
+# preallocated for the whole generation and written at the new token's position
+# `input_pos`, and attention reads all of it through a mask built from the position each
+# slot holds (`-1` while empty). This is gpt-fast's design, and it turns one step into a
+# fixed graph: `torch.compile` compiles the model's own blocks once and reuses the
+# result at every position. `generate` is built from `prefill`, `decode_one_token`,
+# `decode_n_tokens` and `sample`; here are the step and the cache write it relies on:
 
 # %%
 Code(
@@ -1181,10 +1220,11 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 # measured on the same machine: one token must read every weight once, so no decoder can
 # beat copy bandwidth ÷ weight bytes tokens per second; it also times the weights'
 # matrix-vector products alone (the *matmul floor*). Run it to see where your machine's
-# loops fall. The bound is the right yardstick for this chapter's reason once more: at
-# batch 1 the weights, like the cache, are read for two FLOPs per number, so a decode step
-# is memory-bound, and we expect a fast path to win by doing little besides the reads it
-# must do.
+# loops fall. The bound is the yardstick for this chapter's reason once more: at batch 1
+# the weights, like the cache, are read for two FLOPs per number, so on a chip whose
+# arithmetic outruns its memory a decode step is memory-bound, and a fast path should win
+# by doing little besides the reads it must do. Whether a given machine is such a chip is
+# what the bench's fraction of the bound, like the table above, shows.
 #
 # ## Summary
 #
@@ -1203,10 +1243,15 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 #   {glue:text}`ch08-ridge`. MHA sits at 1, GQA 32:8 at {glue:text}`ch08-gqa-intensity`,
 #   MQA at {glue:text}`ch08-mqa-intensity`, DeepSeek's absorbed MLA at
 #   {glue:text}`ch08-mla-intensity`.
-# - `grouped_attention` equals attention on repeated heads without the copy; one step's
-#   cache read per layer at 4096 positions is {glue:text}`ch08-step-mib-mha`,
-#   {glue:text}`ch08-step-mib-gqa` and {glue:text}`ch08-step-mib-mqa` MiB (fp32) for MHA,
-#   GQA, MQA.
+# - `grouped_attention` equals attention on repeated heads without the copy. One step
+#   must read at least its whole cache: per layer at 4096 positions
+#   {glue:text}`ch08-step-mib-mha`, {glue:text}`ch08-step-mib-gqa` and
+#   {glue:text}`ch08-step-mib-mqa` MiB (fp32) for MHA, GQA, MQA, the formula's bytes and
+#   the allocated cache's (a bookkeeping check, not a measured traffic).
+# - Whether time follows those bytes is a property of the machine, timed and not
+#   asserted: on the one that built this page the grouped steps reached at most
+#   {glue:text}`ch08-read-share` of a plain copy's rate. `python -m companion.bench
+#   bandwidth` measures it anywhere.
 # - MLA caches a latent of rank $r$ plus a decoupled RoPE key; $W^{UK}$ and $W^{UV}$ fold
 #   into the query and output, but RoPE does not ($R_n W \neq W R_n$). Naive and absorbed
 #   forms agree to $10^{-12}$, the cache holds $r + d_R$ numbers per token and layer.

@@ -187,3 +187,35 @@ def test_kda_hf_columns_are_transformers_torch_code_or_a_note(monkeypatch):
     rows = kda.bench_kda([16], 1, 4, torch.device("cpu"), repeats=1, chunk_size=8)
     assert math.isnan(rows[0]["hf_chunk_ms"]) and rows[0]["recurrent_ms"] > 0
     assert "transformers is not installed, skipped" in kda.format_kda(rows)
+
+
+def test_bandwidth_prints_one_row_per_length_and_layout(capsys):
+    argv = ["bandwidth", "--device", "cpu", "--cache-mib", "1", "2", "--head-dim", "8"]
+    main([*argv, "--copy-mib", "1", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "copy bandwidth (read + write):" in out and "GB/s" in out
+    header = next(
+        line for line in out.splitlines() if line.split()[:2] == ["cache", "layout"]
+    )
+    for column in ("S", "MiB moved", "ms", "GB/s", "of copy", "GFLOP/s"):
+        assert column in header
+    rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    layouts = ["MHA 32:32", "GQA 32:8", "MQA 32:1", "GQA 32:8 repeated"]
+    assert [(r[0], " ".join(r[1:-6])) for r in rows] == [
+        (mib, name) for mib in ("1", "2") for name in layouts
+    ]
+    # equal caches: S = 1 MiB / (2 · H_kv · D · 4 bytes); the repeated GQA keeps GQA's
+    assert [int(r[-6]) for r in rows[:4]] == [512, 2048, 16384, 2048]
+    assert all(r[-2].endswith("%") for r in rows)
+
+
+def test_bandwidth_counts_the_cache_and_the_repeated_copy():
+    from companion.analysis.decode_cost import decode_attention_bytes
+    from companion.bench.bandwidth import moved_bytes
+    from companion.ops.grouped import expand_kv
+
+    k = torch.zeros(1, 8, 64, 16)  # (B, H_kv, S, D): K, and V of the same size
+    grouped = moved_bytes(32, 8, 64, 16, 4)
+    assert grouped == 2 * k.nbytes == decode_attention_bytes(2 * 8 * 16, 64, 1, 4)
+    copy = 2 * expand_kv(k, 32).nbytes  # the repeated K and V, written then read
+    assert moved_bytes(32, 8, 64, 16, 4, repeated=True) == grouped + 2 * copy

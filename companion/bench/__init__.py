@@ -18,7 +18,16 @@ from .common import median_seconds, positive_int, sync
 
 __all__ = ["BENCHMARKS", "main", "median_seconds", "positive_int", "sync"]
 
-BENCHMARKS = ("attention", "decode", "moe", "deltanet", "kda", "mla", "sparse")
+BENCHMARKS = (
+    "attention",
+    "decode",
+    "bandwidth",
+    "moe",
+    "deltanet",
+    "kda",
+    "mla",
+    "sparse",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
