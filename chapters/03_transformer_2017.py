@@ -177,10 +177,13 @@ for part, n in model.param_breakdown().items():
 print(f"{'total':<22} {model.num_params():>8,}")
 
 # %% [markdown]
-# Why multiply the embeddings by $\sqrt{d}$? Sharing forces one matrix $E$ to be good at
+# Why multiply the embeddings by $\sqrt{d}$? The paper states the factor and gives no
+# reason {cite}`vaswani2017attention`; the explanation that follows is this book's own
+# reading, checked on our model below. Sharing forces one matrix $E$ to be good at
 # both ends. At the output, the logits are $h E^\top$ with $h$ coming out of a LayerNorm
 # (entries of size about 1), so $E$ must have entries of size about $1/\sqrt{d}$ for the
-# logits to start near 1 — and that is how it is initialised. At the input the same rows
+# logits to start near 1 — and that is how this book initialises it (the paper names no
+# initialisation). At the input the same rows
 # then have norm about 1, while a sinusoidal position vector has norm exactly
 # $\sqrt{d/2}$ (each sine-cosine pair contributes $\sin^2 + \cos^2 = 1$): unscaled, the
 # position would drown the token. Multiplying by $\sqrt{d}$ puts the two on the same scale.
@@ -955,7 +958,8 @@ glue("ch03-small-untied", f"{vocab.vocab_size * d:,}", display=False)
 #   (causal self-attention + cross-attention to the encoder + FFN), each sublayer wrapped
 #   as $\mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$.
 # - One embedding table serves source, target and output; scaling its rows by $\sqrt{d}$
-#   puts tokens on the scale of the sinusoidal positions, whose shifts are rotations.
+#   puts tokens on the scale of the sinusoidal positions, whose shifts are rotations
+#   (the paper gives no reason for the factor; this one is the book's, measured above).
 # - The recipe — Adam (0.9, 0.98, 1e-9), linear warmup then $1/\sqrt{\text{step}}$, label
 #   smoothing 0.1, teacher forcing — trains our small model to translate unseen numbers
 #   into words in {glue:text}`ch03-steps` steps: {glue:text}`ch03-em-greedy` exact match
