@@ -176,9 +176,12 @@ assert (
 #
 # $$\mathrm{GELU}(x) \approx \tfrac12\, x\,\Big(1 + \tanh\big(\sqrt{2/\pi}\,(x + 0.044715\,x^3)\big)\Big).$$
 #
-# SiLU was proposed for reinforcement learning {cite}`elfwing2018sigmoid` and found again
-# by an automated search over activation functions, which called it Swish
-# {cite}`ramachandran2017searching`; the "Sw" of SwiGLU is that Swish. All three have the form $x \cdot F(x)$ with $F$ rising from 0 to 1.
+# The name SiLU, sigmoid linear unit, comes from the same GELU paper, which wrote down
+# $x\,\sigma(x)$ next to the GELU {cite}`hendrycks2016gaussian`. Elfwing et al. then used
+# it in reinforcement learning {cite}`elfwing2018sigmoid`, and an automated search over
+# activation functions found it again and called it Swish
+# {cite}`ramachandran2017searching`; the "Sw" of SwiGLU is that Swish. All three have the
+# form $x \cdot F(x)$ with $F$ rising from 0 to 1.
 # We plot them and, with autograd, their derivatives, and check the definitions against
 # PyTorch's kernels (in float64):
 
@@ -1048,9 +1051,14 @@ plt.show()
 #
 # Shazeer's gains were measured on a T5-base-sized model trained for hundreds of
 # thousands of steps, and even there they were small, a few hundredths in held-out
-# log-perplexity {cite}`shazeer2020glu`. SwiGLU spread because it was at least as good,
-# cost nothing at parity, and the large labs that tried it kept it, not because a
-# mechanism was proven. The product task shows what a gate *can* do that an MLP cannot
+# log-perplexity {cite}`shazeer2020glu`. A later study re-implemented many proposed
+# Transformer modifications in one shared setting and found that most did not
+# meaningfully help; the GLU variants were among the few that did
+# {cite}`narang2021transformer`. Their shared setting was the T5 codebase, the one
+# Shazeer's experiments had used, and the authors note that most of the variants they
+# found beneficial had been developed there. SwiGLU spread because it was at
+# least as good, cost nothing at parity, and the large labs that tried it kept it, not
+# because a mechanism was proven. The product task shows what a gate *can* do that an MLP cannot
 # do cheaply; how much of that a language model uses is still an open question.
 #
 # ## Summary
