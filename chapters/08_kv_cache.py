@@ -723,7 +723,12 @@ grouped = [r for r in kv_rows if "repeated" not in r["layout"]]
 share = max(r["of_copy"] for r in grouped)
 per_mib = [r["ms"] / r["mib"] for r in grouped]
 largest = {r["layout"]: r for r in kv_rows if r["cache_mib"] == CACHE_MIB[-1]}
-where = f"{DEVICE.type} with {torch.get_num_threads()} thread(s)"
+n_threads = torch.get_num_threads()
+where = (
+    f"CPU ({n_threads} thread{'s' * (n_threads > 1)})"
+    if DEVICE.type == "cpu"
+    else DEVICE.type.upper()
+)
 verdict = (
     f"On the {where} that built this page, a decode step is not bandwidth-bound: "
     "no layout comes near the rate of a plain copy."
