@@ -74,7 +74,7 @@ help:
 	@echo "make book       strict HTML build into _build/html"
 	@echo "make test       ruff, unit tests, nbval over the chapters, book build, browser check"
 	@echo "make lab        JupyterLab on chapters/ (jupytext keeps .ipynb and .py paired)"
-	@echo "make bench      python -m companion.bench attention, decode, moe, deltanet, kda, mla, sparse"
+	@echo "make bench      python -m companion.bench attention, decode, bandwidth, moe, deltanet, kda, mla, sparse"
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
 	@echo "make full       every chapter with FULL = True outside Jupyter, timed (use a GPU)"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
@@ -177,6 +177,7 @@ full: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m companion.bench attention
 	$(BIN)/python -m companion.bench decode
+	$(BIN)/python -m companion.bench bandwidth
 	$(BIN)/python -m companion.bench moe
 	$(BIN)/python -m companion.bench deltanet
 	$(BIN)/python -m companion.bench kda

@@ -3,6 +3,11 @@ loop equal the uncached forward, token for token and logit for logit."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -16,6 +21,7 @@ from companion.models.generation import (
     prefill,
     sample,
 )
+from companion.numerics import PINNED_ENV
 
 LLAMA_LIKE = dict(
     vocab_size=61,
@@ -155,3 +161,38 @@ def test_compiled_decode_step_generates_the_uncached_tokens():
         ids = torch.randint(0, 61, (batch, prompt), generator=gen)
         want = model.generate(ids, new, use_cache=False)
         assert torch.equal(model.generate(ids, new, compile=True), want)
+
+
+COMPILED_RUN = textwrap.dedent(
+    """
+    from companion.numerics import pin_cpu_path
+
+    pin_cpu_path()  # the pinned path unless COMPANION_NUMERICS=native
+    import torch
+    from companion.models.config import ModelConfig
+    from companion.models.decoder import DecoderLM
+
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(**{cfg!r})).eval()
+    gen = torch.Generator().manual_seed(1)
+    for batch, prompt, new in ((1, 5, 6), (2, 3, 4), (1, 5, 6)):
+        ids = torch.randint(0, 61, (batch, prompt), generator=gen)
+        want = model.generate(ids, new, use_cache=False)
+        assert torch.equal(model.generate(ids, new, compile=True), want), (batch, new)
+    """
+)
+
+
+def test_compiled_decode_step_is_safe_on_both_numerical_paths(tmp_path):
+    """Fresh processes alternate the native and the pinned path over one Inductor
+    cache: code generated for one vector width must never run built for the other
+    (that corrupted the heap, or left NaN in the logits)."""
+    code = COMPILED_RUN.format(cfg=LLAMA_LIKE | {"n_layers": 1})
+    base = {k: v for k, v in os.environ.items() if k not in PINNED_ENV}
+    base["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    for path in ("native", "pinned", "native", "pinned"):
+        env = base | {"COMPANION_NUMERICS": path}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, f"{path}: {run.stderr[-2000:]}"

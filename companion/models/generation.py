@@ -115,12 +115,30 @@ def decode_one_token(
 _compiled_step = None
 
 
+def _inductor_options() -> dict[str, int]:
+    """The CPU vector width the generated C++ is built for, stated in the options.
+
+    Inductor picks the vector ISA at run time (``ATEN_CPU_CAPABILITY`` lowers it: the
+    pinned numerical path asks for AVX2 on an AVX-512 CPU), but its on-disk cache of
+    generated code is not keyed on that choice. A process on one path would reuse code
+    written for the other's vector width: 8-lane code built as AVX-512 stores 16 floats
+    per 8 and corrupts the heap; 16-lane code built as AVX2 leaves lanes unwritten
+    (NaN). Stated, the width enters the cache key, and each path gets its own code.
+    """
+    from torch._inductor import cpu_vec_isa
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    return {"cpp.simdlen": isa.nelements()} if isa else {}
+
+
 def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_token
     global _compiled_step
     if not compile:
         return decode_one_token
     if _compiled_step is None:
-        _compiled_step = torch.compile(decode_one_token, dynamic=False)
+        _compiled_step = torch.compile(
+            decode_one_token, dynamic=False, options=_inductor_options()
+        )
     return _compiled_step
 
 
