@@ -18,11 +18,14 @@
 #
 # Attention compares every token with every other and has no notion of which came first.
 # The 2017 model fixed that by adding a sinusoid to each token's embedding
-# {cite}`vaswani2017attention`; GPT-2 and BERT learned a table of position vectors instead.
-# Both put the position in once, at the bottom of the stack. Since 2021 almost every large
-# language model has done something else: it *rotates* each query and key by an angle
-# proportional to its position, inside every attention layer, so that the score between
-# two tokens can depend only on how far apart they are {cite}`su2024roformer`. This
+# {cite}`vaswani2017attention`; GPT-1, BERT and GPT-2 learned a table of position vectors
+# instead. Both put the position in once, at the bottom of the stack. Since 2021 most
+# large language models have done something else: they *rotate* each query and key by an
+# angle proportional to its position, inside every attention layer, so that the score
+# between two tokens can depend only on how far apart they are {cite}`su2024roformer`.
+# The large exception is ALiBi {cite}`press2022train`, a penalty on each attention score
+# that grows with the distance, used by BLOOM {cite}`bigscience2022bloom` and MPT
+# {cite}`mosaicml2023mpt`. This
 # chapter derives that rotation (RoPE) from the one property we want, checks it
 # numerically, and then measures what each scheme does when a model meets a longer text
 # than it was trained on: we train four small models on 64 characters of Shakespeare and
@@ -75,7 +78,7 @@ from companion.analysis.extrapolation import (
     train_short,
     with_rope,
 )
-from companion.analysis.seeds import compare, spread
+from companion.analysis.seeds import difference, spread, t_quantile
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.positions import LearnedPositions
@@ -151,11 +154,14 @@ assert (
 # {doc}`Chapter 3 <03_transformer_2017>` (*The 2017 model end to end*) showed the reason for this choice: moving $k$ places is a fixed rotation of every
 # (sin, cos) pair, the same linear map whatever the starting position.
 #
-# **2018–2020: learn a table.** GPT-2 and BERT replaced the sinusoid by a learned matrix
-# $P \in \mathbb{R}^{S_\text{max} \times d}$, row $m$ added to the token at position $m$
-# {cite}`radford2019language` {cite}`devlin2019bert`. It is simple (the 2017 paper had
-# already found it as good as the sinusoid inside the trained length), and it has a hard
-# edge: row $S_\text{max}$ does not exist. GPT-2 could
+# **2017–2020: learn a table.** A learned matrix $P \in \mathbb{R}^{S_\text{max} \times
+# d}$, row $m$ added to the token at position $m$, is as old as the sinusoid: the
+# convolutional translator ConvS2S used one {cite}`gehring2017convolutional`, and the 2017
+# paper tried it and found it as good as the sinusoid inside the trained length
+# {cite}`vaswani2017attention`. GPT-1 chose it over the sinusoid
+# {cite}`radford2018improving`, and BERT and GPT-2 kept it {cite}`devlin2019bert`
+# {cite}`radford2019language`. It is simple, and it has a hard edge: row $S_\text{max}$
+# does not exist. GPT-2 could
 # not read a 1025th token at all. `companion` says so rather than index out of range:
 
 # %%
@@ -665,9 +671,6 @@ assert (
 )  # ...gradually
 assert abs(far["none"] - inside["none"]) < 0.1  # NoPE is flat...
 assert abs(inside["none"] - bigram_loss) < 0.1  # ...at about the bigram table's loss
-assert (
-    inside["rope"] < min(inside["sinusoidal"], inside["learned"], inside["none"]) - 0.03
-)
 glue("ch05-bigram", f"{bigram_loss:.2f}", display=False)
 for s_ in ("sinusoidal", "rope", "none"):
     for lo, hi in ((32, 64), (64, 128), (256, 512)):
@@ -682,8 +685,8 @@ for s_ in ("sinusoidal", "rope", "none"):
 #   64–127). Its position vectors for
 #   64–511 are well defined, but training never added them to a token, and the model has
 #   learned nothing about what they mean.
-# - **RoPE** is the best model inside the trained range and degrades *gradually* past
-#   it: from {glue:text}`ch05-rope-32` at 32–63 to {glue:text}`ch05-rope-64` at 64–127
+# - **RoPE** has the lowest loss inside the trained range in this run and degrades
+#   *gradually* past it: from {glue:text}`ch05-rope-32` at 32–63 to {glue:text}`ch05-rope-64` at 64–127
 #   and {glue:text}`ch05-rope-256` by 256–511. Offsets it has never seen appear from
 #   position 64 on, but at first they are a minority of the keys; at position 500, seven
 #   keys in eight are further away than anything in training.
@@ -694,12 +697,12 @@ for s_ in ("sinusoidal", "rope", "none"):
 #   it has little to lose. NoPE models do learn order when trained long enough (the
 #   references above); the cheap version of that lesson comes at the end of the chapter.
 #
-# These are the results of one seed per scheme. The asserts check only the large gaps (a
-# few tenths of a nat, or RoPE's lead inside the trained range), but the exact numbers
-# will move with the seed, and the page does not measure by how much. The gaps past the
-# trained length are large enough to trust; RoPE's few hundredths of a nat inside it are
-# not a ranking of the schemes (the probe at the end of the chapter, with seeds, ranks
-# them differently).
+# These are the results of one seed per scheme. The asserts check only the large gaps, a
+# few tenths of a nat past the trained length, but the exact numbers will move with the
+# seed, and the page does not measure by how much. RoPE's lead of a few hundredths of a
+# nat inside the trained range is not asserted and is not a ranking of the schemes: with
+# one seed after 300 steps it measures how fast each model converged (the probe at the
+# end of the chapter, with seeds, ranks them differently).
 #
 # Is RoPE's decline caused by the unseen offsets, or simply by having eight times more
 # keys to spread attention over? One test separates the two: let the same trained model
@@ -827,7 +830,7 @@ fastest_turns = TRAIN_LEN * base_inv[0].item() / (2 * math.pi)
 glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 
 # %% [markdown]
-# At this scale none of the three rescues the model. **Linear interpolation** is the
+# At this scale, applied without fine-tuning, none of the three rescues the model. **Linear interpolation** is the
 # worst: squeezing the fast hands makes the previous character look $1/s$ of a character
 # away, and the model can no longer read its nearest neighbours. Chen et al. follow the
 # interpolation with a short fine-tune (up to a thousand steps), in which the model
@@ -841,7 +844,8 @@ glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 # Neither comes near the windowed model. Two things are against them in this toy: a
 # 64-character training length is so short that no pair turns within it the 32 times YaRN
 # asks of a pair it leaves alone (our fastest turns {glue:text}`ch05-fastest-turns`
-# times), and both methods work best followed by a short fine-tune at the longer length.
+# times; the end of the probe section counts the pairs), and both methods work best
+# followed by a short fine-tune at the longer length, which we do not give them.
 # Released long-context recipes mostly pair the change with training on long documents
 # (Code Llama's base of $10^6$, Llama 3.1's `llama3` scaling, YaRN in Olmo 3); Qwen3
 # applies YaRN at inference without training, but by a factor of 4 on a model already
@@ -1068,8 +1072,10 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # length. We train the five schemes on sequences of **32 tokens** and test them at 32
 # (inside), 64, 128, 256 and 512 (2× to 16×), scoring positions $T/2$ to $T-1$ of each
 # length, like the bands of the tables above. On top of RoPE we apply linear, NTK and YaRN
-# rescaling at test time with $s = T/32$, to the very same weights. Every scheme is trained
-# with {glue:text}`ch05-cp-nseeds` seeds, paired: seed $i$ sets the model's initialisation
+# rescaling at test time with $s = T/32$, to the very same weights. RoPE and the hybrid,
+# whose comparison past the trained length is the headline, are trained with
+# {glue:text}`ch05-cp-nhead` seeds, the other schemes with {glue:text}`ch05-cp-nfew` (the
+# CPU budget of this page). The runs are paired: seed $i$ sets the model's initialisation
 # and the batches, which are the same for every scheme. The recipe is one for all and was
 # tuned on RoPE alone: learning rate $10^{-2}$, 300 steps, an initialisation of standard
 # deviation 0.1 (the sinusoidal model's; with the default 0.02, 300 to 400 steps left
@@ -1091,8 +1097,10 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 
 # %%
 PROBE = {"train_len": 32, "periods": (2, 6), "vocab": 32, "batch": 32, "lr": 1e-2}
-PROBE |= {"steps": 1000, "seeds": (0, 1, 2, 3, 4)} if FULL else {"steps": 300}
-PROBE_SEEDS = PROBE.get("seeds", (0, 1, 2))
+PROBE |= {"steps": 1000} if FULL else {"steps": 300}
+PROBE_SEEDS = (0, 1, 2, 3, 4)  # RoPE and the hybrid, the headline, get all five
+FEW_SEEDS = PROBE_SEEDS if FULL else PROBE_SEEDS[:3]  # the other schemes three
+HEADLINE = ("rope", "hybrid")
 PROBE_WIDTH = {"d_model": 64 if FULL else 32, "n_layers": 2, "n_heads": 2}
 PROBE_LENS = [32, 64, 128, 256, 512]  # the first is the trained length
 PROBE_MAX = PROBE_LENS[-1]
@@ -1139,8 +1147,8 @@ probe_sets = {
 }
 
 
-def band_accuracy(model: DecoderLM, T: int) -> float:
-    x, y = probe_sets[T]
+def band_accuracy(model: DecoderLM, T: int, sets: dict = probe_sets) -> float:
+    x, y = sets[T]
     y = y.clone()
     y[:, : T // 2] = IGNORE  # score the second half of the sequence only
     per, counts = position_accuracy(model, x, y), (y != IGNORE).sum(0).double()
@@ -1157,7 +1165,7 @@ PROBE_SCHEMES = {
 STRETCH = {"linear": "RoPE + linear", "ntk": "RoPE + NTK", "yarn": "RoPE + YaRN"}
 acc = {name: {T: [] for T in PROBE_LENS} for name in [*PROBE_SCHEMES, *STRETCH]}
 for seed in PROBE_SEEDS:
-    for scheme in PROBE_SCHEMES:
+    for scheme in [s for s in PROBE_SCHEMES if seed in FEW_SEEDS or s in HEADLINE]:
         model = probe_model(scheme, seed)
         for T in PROBE_LENS:
             acc[scheme][T].append(band_accuracy(model, T))
@@ -1189,7 +1197,9 @@ def yardsticks(x: torch.Tensor, y: torch.Tensor, T: int) -> tuple[float, float]:
 floor, copy_one = zip(*(yardsticks(*probe_sets[T], T) for T in PROBE_LENS), strict=True)
 copy_acc = {name: {T: spread(v) for T, v in row.items()} for name, row in acc.items()}
 labels = {**PROBE_SCHEMES, **STRETCH}
-print(f"copy accuracy on positions [T/2, T), mean ± sd over seeds {PROBE_SEEDS}")
+print("copy accuracy on positions [T/2, T), mean ± sd over seeds:")
+print(f"{len(PROBE_SEEDS)} for RoPE, its rescalings and the hybrid,",
+      f"{len(FEW_SEEDS)} for the rest")  # fmt: skip
 print(f"{'test length T':>24}" + "".join(f"{T:>12}" for T in PROBE_LENS))
 for name, row in copy_acc.items():
     cells = "".join(f"{row[T].format(2):>12}" for T in PROBE_LENS)
@@ -1202,72 +1212,82 @@ print(f"{'chance':>24}{1 / PROBE['vocab']:>12.2f} at every length")
 IN, FAR = PROBE_LENS[0], PROBE_LENS[-1]
 floor_at = dict(zip(PROBE_LENS, floor, strict=True))
 copy_at = dict(zip(PROBE_LENS, copy_one, strict=True))
-verdicts = {  # +1: the first is higher beyond the spread, 0: the seeds cannot tell
-    f"RoPE at {IN} vs NoPE at {IN}": compare(acc["rope"][IN], acc["none"][IN]),
-    f"RoPE at {IN} vs RoPE at {FAR}": compare(acc["rope"][IN], acc["rope"][FAR]),
-    f"hybrid at {FAR} vs RoPE at {FAR}": compare(acc["hybrid"][FAR], acc["rope"][FAR]),
-    f"hybrid at {IN} vs hybrid at {FAR}": compare(
-        acc["hybrid"][IN], acc["hybrid"][FAR]
-    ),
-    f"hybrid at {IN} vs RoPE at {IN}": compare(acc["hybrid"][IN], acc["rope"][IN]),
-    f"learned at {IN} vs RoPE at {IN}": compare(acc["learned"][IN], acc["rope"][IN]),
-    f"RoPE at {IN} vs sinusoidal at {IN}": compare(
-        acc["rope"][IN], acc["sinusoidal"][IN]
-    ),
+claims = {  # name: (first row, its length, second row, its length)
+    "RoPE, 32 − 512": ("rope", IN, "rope", FAR),
+    "hybrid − RoPE, at 512": ("hybrid", FAR, "rope", FAR),
+    "hybrid, 32 − 512": ("hybrid", IN, "hybrid", FAR),
+    "hybrid − RoPE, at 32": ("hybrid", IN, "rope", IN),
+    "learned − RoPE, at 32": ("learned", IN, "rope", IN),
+    "learned, 32 − 64": ("learned", IN, "learned", 64),
 }
 for method, label in STRETCH.items():
     for T in PROBE_LENS[1:]:
-        verdicts[f"{label} vs RoPE at {T}"] = compare(acc[method][T], acc["rope"][T])
-for claim, v in verdicts.items():
-    print(f"{claim:<36} {v:+d}")
-assert verdicts[f"RoPE at {IN} vs NoPE at {IN}"] == 1  # the copy needs order...
-assert abs(copy_acc["rope"][IN].mean - copy_at[IN]) < 0.05  # ...and RoPE learns it
-assert verdicts[f"RoPE at {IN} vs RoPE at {FAR}"] == 1  # RoPE falls past its length
-assert verdicts[f"hybrid at {FAR} vs RoPE at {FAR}"] == 1  # the hybrid does not...
-assert verdicts[f"hybrid at {IN} vs hybrid at {FAR}"] == 0  # ...it is flat to 16×
-assert verdicts[f"learned at {IN} vs RoPE at {IN}"] == 1  # the best copier inside...
-assert all(  # ...and, past its trained rows, no better than a guess without order
+        claims[f"{label} − RoPE, at {T}"] = (method, T, "rope", T)
+diffs, n_paired = {}, {}
+print(f"{'paired difference':<28}{'seeds':>6}{'mean ± 95 % half-width':>24}", "verdict")
+for claim, (a, Ta, b, Tb) in claims.items():
+    n_paired[claim] = n = min(len(acc[a][Ta]), len(acc[b][Tb]))  # seeds 0 .. n − 1
+    diffs[claim] = d = difference(acc[a][Ta][:n], acc[b][Tb][:n])
+    print(f"{claim:<28}{n:>6}{d.format(3):>24}{d.verdict:>+8d}")
+verdict = {claim: d.verdict for claim, d in diffs.items()}
+assert verdict["RoPE, 32 − 512"] == 1  # RoPE falls past its trained length...
+assert verdict["hybrid − RoPE, at 512"] == 1  # ...the hybrid far less:
+assert diffs["hybrid, 32 − 512"].high < 0.1  # its drop to 16× is under a tenth
+assert verdict["hybrid − RoPE, at 32"] <= 0  # never the better copier inside
+assert min(copy_acc[s][IN].mean for s in ("learned", "rope")) > 0.9  # both learned
+assert verdict["learned, 32 − 64"] == 1  # the table's untrained rows...
+assert all(  # ...give no better than a guess without order
     abs(copy_acc["learned"][T].mean - floor_at[T]) < 0.05 for T in PROBE_LENS[1:]
 )
-assert all(abs(copy_acc["none"][T].mean - floor_at[T]) < 0.05 for T in PROBE_LENS)
-assert verdicts[f"RoPE at {IN} vs sinusoidal at {IN}"] == 1
-assert compare(acc["sinusoidal"][IN], acc["sinusoidal"][128]) == 1
-assert all(
-    abs(copy_acc["sinusoidal"][T].mean - floor_at[T]) < 0.05 for T in PROBE_LENS[2:]
-)
-inside_verdict = verdicts[f"hybrid at {IN} vs RoPE at {IN}"]
-assert inside_verdict <= 0  # the hybrid is never the better copier inside
-glue(
-    "ch05-cp-hybrid-inside",
-    "below RoPE's beyond the spread"
-    if inside_verdict < 0
-    else "below RoPE's by about the seeds' spread, and three seeds cannot separate them "
-    "(a null)",
-    display=False,
-)
-stretch_verdicts = {
-    (method, T): compare(acc[method][T], acc["rope"][T])
-    for method in STRETCH
-    for T in PROBE_LENS[1:]
-}
-assert all(v <= 0 for v in stretch_verdicts.values())  # no rescaling ever helps...
-assert stretch_verdicts["linear", 64] == -1  # ...and interpolation hurts at once
-n_null = sum(
-    stretch_verdicts[m, T] == 0 for m in ("ntk", "yarn") for T in PROBE_LENS[1:]
-)
+stretch = {(m, T): verdict[f"{lab} − RoPE, at {T}"]
+           for m, lab in STRETCH.items() for T in PROBE_LENS[1:]}  # fmt: skip
+assert all(v <= 0 for v in stretch.values())  # no rescaling helps in this regime...
+assert stretch["linear", 64] == -1  # ...and interpolation hurts at once
+
+
+# %% tags=["hide-input"]
+n_null = sum(stretch[m, T] == 0 for m in ("ntk", "yarn") for T in PROBE_LENS[1:])
 glue("ch05-cp-stretch-null", f"{n_null}", display=False)
 glue("ch05-cp-stretch-cells", f"{2 * len(PROBE_LENS[1:])}", display=False)
+glue("ch05-cp-nverdicts", f"{len(diffs)}", display=False)
+glue("ch05-cp-false", f"{0.05 * len(diffs):.1f}", display=False)
+glue("ch05-t3", f"{t_quantile(0.95, 2):.2f}", display=False)
+glue("ch05-t5", f"{t_quantile(0.95, 4):.2f}", display=False)
+glue("ch05-cp-nhead", f"{len(PROBE_SEEDS)}", display=False)
+glue("ch05-cp-nfew", f"{len(FEW_SEEDS)}", display=False)
+for key, claim in (
+    ("rope-fall", "RoPE, 32 − 512"),
+    ("hybrid-far", "hybrid − RoPE, at 512"),
+    ("hybrid-flat", "hybrid, 32 − 512"),
+    ("hybrid-inside", "hybrid − RoPE, at 32"),
+    ("learned-inside", "learned − RoPE, at 32"),
+    ("learned-drop", "learned, 32 − 64"),
+    ("linear-64", "RoPE + linear − RoPE, at 64"),
+):
+    glue(f"ch05-cp-d-{key}", diffs[claim].format(2), display=False)
+inside_verdict = verdict["hybrid − RoPE, at 32"]
+glue(
+    "ch05-cp-hybrid-inside",
+    "below RoPE's, and the interval excludes zero"
+    if inside_verdict < 0
+    else "below RoPE's by less than the interval, a null",
+    display=False,
+)
+glue(
+    "ch05-cp-learned-verdict",
+    "cannot tell the two apart (a null)"
+    if verdict["learned − RoPE, at 32"] == 0
+    else "separate them",
+    display=False,
+)
 for name, row in copy_acc.items():
     for T in PROBE_LENS:
         glue(f"ch05-cp-{name}-{T}", row[T].format(2), display=False)
 for T in PROBE_LENS:
     glue(f"ch05-cp-floor-{T}", f"{floor_at[T]:.2f}", display=False)
     glue(f"ch05-cp-copy-{T}", f"{copy_at[T]:.2f}", display=False)
-glue("ch05-cp-nseeds", f"{len(PROBE_SEEDS)}", display=False)
 glue("ch05-cp-steps", f"{PROBE['steps']}", display=False)
 glue("ch05-cp-chance", f"{1 / PROBE['vocab']:.2f}", display=False)
-sd_max = max(copy_acc[m][T].sd for m in ("ntk", "yarn") for T in PROBE_LENS[1:])
-glue("ch05-cp-stretch-sd", f"{sd_max:.2f}", display=False)
 
 # %% tags=["remove-output"]
 colors = dict(zip([*PROBE_SCHEMES, *STRETCH], PALETTE, strict=True))
@@ -1301,59 +1321,165 @@ plt.close(fig)
 # :name: fig-copy-lengths
 #
 # Copy accuracy against test length for models trained on 32 tokens (thin lines: one per
-# seed; thick: the mean of {glue:text}`ch05-cp-nseeds`). Left: the five schemes. Right:
+# seed; thick: the mean of {glue:text}`ch05-cp-nhead` seeds for RoPE, its rescalings and
+# the hybrid, {glue:text}`ch05-cp-nfew` for the others). Left: the five schemes. Right:
 # the same RoPE weights read plainly and with linear, NTK and YaRN rescaling at
 # $s = T/32$. The shaded column is the trained length; grey lines are the two rules that
 # need no training (dotted: a guess that ignores order; dashed: copying what followed the
 # last occurrence of the current token). Chance is {glue:text}`ch05-cp-chance`.
 # ```
 #
-# What the probe decides (a verdict of +1 or −1 above means the gap between the means
-# exceeds the two spreads and every seed agrees; 0 means the seeds cannot tell):
+# What the probe decides. Each line of the table above is a paired difference: seed $i$
+# of both rows shared its initial draw and its batches, so the $n$ per-seed differences
+# are the data, and the interval is their mean $\pm\, t \cdot \mathrm{sd}/\sqrt{n}$, with
+# $t$ the 97.5 % point of Student's $t$ with $n - 1$ degrees of freedom
+# ({glue:text}`ch05-t5` for five seeds, {glue:text}`ch05-t3` for three). A verdict of +1
+# or −1 means that the interval excludes zero: a two-sided test at the 5 % level. The
+# rate has a price worth stating: of these {glue:text}`ch05-cp-nverdicts` verdicts, if no
+# two rows truly differed, about one ({glue:text}`ch05-cp-false` on average) would still
+# come out as a difference by chance. A lone verdict at the edge of its interval is
+# therefore weak evidence; the claims below rest on differences several times their
+# half-width, or are stated as nulls.
 #
-# - **Inside the trained length the ranking is not the text's.** The learned table copies
-#   best ({glue:text}`ch05-cp-learned-32`), ahead of RoPE ({glue:text}`ch05-cp-rope-32`,
-#   about the one-token copy's {glue:text}`ch05-cp-copy-32`) and far ahead of the sinusoid
-#   ({glue:text}`ch05-cp-sinusoidal-32`). NoPE ({glue:text}`ch05-cp-none-32`) sits at the
-#   order-free guess ({glue:text}`ch05-cp-floor-32`): in 300 steps it has not found order
-#   through the causal mask, and the copy needs order. On Shakespeare RoPE had the lowest
-#   loss inside; on the probe, the table it beat there does better.
+# - **Only two schemes learned the copy, and they cannot be ranked.** The sinusoid
+#   ({glue:text}`ch05-cp-sinusoidal-32`) and NoPE ({glue:text}`ch05-cp-none-32`) end near
+#   the order-free guess ({glue:text}`ch05-cp-floor-32`) even inside the trained length:
+#   in 300 steps of a recipe tuned on RoPE they did not learn the task at all. Their rows
+#   measure how fast each scheme converges under this recipe, not what it can do (NoPE
+#   models do learn order when trained longer, as cited above), so the page ranks them
+#   nowhere, inside or beyond. The learned table ({glue:text}`ch05-cp-learned-32`) and
+#   RoPE ({glue:text}`ch05-cp-rope-32`, about the one-token copy's
+#   {glue:text}`ch05-cp-copy-32`) both learned it; their paired difference,
+#   {glue:text}`ch05-cp-d-learned-inside`, straddles zero: three seeds
+#   {glue:text}`ch05-cp-learned-verdict`. Inside, the hybrid's accuracy
+#   ({glue:text}`ch05-cp-hybrid-32`) is {glue:text}`ch05-cp-hybrid-inside`: the paired
+#   difference is {glue:text}`ch05-cp-d-hybrid-inside`, a few hundredths.
 # - **Past it, only the hybrid holds.** The learned table falls to the order-free guess at
-#   the first untrained rows (64: {glue:text}`ch05-cp-learned-64` against
-#   {glue:text}`ch05-cp-floor-64`) and stays there; the sinusoid is there by 128
-#   ({glue:text}`ch05-cp-sinusoidal-128` against {glue:text}`ch05-cp-floor-128`). RoPE
-#   still copies at 2× ({glue:text}`ch05-cp-rope-64`) and falls to
+#   its first untrained rows (64: {glue:text}`ch05-cp-learned-64` against
+#   {glue:text}`ch05-cp-floor-64`, a drop of {glue:text}`ch05-cp-d-learned-drop`) and
+#   stays there. RoPE still copies at 2× ({glue:text}`ch05-cp-rope-64`) and falls to
 #   {glue:text}`ch05-cp-rope-512` at 16×, towards the guess
-#   ({glue:text}`ch05-cp-floor-512`). The copy itself is never more than six tokens back,
-#   and more keys alone do not break a copy (the hybrid's global layer sees just as
-#   many), so what breaks RoPE's must be the keys at offsets it never trained on: hundreds
-#   of them at 512. The local-RoPE + global-NoPE hybrid copies as well at 512
-#   ({glue:text}`ch05-cp-hybrid-512`) as at 32 ({glue:text}`ch05-cp-hybrid-32`): no
-#   difference, the null result the design predicts, and above RoPE at 512 beyond the
-#   spread. Its rotated layer never sees an offset past 15, all of them trained; its
-#   global layer matches tokens by content and has no angle to get wrong. Inside the
-#   trained range its accuracy is {glue:text}`ch05-cp-hybrid-inside`.
-# - **No rescaling rescues RoPE.** Linear, NTK and YaRN are never above plain RoPE
-#   beyond the spread, at any length. Linear interpolation is below it from the first
-#   step (64: {glue:text}`ch05-cp-linear-64` against {glue:text}`ch05-cp-rope-64`): it
-#   squeezes the one-token offset that the copy depends on to $1/s$ of a token. NTK and
-#   YaRN cannot be told apart from plain RoPE in {glue:text}`ch05-cp-stretch-null` of
-#   their {glue:text}`ch05-cp-stretch-cells` comparisons (their seeds scatter by up to
-#   ±{glue:text}`ch05-cp-stretch-sd`) and are below it in the rest. This is the text's
-#   verdict again, now over seeds.
+#   ({glue:text}`ch05-cp-floor-512`): a drop of {glue:text}`ch05-cp-d-rope-fall` over five
+#   seeds. The copy itself is never more than six tokens back, and more keys alone do not
+#   break a copy (the hybrid's global layer sees just as many), so what breaks RoPE's must
+#   be the keys at offsets it never trained on: hundreds of them at 512. The local-RoPE +
+#   global-NoPE hybrid copies at 512 ({glue:text}`ch05-cp-hybrid-512`) above RoPE by
+#   {glue:text}`ch05-cp-d-hybrid-far`. It is not perfectly flat: from 32 to 512 it loses
+#   {glue:text}`ch05-cp-d-hybrid-flat`, a verdict of +1 whose interval just reaches zero
+#   (the kind the false-difference rate above warns about), and in any case under a tenth,
+#   against RoPE's {glue:text}`ch05-cp-d-rope-fall`. Its rotated layer never sees an
+#   offset past 15, all of them trained; its global layer matches tokens by content and
+#   has no angle to get wrong.
+# - **In this regime no rescaling helps.** Applied at test time, without fine-tuning, to
+#   RoPE weights trained on 32 tokens, linear, NTK and YaRN are never above plain RoPE by
+#   the rule above, at any length. Linear interpolation is below it from the first step
+#   (64: {glue:text}`ch05-cp-linear-64` against {glue:text}`ch05-cp-rope-64`, a difference
+#   of {glue:text}`ch05-cp-d-linear-64`): it squeezes the one-token offset that the copy
+#   depends on to $1/s$ of a token. NTK and YaRN cannot be told apart from plain RoPE in
+#   {glue:text}`ch05-cp-stretch-null` of their {glue:text}`ch05-cp-stretch-cells`
+#   comparisons and are below it in the rest. This is the Shakespeare verdict again, over
+#   seeds, and it is exactly as narrow: see the next cell.
 #
 # So the text experiment and the probe agree where the text could speak, about what
-# happens past the trained length, and the probe settles what the text could not: inside
-# the trained range, the learned table, RoPE and the hybrid are all good copiers, and the
-# order in which they reached a low loss on Shakespeare was not a ranking of what they can
-# do.
+# happens past the trained length, and the probe settles part of what the text could
+# not: inside the trained range the learned table and RoPE both learned the copy and
+# three seeds cannot order them, the hybrid sits a few hundredths below, and the two
+# schemes that did not learn it in 300 steps are not ranked at all. The order in which
+# the models reached a low loss on Shakespeare was not a ranking of what they can do.
+
+# %% [markdown]
+# The rescaling verdicts above come from a regime the methods were not built for. YaRN
+# leaves a pair at its trained speed only if it turns at least 32 times within the
+# training length, and interpolates fully one that turns less than once
+# {cite}`peng2024yarn`; the fastest pair turns once per $2\pi$ tokens, so no pair
+# qualifies below {glue:text}`ch05-yarn-min-len` training tokens. The table counts the
+# pairs of each regime:
+
+# %% tags=["hide-input"]
+def turns_in(head_dim: int, theta: float, train_len: int) -> torch.Tensor:
+    """How many full turns each pair makes within train_len tokens: (head_dim/2,)."""
+    inv, _ = rope_frequencies(head_dim, theta)
+    return train_len * inv.double() / (2 * math.pi)
+
+
+probe_head = PROBE_WIDTH["d_model"] // PROBE_WIDTH["n_heads"]
+regimes = {  # name: (head width, base, training length)
+    "copy probe, 32 tokens": (probe_head, 1e4, PROBE["train_len"]),
+    "Shakespeare, 64 characters": (R, rope_cfg.rope_theta, TRAIN_LEN),
+    "copy probe, 256 tokens": (probe_head, 1e4, 256),
+    "Llama 3 head, 8192 tokens": (HEAD, 5e5, 8192),
+}
+print(f"{'RoPE model':<28}{'pairs':>6}{'turn ≥ 32 times':>17}{'turn < 1 time':>15}")
+kept = {}
+for name, (head_dim, theta, length) in regimes.items():
+    turns = turns_in(head_dim, theta, length)
+    kept[name] = int((turns >= 32).sum())
+    print(f"{name:<28}{len(turns):>6}{kept[name]:>17}{int((turns < 1).sum()):>15}")
+assert kept["copy probe, 32 tokens"] == kept["Shakespeare, 64 characters"] == 0
+assert kept["copy probe, 256 tokens"] >= 1 and kept["Llama 3 head, 8192 tokens"] > 10
+glue("ch05-yarn-min-len", f"{2 * math.pi * 32:.0f}", display=False)
+glue("ch05-yarn-kept-llama", f"{kept['Llama 3 head, 8192 tokens']}", display=False)
+
+# %% [markdown]
+# Our models sit in the first two rows: no pair turns 32 times, so YaRN's ramp starts at
+# the fastest pair, keeps little more than it and squeezes the pairs that turn less than
+# once, which is why it behaves here like a milder linear interpolation. A Llama 3 head
+# trained on 8192 tokens {cite}`grattafiori2024llama` keeps
+# {glue:text}`ch05-yarn-kept-llama` of its 64 pairs intact.
+# And both YaRN and position interpolation are meant to be followed by a short fine-tune
+# at the longer length {cite}`chen2023extending` {cite}`peng2024yarn`, which no model on
+# this page received. So what this page shows is narrow: *applied at evaluation time,
+# without fine-tuning, to models trained on 32 to 64 tokens*, no rescaling helps. It
+# says nothing about the methods in their own regime. That test (the probe trained on
+# 256 tokens, read at 512 and 1024, each rescaling also fine-tuned for
+# {glue:text}`ch05-long-tune` steps at 1024) is too slow for this page's CPU budget; it
+# runs below with `FULL = True`, and we draw no conclusion from a run the page does not
+# show.
+
+# %% tags=["hide-input"]
+# FULL only: the probe in YaRN's regime, trained on 256 tokens, each rescaling read as
+# trained and after a short fine-tune at 1024 tokens, paired with plain RoPE by seed
+LONG = {"train_len": 256, "lens": (256, 512, 1024), "steps": 1000, "tune": 50}
+long_sets = {
+    T: copy_task(16, T, torch.Generator().manual_seed(2000 + T)) for T in LONG["lens"]
+}
+long_acc: dict[tuple[str, str], list[float]] = {}
+for seed in PROBE_SEEDS if FULL else ():
+    seed_everything(seed)
+    long_cfg = position_config(
+        "rope", PROBE["vocab"], LONG["train_len"], LONG["lens"][-1],
+        init_std=0.1, d_ff=64, **PROBE_WIDTH,
+    )  # fmt: skip
+    trained = DecoderLM(long_cfg).to(DEVICE)
+    task = lambda g: copy_task(PROBE["batch"], LONG["train_len"], g)  # noqa: E731
+    warmup = LONG["steps"] // 10
+    fit(trained, task, LONG["steps"], PROBE["lr"], seed=seed, warmup=warmup)
+    for method in ("none", *STRETCH):
+        for T in LONG["lens"]:
+            changes = rope_scaling_for(method, long_cfg, LONG["train_len"], T)
+            row = long_acc.setdefault((method, f"at {T}"), [])
+            row.append(band_accuracy(with_rope(trained, **changes), T, long_sets))
+        T = LONG["lens"][-1]  # fine-tune with this method's tables for the longest
+        changes = rope_scaling_for(method, long_cfg, LONG["train_len"], T)
+        tuned = with_rope(trained, **changes)
+        fit(tuned, lambda g: copy_task(PROBE["batch"] // 4, LONG["lens"][-1], g),
+            LONG["tune"], PROBE["lr"] / 10, seed=100 + seed)  # fmt: skip
+        row = long_acc.setdefault((method, f"tuned, at {T}"), [])
+        row.append(band_accuracy(tuned.eval(), T, long_sets))
+for (method, where), values in long_acc.items():
+    versus = difference(values, long_acc["none", where]).format(2)
+    name = STRETCH.get(method, "RoPE")
+    print(f"{name:>14} {where:<15}{spread(values).format(2):>12}  − RoPE: {versus}")
+if not FULL:
+    print("FULL = False: the 256-token run is skipped")
+glue("ch05-long-tune", f"{LONG['tune']}", display=False)
 
 # %% [markdown]
 # ## Summary
 #
 # - Attention without a mask is permutation-equivariant (checked to $10^{-6}$); position
-#   must be added. The 2017 sinusoid and the learned table of GPT-2 add it once, at the
-#   input; the learned table has no row past $S_\text{max}$, and `companion` refuses
+#   must be added. The 2017 sinusoid and the learned table (ConvS2S, GPT-1, BERT, GPT-2)
+#   add it once, at the input; the learned table has no row past $S_\text{max}$, and `companion` refuses
 #   rather than index past it.
 # - RoPE follows from asking that the logit depend only on $m - n$: rotate each pair of
 #   query and key channels by $m\theta_i$. Shifting both positions by up to 4000 leaves
@@ -1363,27 +1489,30 @@ plt.close(fig)
 #   $5 \cdot 10^5$ and {glue:text}`ch05-turn-1e6` for $10^6$ (bounded by $2\pi b$ =
 #   {glue:text}`ch05-bound-1e4`, {glue:text}`ch05-bound-5e5` and
 #   {glue:text}`ch05-bound-1e6` million). Past a full turn the slowest hand aliases.
-# - Trained on 64 characters and read to 512 (table above, one seed): the learned table
-#   cannot run; the sinusoid falls off a cliff at 64; RoPE has the lowest loss inside and
-#   declines gradually beyond; NoPE is flat at about a bigram table's loss. The same RoPE
-#   model through a 64-key window is flat: unseen offsets, not more keys, cause the
-#   decline. A loss on text can show these breaks; it cannot rank the schemes inside the
-#   trained range, where its gaps are convergence speed.
-# - Linear, NTK and YaRN rescaling at evaluation time, without fine-tuning, do not rescue
-#   a 64-character model; linear interpolation hurts most.
+# - Trained on 64 characters and read to 512 (one seed): the learned table cannot run; the
+#   sinusoid's loss jumps at 64; RoPE's rises gradually beyond; NoPE is flat at about a
+#   bigram table's loss. The same RoPE model through a 64-key window is flat: unseen
+#   offsets, not more keys, cause the rise. One seed of a loss on text can show these
+#   breaks; it does not rank the schemes inside the trained range.
+# - Linear, NTK and YaRN rescaling, applied at evaluation time without fine-tuning to
+#   models trained on 64 characters or 32 tokens, do not rescue them, and linear
+#   interpolation hurts from the first doubling. These lengths are below YaRN's regime (no
+#   pair turns 32 times within them) and no model was fine-tuned, so this says nothing
+#   about the methods as released; the test in their regime runs with `FULL = True`.
 # - Gemma 3 uses two bases (local $10^4$, global $10^6$); SmolLM3 and Trinity drop RoPE in
 #   some layers. A NoPE layer spreads attention evenly over identical tokens; a two-layer
 #   model with local RoPE and a global NoPE layer came close to RoPE inside the trained
-#   range and stayed flat to 8× beyond it.
-# - The copying probe ({glue:text}`ch05-cp-nseeds` paired seeds, trained at 32 tokens,
-#   {numref}`fig-copy-lengths`) decides what the text could not. Inside, the learned table
-#   copies best ({glue:text}`ch05-cp-learned-32`, ahead of RoPE's
-#   {glue:text}`ch05-cp-rope-32`); NoPE stays at the order-free guess. Past 32, the
-#   learned table (its untrained rows) and the sinusoid fall to that guess, RoPE falls
-#   towards it ({glue:text}`ch05-cp-rope-512` at 512), and only local RoPE + global NoPE
-#   holds ({glue:text}`ch05-cp-hybrid-512` at 512, no different from inside). Linear
-#   interpolation hurts at once; NTK and YaRN are never better than plain RoPE beyond the
-#   spread.
+#   range and stayed nearly flat to 8× beyond it (one seed).
+# - The copying probe ({glue:text}`ch05-cp-nhead` paired seeds for RoPE and the hybrid,
+#   {glue:text}`ch05-cp-nfew` for the others, {numref}`fig-copy-lengths`) claims a
+#   difference when the 95 % paired $t$-interval excludes zero, a 5 % test: among its
+#   {glue:text}`ch05-cp-nverdicts` verdicts about one could be a false difference. Only
+#   the learned table and RoPE learned the copy, and three seeds cannot order them; the
+#   sinusoid and NoPE did not learn it in 300 steps and are not ranked. Past 32, the
+#   learned table's untrained rows fall to the order-free guess, RoPE drops by
+#   {glue:text}`ch05-cp-d-rope-fall` at 512, and local RoPE + global NoPE stays above it
+#   by {glue:text}`ch05-cp-d-hybrid-far`, having lost under a tenth. No rescaling is above
+#   plain RoPE there, and linear interpolation is below it at once.
 #
 # ## Exercises
 #
@@ -1444,6 +1573,6 @@ plt.close(fig)
 # :class: dropdown
 # The only difference from the hybrid is the global layer's rotation, and the only
 # difference from plain RoPE is the first layer's window. Compare its row with both using
-# `compare` over the same seeds before calling it either way; the window alone bounds
+# `difference` over the same seeds before calling it either way; the window alone bounds
 # what the first layer can see, not what the second one scores.
 # ```
