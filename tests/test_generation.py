@@ -196,3 +196,48 @@ def test_compiled_decode_step_is_safe_on_both_numerical_paths(tmp_path):
             [sys.executable, "-c", code], env=env, capture_output=True, text=True
         )
         assert run.returncode == 0, f"{path}: {run.stderr[-2000:]}"
+
+
+def _finished_at(row: list[int], eos: int, prompt: int) -> list[int]:
+    """``row`` with every id after the first generated ``eos`` replaced by ``eos``."""
+    new = row[prompt:]
+    if eos not in new:
+        return row
+    stop = new.index(eos) + 1
+    return row[:prompt] + new[:stop] + [eos] * (len(new) - stop)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+def test_rows_that_finish_early_are_padded_with_eos(use_cache):
+    """Both loops: one row produces EOS mid-way and is padded with it while the other
+    runs on; the oracle is generation without EOS, cut by hand."""
+    model = _model()
+    ids = torch.randint(0, 61, (2, 4), generator=torch.Generator().manual_seed(8))
+    free = model.generate(ids, 10, use_cache=False).tolist()
+    # an id that row 0 produces mid-way and row 1 never does
+    eos = next(t for t in free[0][6:11] if t not in free[1][4:])
+    got = model.generate(ids, 10, use_cache=use_cache, eos_token_id=eos)
+    assert got.shape == (2, 14)  # row 1 never finishes: the loop runs to the end
+    want = [_finished_at(free[0], eos, 4), free[1]]
+    assert got.tolist() == want and want[0] != free[0]  # the padding changed row 0
+
+
+def test_generation_past_the_context_reads_the_last_tokens():
+    """Absolute positions past ``max_seq_len``: each step sees only the last
+    ``max_seq_len`` tokens, checked token by token against the model fed them."""
+    model = _model(position="learned", max_seq_len=8)
+    ids = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(9))
+    with pytest.warns(UserWarning, match="re-reads the last max_seq_len tokens"):
+        got = model.generate(ids, 7)
+    assert torch.equal(model.generate(ids, 7, use_cache=False), got)
+    with torch.no_grad():
+        for t in range(6, 13):
+            logits = model(got[:, max(0, t - 8) : t])[:, -1]
+            assert torch.equal(logits.argmax(-1), got[:, t])
+
+
+def test_compile_without_the_cache_warns():
+    model = _model(n_layers=1)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.warns(UserWarning, match="compile=True has no effect"):
+        model.generate(ids, 2, use_cache=False, compile=True)

@@ -303,7 +303,7 @@ class DecoderLM(nn.Module):
         (:func:`companion.models.generation.generate`); ``compile=True`` compiles that
         step with ``torch.compile``. A model with absolute positions asked to go past
         ``max_seq_len`` instead re-reads the last ``max_seq_len`` tokens at each step
-        (no cache).
+        (no cache), with a warning unless ``use_cache=False`` asked for that.
         """
         return generate(
             self,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -231,7 +232,9 @@ def generate(
     """Prompt plus up to ``max_new_tokens`` ids ``(B, T + new)``: :func:`prefill`, then
     :func:`decode_n_tokens`. Without the cache (or past ``max_seq_len`` with absolute
     positions) each step re-reads the whole sequence (its last ``max_seq_len``
-    tokens)."""
+    tokens). Two silent changes of plan warn: the cache dropped because the sequence
+    outgrows ``max_seq_len`` (``use_cache=False`` asks for that path and does not
+    warn), and ``compile=True`` where no cached step runs."""
     cfg = model.cfg
     model.check_input_ids(input_ids)
     check_generation_args(
@@ -246,9 +249,23 @@ def generate(
         )
     if max_new_tokens == 0:
         return input_ids
+    cached = use_cache and total <= cfg.max_seq_len
+    if use_cache and not cached:
+        warnings.warn(
+            f"prompt + max_new_tokens = {total} exceed max_seq_len={cfg.max_seq_len}: "
+            "generate re-reads the last max_seq_len tokens at every step, without the "
+            "cache (pass use_cache=False to ask for that)",
+            stacklevel=2,
+        )
+    if compile and not cached:
+        warnings.warn(
+            "compile=True has no effect without the cache: only the cached decode step "
+            "is compiled",
+            stacklevel=2,
+        )
     kw = {"temperature": temperature, "top_k": top_k, "generator": generator}
     with torch.no_grad():
-        if use_cache and total <= cfg.max_seq_len:
+        if cached:
             cache = model.new_cache(input_ids.shape[0], total)
             logits = prefill(model, input_ids, cache)
             _check_finite(logits.isnan().any())
