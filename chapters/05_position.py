@@ -686,7 +686,8 @@ for s_ in ("sinusoidal", "rope", "none"):
 #   64–511 are well defined, but training never added them to a token, and the model has
 #   learned nothing about what they mean.
 # - **RoPE** has the lowest loss inside the trained range in this run and degrades
-#   *gradually* past it: from {glue:text}`ch05-rope-32` at 32–63 to {glue:text}`ch05-rope-64` at 64–127
+#   *gradually* past it: from {glue:text}`ch05-rope-32` at 32–63 to
+#   {glue:text}`ch05-rope-64` at 64–127
 #   and {glue:text}`ch05-rope-256` by 256–511. Offsets it has never seen appear from
 #   position 64 on, but at first they are a minority of the keys; at position 500, seven
 #   keys in eight are further away than anything in training.
@@ -830,12 +831,13 @@ fastest_turns = TRAIN_LEN * base_inv[0].item() / (2 * math.pi)
 glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 
 # %% [markdown]
-# At this scale, applied without fine-tuning, none of the three rescues the model. **Linear interpolation** is the
-# worst: squeezing the fast hands makes the previous character look $1/s$ of a character
-# away, and the model can no longer read its nearest neighbours. Chen et al. follow the
-# interpolation with a short fine-tune (up to a thousand steps), in which the model
-# relearns its neighbours at the new scale. **NTK** and **YaRN** keep the fast pairs
-# nearly intact, so they cost little at 2×. In this run NTK was a little better than plain
+# At this scale, applied without fine-tuning, none of the three rescues the model.
+# **Linear interpolation** is the worst: squeezing the fast hands makes the previous
+# character look $1/s$ of a character away, and the model can no longer read its nearest
+# neighbours. Chen et al. follow the interpolation with a short fine-tune (up to a
+# thousand steps), in which the model relearns its neighbours at the new scale. **NTK**
+# and **YaRN** keep the fast pairs nearly intact, so they cost little at 2×. In this run
+# NTK was a little better than plain
 # RoPE at 2× and 4× (64–127:
 # {glue:text}`ch05-sc-ntk-64` against {glue:text}`ch05-sc-rope-64`; 128–255:
 # {glue:text}`ch05-sc-ntk-128` against {glue:text}`ch05-sc-rope-128`) and worse at 8×
