@@ -76,3 +76,24 @@ def test_errors():
     model, mtp = DecoderLM(_cfg()), MTPModule(_cfg())
     with pytest.raises(ValueError, match="next_ids"):
         mtp(model, torch.zeros(1, 4, 32), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_mtp_reads_both_the_trunk_state_and_the_next_token():
+    """Each input moves the output at its own position and at no earlier one: a module
+    that ignored either (or looked ahead) would fail."""
+    torch.manual_seed(0)
+    model, mtp = DecoderLM(_cfg()), MTPModule(_cfg())
+    with torch.no_grad():
+        for p in mtp.parameters():  # the norms' gains away from 1 as well
+            p.add_(0.1 * torch.randn_like(p))
+        ids = torch.randint(0, 23, (1, 10))
+        hidden, _ = trunk_forward(model, ids)
+        h, nxt = hidden[:, :-1], ids[:, 1:]
+        out = mtp(model, h, nxt)
+        other_token = nxt.clone()
+        other_token[0, 4] = (nxt[0, 4] + 1) % 23
+        other_state = h.clone()
+        other_state[0, 4] += torch.randn(32)
+        for moved in (mtp(model, h, other_token), mtp(model, other_state, nxt)):
+            torch.testing.assert_close(moved[:, :4], out[:, :4])  # causal
+            assert (moved[0, 4] - out[0, 4]).abs().max() > 1e-3
