@@ -20,18 +20,23 @@
 # computes*: LayerNorm {cite}`ba2016layer` subtracts the mean and divides by the standard
 # deviation; RMSNorm {cite}`zhang2019root` only divides by the root mean square. And
 # *where it sits*: the 2017 block normalized after the residual sum ("Post-LN")
-# {cite}`vaswani2017attention`; GPT-2 moved the norm onto the branch ("Pre-LN")
-# {cite}`radford2019language`, and recent models add a second norm on the branch's output
-# (sandwich, Gemma 2 and 3 {cite}`gemmateam2024gemma2`) or keep only that one (Olmo 2
-# {cite}`olmo2024olmo2`). Attention got a norm of its own, on queries and keys
-# {cite}`dehghani2023scaling`.
+# {cite}`vaswani2017attention`; by 2018 implementations had moved the norm onto the
+# branch ("Pre-LN"), as in the language models of Baevski and Auli
+# {cite}`baevski2019adaptive`, Wang et al. studied why that placement trains deep
+# Transformers {cite}`wang2019learning`, and GPT-2 made it the default for language
+# models {cite}`radford2019language`. Recent models add a second norm on the branch's
+# output (the "sandwich" of CogView {cite}`ding2021cogview`, which Kim et al. call
+# Peri-LN {cite}`kim2025periln`; Gemma 2 and 3 {cite}`gemmateam2024gemma2`) or keep only
+# that one (Olmo 2 {cite}`olmo2024olmo2`). Attention got a norm of its own, on queries
+# and keys {cite}`dehghani2023scaling`.
 #
 # All of these are easiest to read against one object, the **residual stream**. This
 # chapter looks at the stream of a real model (SmolLM2-135M) and of small models trained
 # here; measures what LayerNorm computes that RMSNorm does not, and what that saves;
-# trains the same 8-layer model with four norm placements, with and without warmup, and
-# looks at gradients and Jacobians to see why Post-LN needs warmup; scales the initial
-# residual writes by depth; and tracks attention logits with and without QK-norm.
+# trains the same 8-layer model with Post-LN and Pre-LN at three learning rates, with and
+# without warmup, and looks at gradients and Jacobians to see why Post-LN needs warmup at
+# the higher ones; scales the initial residual writes by depth; and tracks attention
+# logits with and without QK-norm across learning rates.
 #
 # As everywhere in this book, every claim is an `assert` that runs in CI.
 
@@ -55,6 +60,7 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %%
+import contextlib
 import inspect
 import math
 import time
@@ -81,7 +87,7 @@ from companion.analysis.diagnostics import (
 )
 from companion.analysis.diagrams import COLORS
 from companion.analysis.op_counts import count_aten_ops, count_reductions
-from companion.analysis.seeds import compare, spread
+from companion.analysis.seeds import compare, difference, spread
 from companion.checkpoints.smollm2 import load_smollm2
 from companion.device import default_device, describe
 from companion.layers.block import TransformerBlock
@@ -160,19 +166,34 @@ n_layers, d_smol = len(smol.blocks), smol.cfg.d_model
 typical = norms[:, 1:].median(dim=1).values  # the median token, leaving out token 0
 first = norms[:, 0]
 layers = np.arange(1, n_layers + 1)
-exponent, log_c = loglog_fit(layers, typical[1:].numpy())
 print(f"{ids.shape[1]} tokens, {n_layers} layers, d = {d_smol}")
 print(f"{'after layer':>11} {'median token':>13} {'token 0':>9}")
-for ell in (0, 1, 2, 5, 10, 11, 12, 20, 25, 28, 29, 30):
+for ell in (0, 1, 2, 3, 5, 10, 12, 15, 20, 22, 25, 28, 30):
     print(f"{ell:>11} {typical[ell].item():>13.1f} {first[ell].item():>9.0f}")
-steps_up = (typical[1:].diff() > 0).float().mean().item()
+# log‖x_ℓ‖ from layer 3 on as two straight lines in ℓ (constant % growth per layer),
+# joined at the break that fits best: where does the growth speed up?
+log_x = typical.log().numpy()
+
+
+def two_rates(b: int) -> tuple[float, float, float]:
+    """Least-squares slopes of log‖x_ℓ‖ on ℓ = 3..b and b..L, and the summed error."""
+    fits = [np.polyfit(np.arange(a, c + 1), log_x[a : c + 1], 1, full=True)
+            for a, c in ((3, b), (b, n_layers))]  # fmt: skip
+    return fits[0][0][0], fits[1][0][0], sum(float(f[1].sum()) for f in fits)
+
+
+surge = min(range(6, n_layers - 3), key=lambda b: two_rates(b)[2])
+slow, fast, _ = two_rates(surge)
+mid_x, late_x = typical[surge] / typical[3], typical[-1] / typical[surge]
 print(
-    f"fitted ‖x_ℓ‖ ∝ ℓ^{exponent:.2f}; the norm rises in {steps_up:.0%} of layer steps"
+    f"growth per layer: {np.expm1(slow):.1%} over layers 3-{surge}, "
+    f"{np.expm1(fast):.1%} over layers {surge}-{n_layers} (best break: {surge})\n"
+    f"×{mid_x:.1f} over those {surge - 3} layers, ×{late_x:.1f} over the last "
+    f"{n_layers - surge}"
 )
-assert (
-    typical[-1] > 10 * typical[1] and steps_up >= 0.9
-)  # the stream grows with depth...
-assert 0.3 < exponent < 1.2  # ...roughly as a power of depth (√ℓ would be 0.5)
+steps_up = (typical[1:].diff() > 0).float().mean().item()
+assert typical[-1] > 10 * typical[3] and steps_up >= 0.9  # the stream grows with depth,
+assert fast > 2 * slow and surge > n_layers // 2  # and fastest near the top
 # token 0 is an outlier (see below): the layers where it exceeds 20× the median token
 massive = (first > 20 * typical).nonzero().flatten().tolist()
 m_lo, m_hi = massive[0], massive[-1]
@@ -181,8 +202,15 @@ assert m_hi - m_lo + 1 > n_layers // 2  # ...covering most of the stack
 m_ratio = first[m_lo : m_hi + 1] / typical[m_lo : m_hi + 1]
 glue("ch06-median-first", f"{typical[1].item():.0f}", display=False)
 glue("ch06-median-last", f"{typical[-1].item():.0f}", display=False)
-glue("ch06-stream-exp", f"{exponent:.2f}", display=False)
 glue("ch06-steps-up", f"{steps_up:.0%}", display=False)
+glue("ch06-median-3", f"{typical[3].item():.0f}", display=False)
+glue("ch06-surge", f"{surge}", display=False)
+glue("ch06-slow-rate", f"{np.expm1(slow):.0%}", display=False)
+glue("ch06-fast-rate", f"{np.expm1(fast):.0%}", display=False)
+glue("ch06-mid-x", f"{mid_x:.1f}", display=False)
+glue("ch06-late-x", f"{late_x:.1f}", display=False)
+glue("ch06-n-late", f"{n_layers - surge}", display=False)
+glue("ch06-n-mid", f"{surge - 3}", display=False)
 glue("ch06-massive-from", f"{m_lo}", display=False)
 glue("ch06-massive-to", f"{m_hi}", display=False)
 glue("ch06-massive-min", f"{first[m_lo : m_hi + 1].min().item():,.0f}", display=False)
@@ -193,11 +221,18 @@ glue("ch06-last-ratio", f"{first[-1] / typical[-1]:.0f}", display=False)
 # %% [markdown]
 # The median token's stream grows from about {glue:text}`ch06-median-first` after the
 # first layer to about {glue:text}`ch06-median-last` after the last, and it rises in
-# {glue:text}`ch06-steps-up` of the layer steps. The fitted exponent,
-# {glue:text}`ch06-stream-exp`, is larger than the $\tfrac12$ of the independent-writes
-# argument. Two measurements show why: the writes get
-# bigger with depth, and they are not independent of the stream (their median cosine with
-# it is {glue:text}`ch06-write-cos`), so they add up faster than the orthogonal sum
+# {glue:text}`ch06-steps-up` of the layer steps. But it does not grow at one steady rate,
+# and no single power of $\ell$ describes it. After a jump in the first layers (to
+# {glue:text}`ch06-median-3` after layer 3) it climbs slowly, about
+# {glue:text}`ch06-slow-rate` per layer, to layer {glue:text}`ch06-surge` (the break
+# that fits best when $\log\|x_\ell\|$ is drawn as two straight lines): a factor
+# {glue:text}`ch06-mid-x` over those {glue:text}`ch06-n-mid` layers. Then it surges,
+# about {glue:text}`ch06-fast-rate` per layer, and the last {glue:text}`ch06-n-late`
+# layers multiply it by {glue:text}`ch06-late-x`. The independent-writes argument
+# predicts the opposite shape: $\sqrt\ell$ grows fastest at the bottom and ever more
+# slowly above. Two measurements show why the top grows faster: the writes get bigger
+# with depth, and they are not independent of the stream (their median cosine with it is
+# {glue:text}`ch06-write-cos`), so they add up faster than the orthogonal sum
 # $\|x_0\|^2 + \sum_i \|\Delta_i\|^2$.
 
 # %%
@@ -224,17 +259,18 @@ assert (
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 ax = axes[0]
-ax.loglog(layers, typical[1:], "o-", ms=3, label="median token")
-ax.loglog(layers, first[1:], ":", color=PALETTE[3], label="token 0")
-ax.loglog(
-    layers,
-    np.exp(log_c) * layers**exponent,
-    "--",
-    color=PALETTE[1],
-    label=f"fit ∝ ℓ^{exponent:.2f}",
+ax.semilogy(layers, typical[1:], "o-", ms=3, label="median token")
+ax.semilogy(layers, first[1:], ":", color=PALETTE[3], label="token 0")
+for a, c, rate in ((3, surge, slow), (surge, n_layers, fast)):
+    span = np.arange(a, c + 1)
+    ax.semilogy(
+        span, typical[a].item() * np.exp(rate * (span - a)), "--", color=PALETTE[1]
+    )
+ax.plot([], [], "--", color=PALETTE[1], label="two rates, break at the best layer")
+ax.semilogy(
+    layers, typical[1].item() * np.sqrt(layers), ":", color="grey", label="∝ √ℓ"
 )
-ax.loglog(layers, typical[1].item() * np.sqrt(layers), ":", color="grey", label="∝ √ℓ")
-ax.set(xlabel="layer ℓ", ylabel="‖x_ℓ‖", title="SmolLM2: the stream grows with depth")
+ax.set(xlabel="layer ℓ", ylabel="‖x_ℓ‖", title="SmolLM2: slow growth, then a surge")
 ax.legend(fontsize=8)
 ax = axes[1]
 ax.semilogy(layers, write_norm, "o-", ms=3, color=PALETTE[2])
@@ -312,8 +348,12 @@ assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1
 # ### What RMSNorm saves
 #
 # A norm is a *reduction* across the $d$ features of a token: on a GPU a sum across
-# threads that must synchronise, and under tensor parallelism, with $d$ split across
-# devices, a collective operation between them. Written the way the formula reads, as our
+# threads that must synchronise, and, in a tensor-parallel layout that splits $d$ across
+# devices, a collective operation between them. Megatron-LM's layout does not split it:
+# the norm's input is replicated on every device {cite}`shoeybi2019megatron` or, with
+# sequence parallelism, split by token {cite}`korthikanti2023reducing`, so each device
+# holds whole tokens and normalizes them with no communication at all, whichever norm it
+# is. Written the way the formula reads, as our
 # reference is, LayerNorm makes two reductions one after the other (the mean, then the
 # variance about the mean) and RMSNorm one. But that order belongs to the code, not to the
 # norm: since $\sigma^2 = \overline{x^2} - \mu^2$, a LayerNorm can accumulate $\sum_j x_j$
@@ -357,8 +397,9 @@ assert sum(ops["LayerNorm"].values()) > sum(ops["RMSNorm"].values())
 
 # %% [markdown]
 # So RMSNorm does not save a synchronisation. It saves work: one sum fewer per token, the
-# subtraction of the mean from every element, and the shift $\beta$ (under tensor
-# parallelism, one number fewer in the all-reduce). Both norms read and write the same
+# subtraction of the mean from every element, and the shift $\beta$ (and, only in a
+# layout that splits $d$ across devices, one number fewer in the all-reduce that then
+# computes the statistics). Both norms read and write the same
 # bytes, and a norm is memory-bound, so we expect the saving in time to be small and to
 # depend on the kernel more than on the formula. Which kernels does PyTorch run here?
 
@@ -474,8 +515,8 @@ glue("ch06-ln-rms-gap", f"{1 - factor.min():.2%}", display=False)
 # | placement | update | used by |
 # |---|---|---|
 # | Post-LN | $x \leftarrow N(x + f(x))$ | 2017 Transformer, BERT |
-# | Pre-LN | $x \leftarrow x + f(N(x))$ | GPT-2 onward, Llama, Qwen, SmolLM2 |
-# | sandwich | $x \leftarrow x + N'(f(N(x)))$ | Gemma 2 and 3, Trinity |
+# | Pre-LN | $x \leftarrow x + f(N(x))$ | Baevski and Auli, GPT-2, Llama, Qwen, SmolLM2 |
+# | sandwich (Peri-LN) | $x \leftarrow x + N'(f(N(x)))$ | CogView, Gemma 2 and 3, Trinity |
 # | post-branch | $x \leftarrow x + N'(f(x))$ | Olmo 2 and 3 |
 #
 # Only Post-LN puts a norm *on the identity path*; the other three leave $x$ to pass
@@ -487,15 +528,23 @@ Code(inspect.getsource(TransformerBlock.residual), language="python")
 
 # %% [markdown]
 # The experiment: the same 8-layer, 32-wide character model (two heads, 32-character
-# context), with LayerNorm, AdamW at a peak learning rate of $8\cdot10^{-3}$, 120 steps of
-# 16 windows, trained with each placement, once with a cosine decay from the first step
-# and once after a linear warmup over the first 60 steps. As in 2017 every sublayer starts
+# context), with LayerNorm and AdamW, 120 steps of 16 windows, trained with Post-LN and
+# with Pre-LN at three peak learning rates ($3\cdot10^{-3}$, $8\cdot10^{-3}$,
+# $2\cdot10^{-2}$), each once with a cosine decay from the first step and once after a
+# linear warmup over the first 60 steps, on {glue:text}`ch06-n-seeds` seeds. A seed fixes
+# the initial weights and the batches, and every condition uses the same seeds, so the
+# runs are paired: we compare conditions seed by seed, and claim a difference only when
+# the 95 % Student-t interval of the paired differences excludes zero (a two-sided test
+# at the 5 % level; with three seeds the interval is $\pm 4.30$ standard errors wide, so
+# only a gap that is large against its scatter counts). As in 2017 every sublayer starts
 # at full size (the residual writes are not scaled down by depth; a later section does
 # that). Xiong et al. showed that Post-LN needs the warmup and Pre-LN does not
 # {cite}`xiong2020layer`; {doc}`chapter 3 <03_transformer_2017>` trained the 2017 model
-# with it. While training we also record, at every step, how similar the tokens' stream
-# vectors are at each layer (`token_cosine`: the mean cosine over all pairs of tokens in
-# the batch, 1 when every token carries the same vector).
+# with it. (`FULL = True` also trains the sandwich and post-branch placements, at
+# $8\cdot10^{-3}$.) In the runs at $8\cdot10^{-3}$ without warmup we also record, at
+# every step, how similar the tokens' stream vectors are at each layer (`token_cosine`:
+# the mean cosine over all pairs of tokens in the batch, 1 when every token carries the
+# same vector).
 
 # %%
 text = load_shakespeare()
@@ -505,8 +554,10 @@ tokens = torch.tensor(chars.encode(text))
 train_ids, val_ids = split_tokens(tokens, 0.1)
 DEPTH, WIDTH, SEQ, BATCH = 8, 32, 32, 16
 STEPS, WARMUP, LR = 120, 60, 8e-3
+LRS = (3e-3, 8e-3, 2e-2)  # peak learning rates; LR is the one the figures follow
 SEEDS = (0, 1, 2, 3, 4) if FULL else (0, 1, 2)
 PLACEMENTS = ["post", "pre", "sandwich", "post_branch"]
+TRAINED = PLACEMENTS if FULL else ["post", "pre"]  # FULL adds the other two, at LR
 NAMES = {
     "post": "Post-LN",
     "pre": "Pre-LN",
@@ -540,9 +591,9 @@ def deep_model(
     return model.to(DEVICE)
 
 
-def run(placement: str, warmup: int, seed: int) -> dict:
-    """Train one model; return its loss per step, token cosine per step and layer, and
-    the model."""
+def run(placement: str, warmup: int, lr: float, seed: int, track: bool) -> dict:
+    """Train one model; return its loss per step, the token cosine per step and layer
+    (if track), and the model."""
     seed_everything(seed)
     model = deep_model(placement)
     batches = torch.Generator().manual_seed(seed)
@@ -553,83 +604,133 @@ def run(placement: str, warmup: int, seed: int) -> dict:
         losses.append(loss.item())
         return loss
 
-    with StreamTracker(model, token_cosine) as tracker:
+    tracker = StreamTracker(model, token_cosine) if track else contextlib.nullcontext()
+    with tracker:
         train(
             model,
             lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
             STEPS,
-            make_adamw(model, lr=LR),
-            lr_at=lambda step: cosine_lr(step, LR, warmup, STEPS, min_lr=LR / 10),
+            make_adamw(model, lr=lr),
+            lr_at=lambda step: cosine_lr(step, lr, warmup, STEPS, min_lr=lr / 10),
             loss_fn=loss_fn,
         )
-    return {"loss": losses, "cosine": tracker.history, "model": model}
+    cosine = tracker.history if track else None
+    return {"loss": losses, "cosine": cosine, "model": model}
 
 
 val_batches = [
     sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(100), DEVICE)
 ]
-runs = {
-    (p, warm, seed): run(p, warm, seed)
-    for p in PLACEMENTS
-    for warm in (0, WARMUP)
-    for seed in SEEDS
+grid = [(p, w, lr) for p in ("post", "pre") for w in (0, WARMUP) for lr in LRS]
+grid += [(p, w, LR) for p in TRAINED[2:] for w in (0, WARMUP)]
+runs = {  # the token cosine is tracked only where the figures below read it
+    (p, w, lr, s): run(p, w, lr, s, track=(w, lr, s) == (0, LR, SEEDS[0]))
+    for p, w, lr in grid
+    for s in SEEDS
 }
 held_out = {key: evaluate(r["model"], val_batches) for key, r in runs.items()}
+per_seed = {key: [held_out[(*key, s)] for s in SEEDS] for key in grid}
 
+# %% tags=["hide-input"]
+# the table of held-out losses and the paired differences between conditions
 counts = torch.bincount(train_ids, minlength=V).float()
 p_char = counts[counts > 0] / counts.sum()
 unigram = (
     -(p_char * p_char.log()).sum().item()
 )  # the loss of predicting letter frequencies
-per_seed = {
-    (p, warm): [held_out[(p, warm, s)] for s in SEEDS]
-    for p in PLACEMENTS
-    for warm in (0, WARMUP)
-}
-loss = {key: float(np.mean(values)) for key, values in per_seed.items()}
 print(f"held-out loss after {STEPS} steps, mean ± sd over seeds {SEEDS}")
-print(f"(nats/char; letter frequencies alone: {unigram:.2f})")
-print(f"{'':<12} {'no warmup':>12} {'warmup':>12}")
-for p in PLACEMENTS:
-    cold, warm_ = spread(per_seed[p, 0]), spread(per_seed[p, WARMUP])
-    print(f"{NAMES[p]:<12} {cold.format():>12} {warm_.format():>12}")
-gain = {  # what warmup buys each placement, per seed (paired: same init, same batches)
-    p: [c - w for c, w in zip(per_seed[p, 0], per_seed[p, WARMUP], strict=True)]
-    for p in PLACEMENTS
+print(f"(nats/char; letter frequencies alone: {unigram:.2f}); peak learning rate:")
+print(f"{'':<22}" + "".join(f" {lr:>11g}" for lr in LRS))
+for p in TRAINED:
+    for w in (0, WARMUP):
+        cells = [
+            spread(per_seed[p, w, lr]).format() if (p, w, lr) in per_seed else "-"
+            for lr in LRS
+        ]
+        label = f"{NAMES[p]}, {'warmup' if w else 'no warmup'}"
+        print(f"{label:<22}" + "".join(f" {c:>11}" for c in cells))
+# paired differences (same seeds: same initial weights, same batches), 95 % intervals
+warmup_gain = {  # loss without warmup − loss with it, seed by seed
+    (p, lr): [
+        c - w for c, w in zip(per_seed[p, 0, lr], per_seed[p, WARMUP, lr], strict=True)
+    ]
+    for p in ("post", "pre")
+    for lr in LRS
 }
-# Post-LN without warmup trains worse than Pre-LN, beyond the spread...
-assert compare(per_seed["post", 0], per_seed["pre", 0]) == 1
-assert compare(per_seed["post", 0], per_seed["post", WARMUP]) == 1  # ...warmup rescues it
-assert compare(gain["post"], gain["pre"]) == 1  # ...and Pre-LN needs warmup much less
-for p in ("pre", "sandwich", "post_branch"):  # the identity-path placements all train
-    assert max(per_seed[p, 0]) < unigram - 0.15  # on every seed
+
+
+def paired(a: tuple, b: tuple) -> list:
+    """The paired difference a − b at every learning rate (a, b: placement, warmup)."""
+    return [difference(per_seed[(*a, lr)], per_seed[(*b, lr)]) for lr in LRS]
+
+
+effects = {  # short name: (label, one paired difference per learning rate)
+    "gain-post": ("warmup's gain, Post-LN", paired(("post", 0), ("post", WARMUP))),
+    "gain-pre": ("warmup's gain, Pre-LN", paired(("pre", 0), ("pre", WARMUP))),
+    "cold": ("Post − Pre, no warmup", paired(("post", 0), ("pre", 0))),
+    "warm": ("Post − Pre, warmup", paired(("post", WARMUP), ("pre", WARMUP))),
+    "gain-gap": (
+        "gain Post − gain Pre",
+        [difference(warmup_gain["post", lr], warmup_gain["pre", lr]) for lr in LRS],
+    ),
+}
+print("\npaired differences, mean ± 95 % half-width (* : the interval excludes 0)")
+print(f"{'':<22}" + "".join(f" {lr:>12g}" for lr in LRS))
+for label, ds in effects.values():
+    cells = [d.format() + ("*" if d.verdict else " ") for d in ds]
+    print(f"{label:<22}" + "".join(f" {c:>12}" for c in cells))
 glue("ch06-unigram", f"{unigram:.2f}", display=False)
+glue("ch06-lr", f"{LR:g}", display=False)
 glue("ch06-n-seeds", str(len(SEEDS)), display=False)
-for p in PLACEMENTS:
-    for warm, tag in ((0, "cold"), (WARMUP, "warm")):
-        glue(f"ch06-loss-{p}-{tag}", f"{loss[(p, warm)]:.2f}", display=False)
-        glue(
-            f"ch06-range-{p}-{tag}",
-            f"{min(per_seed[p, warm]):.2f} to {max(per_seed[p, warm]):.2f}",
-            display=False,
-        )
+for (p, w, lr), values in per_seed.items():
+    tag = f"{p}-{'warm' if w else 'cold'}-{lr:g}"
+    glue(f"ch06-loss-{tag}", f"{np.mean(values):.2f}", display=False)
+    glue(f"ch06-range-{tag}", f"{min(values):.2f} to {max(values):.2f}", display=False)
+for key, (_, ds) in effects.items():
+    for lr, d in zip(LRS, ds, strict=True):
+        glue(f"ch06-d-{key}-{lr:g}", d.format(), display=False)
+verdict = {key: dict(zip(LRS, [d.verdict for d in ds], strict=True))
+           for key, (_, ds) in effects.items()}  # fmt: skip
+lo, mid, hi = LRS
+# at the middle rate: warmup rescues Post-LN, which without it ends above Pre-LN, and it
+# buys Post-LN more than it buys Pre-LN
+assert (
+    verdict["gain-post"][mid] == verdict["cold"][mid] == verdict["gain-gap"][mid] == 1
+)
+# at the low rate Post-LN trains without warmup on every seed, and warmup's gain to it
+# is smaller there than at the middle rate, seed by seed
+assert max(per_seed["post", 0, lo]) < unigram - 0.3
+assert compare(warmup_gain["post", mid], warmup_gain["post", lo]) == 1
+# at the high rate warmup rescues Pre-LN, and with warmup Pre-LN ends below Post-LN
+assert verdict["gain-pre"][hi] == verdict["warm"][hi] == 1
+for lr in LRS:  # Pre-LN with warmup trains at every rate, on every seed
+    assert max(per_seed["pre", WARMUP, lr]) < unigram - 0.3
+assert max(per_seed["pre", 0, mid]) < unigram - 0.15  # and without it at the middle one
 
 # %% [markdown]
-# Post-LN without warmup ends at {glue:text}`ch06-loss-post-cold`, next to the
+# Whether Post-LN "needs warmup" depends on the learning rate. At the lowest,
+# $3\cdot10^{-3}$, every run trains: Post-LN without warmup ends at
+# {glue:text}`ch06-loss-post-cold-0.003` (over the seeds
+# {glue:text}`ch06-range-post-cold-0.003`), and the seeds cannot tell Post-LN from Pre-LN
+# (paired difference {glue:text}`ch06-d-cold-0.003`) or warmup from none for Post-LN
+# ({glue:text}`ch06-d-gain-post-0.003`). At $8\cdot10^{-3}$ Post-LN without warmup ends
+# at {glue:text}`ch06-loss-post-cold-0.008` on every seed, next to the
 # {glue:text}`ch06-unigram` of a model that predicts letter frequencies and ignores its
-# input. With the same peak learning rate reached after a warmup, it reaches
-# {glue:text}`ch06-loss-post-warm`, close to Pre-LN ({glue:text}`ch06-loss-pre-cold`
-# without warmup, {glue:text}`ch06-loss-pre-warm` with). Pre-LN trains either way, and
-# warmup helps it only a little. Sandwich and post-branch sit in between: they leave the
-# plateau without warmup, more slowly (post-branch, at
-# {glue:text}`ch06-loss-post_branch-cold`, has only just left it after 120 steps).
-#
-# The numbers are means over {glue:text}`ch06-n-seeds` seeds, each fixing the initial
-# weights and the batches, and the three claims are asserted beyond the seed spread: Post-LN
-# without warmup against Pre-LN, Post-LN with warmup against without, and what warmup buys
-# Post-LN against what it buys Pre-LN, seed by seed. Over the seeds, Post-LN without
-# warmup ranges from {glue:text}`ch06-range-post-cold` and Pre-LN without warmup from
-# {glue:text}`ch06-range-pre-cold`. The curves below are seed 0's.
+# input; warmup takes it to {glue:text}`ch06-loss-post-warm-0.008` (a gain of
+# {glue:text}`ch06-d-gain-post-0.008`, 95 % interval), while for Pre-LN at that rate the
+# seeds cannot tell warmup from none ({glue:text}`ch06-d-gain-pre-0.008`). This is the
+# regime of Xiong et al.'s result, and the gain warmup buys Post-LN exceeds what it buys
+# Pre-LN, seed by seed ({glue:text}`ch06-d-gain-gap-0.008`). At $2\cdot10^{-2}$ the
+# picture changes again: the 60-step warmup no longer rescues Post-LN (it ends at
+# {glue:text}`ch06-loss-post-warm-0.02` with warmup,
+# {glue:text}`ch06-loss-post-cold-0.02` without), and now Pre-LN is the one that needs
+# it: {glue:text}`ch06-loss-pre-cold-0.02` without, {glue:text}`ch06-loss-pre-warm-0.02`
+# with (a gain of {glue:text}`ch06-d-gain-pre-0.02`). So warmup buys each placement a
+# higher usable peak learning rate, and Pre-LN's limit lies higher: at $2\cdot10^{-2}$
+# with warmup it ends below Post-LN by {glue:text}`ch06-d-warm-0.02`. (Where both train,
+# with warmup at $8\cdot10^{-3}$, the seeds cannot tell them apart:
+# {glue:text}`ch06-d-warm-0.008`.) The curves on the right are seed 0's at
+# $8\cdot10^{-3}$.
 
 # %%
 smooth = 10  # running mean over 10 steps
@@ -639,27 +740,39 @@ def smoothed(values: list[float]) -> np.ndarray:
     return np.convolve(values, np.ones(smooth) / smooth, mode="valid")
 
 
-fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6), sharey=True)
-for ax, warm in zip(axes, (0, WARMUP), strict=True):
-    for j, p in enumerate(PLACEMENTS):
-        ax.plot(
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+for j, p in enumerate(("post", "pre")):
+    for w, style in ((0, "o-"), (WARMUP, "s--")):
+        values = np.array([per_seed[p, w, lr] for lr in LRS])  # (LRs, seeds)
+        mean = values.mean(1)
+        axes[0].errorbar(
+            LRS, mean, yerr=[mean - values.min(1), values.max(1) - mean],
+            fmt=style, color=PALETTE[j], capsize=3,
+            label=f"{NAMES[p]}, {'warmup' if w else 'no warmup'}",
+        )  # fmt: skip
+    for w, ls in ((0, "-"), (WARMUP, "--")):
+        axes[1].plot(
             np.arange(smooth, STEPS + 1),
-            smoothed(runs[(p, warm, 0)]["loss"]),
-            color=PALETTE[j],
-            label=NAMES[p],
-        )
+            smoothed(runs[(p, w, LR, SEEDS[0])]["loss"]),
+            ls, color=PALETTE[j], label=f"{NAMES[p]}, {'warmup' if w else 'no warmup'}",
+        )  # fmt: skip
+for ax in axes:
     ax.axhline(unigram, color="grey", ls=":", label="letter frequencies only")
-    ax.set(
-        xlabel="step",
-        title="no warmup: cosine decay from the peak"
-        if warm == 0
-        else f"linear warmup over {WARMUP} steps",
-    )
-axes[0].set(ylabel="training loss (nats/char, 10-step mean)", ylim=(2.3, 4.7))
-axes[1].legend()
-fig.suptitle(
-    "Same model, same peak learning rate: without warmup, Post-LN stays on the plateau"
+axes[0].set(
+    xscale="log",
+    xlabel="peak learning rate",
+    ylabel="held-out loss (nats/char)",
+    title=f"After {STEPS} steps (mean; bars: min to max over seeds)",
 )
+axes[0].set_xticks(LRS, [f"{lr:g}" for lr in LRS])
+axes[0].xaxis.set_minor_formatter(NullFormatter())
+axes[1].set(
+    xlabel="step",
+    ylabel="training loss (10-step mean)",
+    ylim=(2.3, 4.7),
+    title=f"Seed {SEEDS[0]} at peak learning rate {LR:g}",
+)
+axes[0].legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
@@ -672,8 +785,8 @@ plt.show()
 # warmup it never comes back. Step through the training run:
 
 # %%
-post_cos = runs[("post", 0, 0)]["cosine"]  # (STEPS, L)
-pre_cos = runs[("pre", 0, 0)]["cosine"]
+post_cos = runs[("post", 0, LR, SEEDS[0])]["cosine"]  # (STEPS, L)
+pre_cos = runs[("pre", 0, LR, SEEDS[0])]["cosine"]
 frame_steps = list(range(0, STEPS, 12)) + [STEPS - 1]
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
 
@@ -758,25 +871,25 @@ assert grads["pre"][0] > 2 * grads["pre"][-1]  # Pre-LN: smaller gradients furth
 
 # %% tags=["remove-output"]
 # first ÷ last block, at every depth of the figure
-spread = {
+first_last = {
     p: np.array(
         [(profiles[(p, n)][0] / profiles[(p, n)][-1]).item() for n in FIG_DEPTHS]
     )
     for p in ("post", "pre")
 }
-tilt = {p: loglog_fit(FIG_DEPTHS[1:], spread[p][1:])[0] for p in spread}
+tilt = {p: loglog_fit(FIG_DEPTHS[1:], first_last[p][1:])[0] for p in first_last}
 print(f"first ÷ last block gradient, L = {FIG_DEPTHS[1]} → {FIG_DEPTHS[-1]}:")
 for p in ("post", "pre"):
     print(
-        f"  {NAMES[p]:<8} {spread[p][1]:.1f} → {spread[p][-1]:.1f}, "
+        f"  {NAMES[p]:<8} {first_last[p][1]:.1f} → {first_last[p][-1]:.1f}, "
         f"fitted ∝ L^{tilt[p]:.2f}"
     )
 assert tilt["pre"] > 0.3  # Pre-LN: the bottom blocks' share grows with depth...
 assert tilt["post"] < tilt["pre"] - 0.3  # ...Post-LN's profile keeps its shape
-assert spread["pre"][-1] > 2 * spread["post"][-1]
+assert first_last["pre"][-1] > 2 * first_last["post"][-1]
 for p in ("post", "pre"):
-    glue(f"ch06-spread-{p}-lo", f"{spread[p][1]:.1f}", display=False)
-    glue(f"ch06-spread-{p}-hi", f"{spread[p][-1]:.1f}", display=False)
+    glue(f"ch06-spread-{p}-lo", f"{first_last[p][1]:.1f}", display=False)
+    glue(f"ch06-spread-{p}-hi", f"{first_last[p][-1]:.1f}", display=False)
 
 fig, (ax_s, ax_g, ax_l) = plt.subplots(
     1, 3, figsize=(9.0, 3.5), width_ratios=[1.0, 1.5, 1.1]
@@ -882,8 +995,8 @@ def draw_depth(i: int) -> None:
         dots[p].set_data(FIG_DEPTHS[: i + 1], last)
     depth_text.set_text(f"× {n} blocks")
     ax_g.set_title(
-        f"L = {n}: first ÷ last block {spread['post'][i]:.1f} (Post-LN), "
-        f"{spread['pre'][i]:.1f} (Pre-LN)",
+        f"L = {n}: first ÷ last block {first_last['post'][i]:.1f} (Post-LN), "
+        f"{first_last['pre'][i]:.1f} (Pre-LN)",
         fontsize=9,
     )
 
@@ -1004,8 +1117,10 @@ plt.show()
 #
 # ### Back to the stream: trained models
 #
-# With the models trained, we can repeat the SmolLM2 measurement. In the three placements
-# that leave the identity path alone, the stream grows with depth; in Post-LN every block
+# With the models trained, we can repeat the SmolLM2 measurement on seed 0's models
+# trained with warmup at the peak learning rate {glue:text}`ch06-lr`. In Pre-LN (and, with
+# `FULL = True`, in sandwich and post-branch: the placements that leave the identity path
+# alone) the stream grows with depth; in Post-LN every block
 # ends in a LayerNorm, so every token's vector has norm $\sqrt{d} \approx 5.7$ (times the
 # gains) at every layer.
 
@@ -1013,9 +1128,9 @@ plt.show()
 val_x = val_batches[0][0]
 print(f"{'':<12} {'‖x_1‖':>6} {'‖x_8‖':>6} {'exponent':>9}")
 stream_fit = {}
-for p in PLACEMENTS:
+for p in TRAINED:
     med = (
-        residual_norms(runs[(p, WARMUP, 0)]["model"], val_x)
+        residual_norms(runs[(p, WARMUP, LR, SEEDS[0])]["model"], val_x)
         .flatten(1)
         .median(dim=1)
         .values
@@ -1290,27 +1405,34 @@ plt.show()
 # parameters and fixed it by normalizing $q$ and $k$ {cite}`dehghani2023scaling`; Wortsman
 # et al. reproduced the *attention logit growth* in small models trained at high learning
 # rates {cite}`wortsman2023small`. QK-norm applies an RMSNorm to each head's query and key
-# just before the dot product (Qwen3, Olmo 2 and 3, Gemma 3, Trinity all use it). With
-# unit RMS, $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the
-# two learned gains.
+# just before the dot product, as Qwen3, Gemma 3 and Trinity do; Olmo 2 and 3 instead
+# normalize the whole query projection, all heads together, and likewise the keys
+# (`qk_norm="full"` in `companion`, as in transformers' Olmo 2 and Olmo 3 code), which
+# bounds the sum over heads rather than each head. With per-head unit RMS,
+# $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the two learned
+# gains.
 #
-# We train a 4-layer version of the chapter's model (Pre-LN, GPT-2 scaled init, head width
-# $D = 16$) at a high peak learning rate, $3\cdot10^{-2}$ after 10 warmup steps, with and
-# without QK-norm, and record every layer's largest logit at every step with
-# `AttentionLogitTracker` (hooks on the attention modules; the logits are recomputed from
-# their inputs, so training is unchanged). This runs in fp32 on a CPU; in bf16, which
+# Wortsman et al.'s proxy is a small model trained at learning rates up to and past the
+# point where it degrades, with and without QK-norm, comparing the final loss. We train a
+# 4-layer version of the chapter's model (Pre-LN, GPT-2 scaled init, head width $D = 16$)
+# for 100 steps, 10 of them warmup, at three peak learning rates ($10^{-2}$,
+# $3\cdot10^{-2}$, $10^{-1}$), with and without QK-norm, on the chapter's paired seeds.
+# In one run per variant ($3\cdot10^{-2}$, seed 0) we record every layer's largest logit
+# at every step with `AttentionLogitTracker` (hooks on the attention modules; the logits
+# are recomputed from their inputs, so training is unchanged). This runs in fp32 on a CPU; in bf16, which
 # carries 8 bits of mantissa, a logit of 100 is already resolved only to about 0.5, and
 # the problem gets worse: `FULL = True` runs the same experiment in bf16 on a GPU.
 
 # %%
 QK_LAYERS, QK_STEPS, QK_LR, QK_WARMUP = 4, 100, 3e-2, 10
+QK_LRS = (1e-2, 3e-2, 1e-1)  # peak learning rates of the sweep; QK_LR is tracked
 amp = torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=FULL)
 
 
-def qk_run(qk_norm: str) -> dict:
-    seed_everything(0)
+def qk_run(qk_norm: str, lr: float, seed: int) -> dict:
+    seed_everything(seed)
     model = deep_model("pre", n_layers=QK_LAYERS, depth_scaled=True, qk_norm=qk_norm)
-    batches = torch.Generator().manual_seed(0)
+    batches = torch.Generator().manual_seed(seed)
     losses = []
 
     def loss_fn(m, x, y):
@@ -1319,29 +1441,38 @@ def qk_run(qk_norm: str) -> dict:
         losses.append(loss.item())
         return loss
 
-    with AttentionLogitTracker(model) as tracker:
+    track = (lr, seed) == (QK_LR, SEEDS[0])  # logits at every step for one run only
+    tracker = AttentionLogitTracker(model) if track else contextlib.nullcontext()
+    with tracker:
         train(
             model,
             lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
             QK_STEPS,
-            make_adamw(model, lr=QK_LR),
-            lr_at=lambda step: cosine_lr(
-                step, QK_LR, QK_WARMUP, QK_STEPS, min_lr=QK_LR / 10
-            ),
+            make_adamw(model, lr=lr),
+            lr_at=lambda step: cosine_lr(step, lr, QK_WARMUP, QK_STEPS, min_lr=lr / 10),
             loss_fn=loss_fn,
         )
-    return {"loss": losses, "logits": tracker.history.amax(dim=1), "model": model}
+    return {
+        "loss": losses,
+        "logits": tracker.history.amax(dim=1) if track else None,
+        "held_out": evaluate(model, val_batches),
+        "max_logit": attention_logit_max(model, val_x).max().item(),
+        "model": model,
+    }
 
 
-qk = {"none": qk_run("none"), "head": qk_run("head")}
+qk_all = {
+    (name, lr, s): qk_run(name, lr, s)
+    for name in ("none", "head")
+    for lr in QK_LRS
+    for s in SEEDS
+}
+qk = {name: qk_all[name, QK_LR, SEEDS[0]] for name in ("none", "head")}
 head_dim = WIDTH // (WIDTH // 16)
 for name, r in qk.items():
-    jumps = np.diff(r["loss"])
     print(
-        f"QK-norm {name:>4}: max logit at step 0 {r['logits'][0]:5.1f}, "
-        f"step 50 {r['logits'][50]:6.1f}, end {r['logits'][-1]:6.1f}\n"
-        f"              loss at end {np.mean(r['loss'][-20:]):.2f}, "
-        f"largest one-step rise {jumps.max():.2f}"
+        f"QK-norm {name:>4}, peak lr {QK_LR:g}, seed {SEEDS[0]}: max logit at step 0 "
+        f"{r['logits'][0]:.1f}, step 50 {r['logits'][50]:.1f}, end {r['logits'][-1]:.1f}"
     )
 with_qk = qk["head"]["model"]
 bound = max(
@@ -1360,11 +1491,54 @@ assert (
 )  # logits grow without QK-norm
 assert qk["none"]["logits"][-1] > 10 * qk["none"]["logits"][0]
 assert final_logits.max() <= bound * (1 + 1e-4)  # with it, they are capped by the gains
+
+# %% tags=["hide-input"]
+# the sweep: held-out loss and the largest attention logit after training, per lr
+qk_loss = {
+    (name, lr): [qk_all[name, lr, s]["held_out"] for s in SEEDS]
+    for name in ("none", "head")
+    for lr in QK_LRS
+}
+qk_logit = {
+    (name, lr): [qk_all[name, lr, s]["max_logit"] for s in SEEDS]
+    for name in ("none", "head")
+    for lr in QK_LRS
+}
+qk_diff = {lr: difference(qk_loss["head", lr], qk_loss["none", lr]) for lr in QK_LRS}
+print(f"\nafter {QK_STEPS} steps, mean ± sd over seeds {SEEDS}; last column: paired")
+print(f"{'peak lr':>7} {'loss, none':>11} {'loss, QK':>11} {'QK − none':>12} ", end="")
+print(f"{'max logit, none':>15} {'QK':>5}")
+for lr in QK_LRS:
+    d = qk_diff[lr]
+    print(
+        f"{lr:>7g} {spread(qk_loss['none', lr]).format():>11} "
+        f"{spread(qk_loss['head', lr]).format():>11} "
+        f"{d.format() + ('*' if d.verdict else ' '):>12} "
+        f"{np.mean(qk_logit['none', lr]):>15.1f} {np.mean(qk_logit['head', lr]):>5.1f}"
+    )
 glue("ch06-qk-steps", f"{QK_STEPS}", display=False)
 glue("ch06-qk-start", f"{qk['none']['logits'][0]:.1f}", display=False)
 glue("ch06-qk-end", f"{qk['none']['logits'][-1]:.1f}", display=False)
 glue("ch06-qk-norm-end", f"{qk['head']['logits'][-1]:.1f}", display=False)
 glue("ch06-qk-bound", f"{bound:.1f}", display=False)
+for lr in QK_LRS:
+    glue(f"ch06-qk-d-{lr:g}", qk_diff[lr].format(), display=False)
+    for name in ("none", "head"):
+        glue(
+            f"ch06-qk-logit-{name}-{lr:g}",
+            f"{np.mean(qk_logit[name, lr]):.0f}",
+            display=False,
+        )
+        glue(
+            f"ch06-qk-loss-{name}-{lr:g}",
+            f"{np.mean(qk_loss[name, lr]):.2f}",
+            display=False,
+        )
+top = QK_LRS[-1]
+assert qk_diff[top].verdict == -1  # at the highest rate QK-norm ends lower...
+# ...where the logits without it have grown furthest
+assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["none", QK_LRS[0]])
+assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["head", top])
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
@@ -1393,40 +1567,64 @@ axes[1].legend()
 plt.show()
 
 # %% [markdown]
-# Without QK-norm the largest logit climbs by more than an order of magnitude in
+# In the tracked run (peak learning rate $3\cdot10^{-2}$, seed 0) the largest
+# logit without QK-norm climbs by more than an order of magnitude in
 # {glue:text}`ch06-qk-steps` steps, from {glue:text}`ch06-qk-start` to
 # {glue:text}`ch06-qk-end`; with it, the logits stay where the norm and its gains put them
 # (the largest ends at {glue:text}`ch06-qk-norm-end`, under the cap of
-# {glue:text}`ch06-qk-bound` that the trained gains allow). At this size and in fp32
-# the loss curves stay close, and we saw no loss spike to attribute to the logits: the
-# instability that QK-norm prevents appears at larger scale, in low precision, and over
-# longer runs {cite}`wortsman2023small`. What the small run does show is the mechanism
-# (unbounded logits) and the cap. The cap has a price: a head can no longer make its
+# {glue:text}`ch06-qk-bound` that the trained gains allow). Does the cap help training?
+# Across the sweep, the answer depends on the learning rate. At $10^{-2}$ and
+# $3\cdot10^{-2}$ the seeds cannot tell the two apart (held-out loss with QK-norm minus
+# without: {glue:text}`ch06-qk-d-0.01` and {glue:text}`ch06-qk-d-0.03`), although
+# without QK-norm the largest logit at the end is already
+# {glue:text}`ch06-qk-logit-none-0.03` at $3\cdot10^{-2}$. At $10^{-1}$ the logits
+# without QK-norm reach {glue:text}`ch06-qk-logit-none-0.1` (with it,
+# {glue:text}`ch06-qk-logit-head-0.1`), and QK-norm ends lower,
+# {glue:text}`ch06-qk-loss-head-0.1` against {glue:text}`ch06-qk-loss-none-0.1` (paired
+# difference {glue:text}`ch06-qk-d-0.1`). This is the shape Wortsman et al. report at
+# larger scale: the two agree at moderate learning rates, and QK-norm keeps the loss
+# lower where the logits of the model without it grow large
+# {cite}`wortsman2023small`. Two limits of the small run: at $10^{-1}$ neither model
+# trains well (both end far above the runs at $10^{-2}$), so what we see is a milder
+# degradation, not the divergence of a large model; and we saw no loss spike in fp32.
+# Wortsman et al. also control output-logit divergence with a z-loss, and Gemma 2
+# soft-caps the attention logits instead of normalizing $q$ and $k$
+# {cite}`gemmateam2024gemma2`; `companion` has no
+# soft-capping option and we did not run a z-loss within this page's time budget. The
+# cap has a price: a head can no longer make its
 # attention arbitrarily sharp by growing $q$ and $k$, only through the gains.
 #
 # ## Summary
 #
 # - The residual stream is a bus that every sublayer reads through a norm and writes into
-#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, roughly
-#   as a power of depth (exponent {glue:text}`ch06-stream-exp`, steeper than $\sqrt\ell$,
-#   because deep layers write bigger updates partly along the stream); from layer
-#   {glue:text}`ch06-massive-from` to {glue:text}`ch06-massive-to` the first token carries
-#   massive activations, {glue:text}`ch06-massive-ratio` times the median token's norm.
+#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, but not
+#   as one power of depth: slowly (about {glue:text}`ch06-slow-rate` per layer) up to
+#   layer {glue:text}`ch06-surge`, then more than twice as fast in log terms (about
+#   {glue:text}`ch06-fast-rate` per layer), because deep layers write bigger updates,
+#   partly along the stream. From layer {glue:text}`ch06-massive-from` to
+#   {glue:text}`ch06-massive-to` the first token carries massive activations,
+#   {glue:text}`ch06-massive-ratio` times the median token's norm.
 # - LayerNorm removes the mean and the scale, RMSNorm only the scale. Written as one pass,
 #   LayerNorm needs no more synchronisations than RMSNorm; what RMSNorm saves is a sum, a
 #   subtraction per element and the shift, and whether that shows in time depends on the
 #   kernels. The mean subtraction folds into the next linear layer exactly, and on
 #   SmolLM2's stream $\sigma$ and the RMS differ by at most {glue:text}`ch06-ln-rms-gap`.
-# - Post-LN puts a norm on the identity path. Our 8-layer model with Post-LN and no warmup
-#   collapses (every token's vector the same) and stays at the letter-frequency loss; with
-#   warmup it trains, and Pre-LN, sandwich and post-branch train either way. At
-#   initialisation Post-LN's last-layer gradient does not shrink with depth (Pre-LN's
-#   does), and the identity share of its Jacobian decays through the stack (Pre-LN's stays
-#   1).
+# - Post-LN puts a norm on the identity path. Whether it needs warmup depends on the
+#   peak learning rate: at $3\cdot10^{-3}$ our 8-layer Post-LN model trains without it;
+#   at $8\cdot10^{-3}$ warmup rescues it (paired gain
+#   {glue:text}`ch06-d-gain-post-0.008`; without warmup the tracked run collapses, every
+#   token's vector the same), and that gain exceeds Pre-LN's; at
+#   $2\cdot10^{-2}$ warmup rescues Pre-LN ({glue:text}`ch06-d-gain-pre-0.02`), which then
+#   ends below Post-LN. At initialisation Post-LN's last-layer gradient does not shrink
+#   with depth (Pre-LN's does), and the identity share of its Jacobian decays through
+#   the stack (Pre-LN's stays near 1).
 # - Scaling the residual writes by $1/\sqrt{2L}$ (GPT-2) or the sandwich output gains by
 #   $1/\sqrt L$ (Trinity) makes the stream's norm at initialisation independent of depth.
-# - Without QK-norm, attention logits grow fast at a high learning rate; with it they are
-#   bounded by $\sqrt D$ times the learned gains.
+# - Without QK-norm, attention logits grow with the learning rate (to a mean of
+#   {glue:text}`ch06-qk-logit-none-0.1` at $10^{-1}$); with it they are bounded by
+#   $\sqrt D$ times the learned gains. Only at $10^{-1}$ did QK-norm end with a lower
+#   loss ({glue:text}`ch06-qk-d-0.1`); at $10^{-2}$ and $3\cdot10^{-2}$ the seeds cannot
+#   tell the two apart.
 #
 # ## Exercises
 #
@@ -1440,16 +1638,17 @@ plt.show()
 # a run can leave; the claim is about how reliably it leaves.
 # ```
 #
-# 2. Train the Post-LN model without warmup at a lower peak learning rate
-#    ($3\cdot10^{-3}$). Does it still need the warmup? What does that say about how to
-#    read "Post-LN needs warmup"?
+# 2. Extend the learning-rate grid of the placement experiment in both directions
+#    (add $10^{-3}$ and $5\cdot10^{-2}$ to `LRS`). At which peak learning rate does
+#    Post-LN without warmup first fail, and is the best loss over the grid lower with
+#    warmup than without, for either placement?
 #
 # ```{admonition} Hint
 # :class: dropdown
-# Change `LR` before the training cell. At $3\cdot10^{-3}$, in our runs, Post-LN without
-# warmup trained about as well as Pre-LN and warmup changed almost nothing,
-# but every run ended above the $8\cdot10^{-3}$ runs with warmup. Warmup buys a larger
-# usable peak learning rate.
+# Compare each placement's best cell, not cells at one learning rate: a warmup is worth
+# having if it lets a placement use a larger peak learning rate that ends lower. Keep the
+# seeds paired and read the paired intervals the cell prints before calling a
+# difference.
 # ```
 #
 # 3. Train the Post-LN model with `depth_scaled=True` (small initial writes) and no
