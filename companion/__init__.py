@@ -254,7 +254,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "fit_linear_probe", "LABELS", "LinearProbe", "load_sentiment",
         "prompt_label_scores", "split_pairs",
     ),
-    "tasks.synthetic": ("associative_recall", "copy_task", "IGNORE"),
+    "tasks.synthetic": ("IGNORE",),
     "tasks.text": (
         "BPETokenizer", "CharTokenizer", "load_bpe", "load_shakespeare", "sample_windows",
         "split_tokens", "train_bpe",

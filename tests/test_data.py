@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from companion.tasks.synthetic import IGNORE, associative_recall, copy_task
 from companion.tasks.text import (
     CharTokenizer,
     load_bpe,
@@ -59,28 +58,3 @@ def test_split_tokens():
     assert len(train_ids) == 8 and len(val_ids) == 2
     with pytest.raises(ValueError, match="val_fraction"):
         split_tokens(torch.arange(10), 1.5)
-
-
-def test_copy_task_layout():
-    x, y = copy_task(
-        3, length=4, vocab_size=10, delay=2, generator=torch.Generator().manual_seed(0)
-    )
-    assert x.shape == y.shape == (3, 10)
-    assert torch.equal(x[:, 4], torch.ones(3, dtype=torch.long))
-    assert torch.equal(y[:, 6:], x[:, :4])
-    assert (y[:, :6] == IGNORE).all()
-    assert torch.equal(x[:, 7:], x[:, :3])  # teacher forcing: the copy shifted by one
-    with pytest.raises(ValueError, match="vocab_size must be >= 3"):
-        copy_task(1, 2, 2)
-
-
-def test_associative_recall_answer_is_the_paired_value():
-    x, y = associative_recall(64, 4, 10, 6, generator=torch.Generator().manual_seed(0))
-    assert x.shape == (64, 9)
-    for row_x, row_y in zip(x, y, strict=True):
-        keys, values = row_x[0:8:2].tolist(), row_x[1:8:2].tolist()
-        assert len(set(keys)) == 4
-        assert row_y[-1].item() == values[keys.index(row_x[-1].item())]
-        assert (row_y[:-1] == IGNORE).all()
-    with pytest.raises(ValueError, match="must be <= n_keys"):
-        associative_recall(1, 5, 4, 3)
