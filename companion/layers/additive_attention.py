@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from companion.checks import check_int
+
 __all__ = ["AdditiveAttention", "AttentionSeq2Seq", "reversal_task"]
 
 
@@ -28,8 +30,7 @@ class AdditiveAttention(nn.Module):
             ("key_dim", key_dim),
             ("attn_dim", attn_dim),
         ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value, 1)
         self.key_dim = key_dim
         self.w_s = nn.Linear(query_dim, attn_dim, bias=False)
         self.w_h = nn.Linear(key_dim, attn_dim, bias=True)

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from companion.checks import check_int
+
 __all__ = [
     "GRU",
     "IMPLS",
@@ -104,8 +106,7 @@ class _Recurrent(nn.Module):
     def __init__(self, input_size: int, hidden_size: int, *, bias: bool = True) -> None:
         super().__init__()
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value, 1)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.core = self.torch_cls(input_size, hidden_size, batch_first=True, bias=bias)
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from companion.checks import check_int
+
 __all__ = ["blocked_compress", "check_compress", "naive_compress", "visible_entries"]
 
 
@@ -40,8 +42,7 @@ def check_compress(
     prev_gate: Tensor | None,
 ) -> None:
     """Raise a ValueError naming the argument whose shape does not fit."""
-    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
-        raise ValueError(f"ratio must be a positive integer, got {ratio!r}")
+    check_int("ratio", ratio, 1)
     if kv.ndim != 3 or gate.shape != kv.shape:
         raise ValueError(
             f"kv and gate must share one shape (B, T, W); got kv {tuple(kv.shape)}, "

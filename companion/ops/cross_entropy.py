@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.checks import check_targets
+from companion.checks import check_int, check_targets
 
 __all__ = [
     "ChunkedCrossEntropy",
@@ -39,8 +39,7 @@ def logits_bytes(
         ("vocab_size", vocab_size),
         ("dtype_bytes", dtype_bytes),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_int(name, value, 1)
     return batch * seq_len * vocab_size * dtype_bytes
 
 
@@ -127,10 +126,5 @@ def chunked_cross_entropy(
     """The same loss as :func:`naive_cross_entropy`, never holding more than ``(C, V)``
     logits."""
     _check(hidden, weight, targets, ignore_index)
-    if (
-        isinstance(chunk_size, bool)
-        or not isinstance(chunk_size, int)
-        or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size, 1)
     return ChunkedCrossEntropy.apply(hidden, weight, targets, chunk_size, ignore_index)

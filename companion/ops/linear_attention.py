@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from companion.checks import check_int
+
 __all__ = [
     "GATE_RANGES",
     "check_chunk_size",
@@ -158,8 +160,7 @@ def heads_last(
 
 def check_chunk_size(chunk_size: int) -> None:
     """Raise a ValueError unless ``chunk_size`` is a positive int."""
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size, 1)
 
 
 def split_chunks(x: Tensor, c: int) -> Tensor:

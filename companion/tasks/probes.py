@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion.checks import check_int
 from companion.tasks.induction import repeated_segments
 from companion.tasks.synthetic import IGNORE
 from companion.training import cosine_lr, make_adamw, train
@@ -54,8 +55,7 @@ Batch = tuple[Tensor, Tensor]
 
 def _positive(**values: int) -> None:
     for name, x in values.items():
-        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
-            raise ValueError(f"{name} must be a positive int, got {x!r}")
+        check_int(name, x, 1)
 
 
 def mqar_vocab(n_keys: int, n_values: int) -> int:

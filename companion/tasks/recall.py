@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from companion.checks import check_int
 from companion.ops.delta_rule import chunk_delta_rule
 from companion.ops.linear_attention import chunk_linear_attention
 
@@ -38,8 +39,7 @@ def recall_pairs(
         ("key_dim", key_dim),
         ("value_dim", value_dim),
     ):
-        if not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name} must be a positive int, got {x!r}")
+        check_int(name, x, 1)
     keys = torch.randn(n_pairs, key_dim, generator=generator, dtype=torch.float64)
     values = torch.randn(n_pairs, value_dim, generator=generator, dtype=torch.float64)
     return F.normalize(keys, dim=-1), F.normalize(values, dim=-1)
