@@ -1408,7 +1408,8 @@ plt.show()
 # just before the dot product, as Qwen3, Gemma 3 and Trinity do; Olmo 2 and 3 instead
 # normalize the whole query projection, all heads together, and likewise the keys
 # (`qk_norm="full"` in `companion`, as in transformers' Olmo 2 and Olmo 3 code), which
-# bounds the sum over heads rather than each head. With per-head unit RMS,
+# fixes the size of all heads' queries together rather than each head's: one head can
+# still take most of it. With per-head unit RMS,
 # $\|q\| = \|k\| = \sqrt{D}$, so $|q\cdot k|/\sqrt{D} \le \sqrt{D}$, times the two learned
 # gains.
 #
@@ -1470,9 +1471,10 @@ qk_all = {
 qk = {name: qk_all[name, QK_LR, SEEDS[0]] for name in ("none", "head")}
 head_dim = WIDTH // (WIDTH // 16)
 for name, r in qk.items():
+    h = r["logits"]
     print(
         f"QK-norm {name:>4}, peak lr {QK_LR:g}, seed {SEEDS[0]}: max logit at step 0 "
-        f"{r['logits'][0]:.1f}, step 50 {r['logits'][50]:.1f}, end {r['logits'][-1]:.1f}"
+        f"{h[0]:.1f}, step 50 {h[50]:.1f}, end {h[-1]:.1f}"
     )
 with_qk = qk["head"]["model"]
 bound = max(
