@@ -334,9 +334,10 @@ assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
 # ### Training a small model to watch heads specialise
 #
 # A two-layer, four-head decoder trained for a few hundred steps on the plays is enough for
-# heads to stop being uniform and to start doing different jobs. To learn quickly on a CPU
-# it reads *characters* ({glue:text}`ch02-n-chars` distinct ones) rather than BPE pieces. While it trains we keep a
-# snapshot of one head's attention on a short line at regular intervals.
+# heads to stop being uniform, and for the two layers to read differently. To learn
+# quickly on a CPU it reads *characters* ({glue:text}`ch02-n-chars` distinct ones) rather
+# than BPE pieces. While it trains we keep a snapshot of one head's attention on a short
+# line at regular intervals.
 
 # %%
 seed_everything(0)
@@ -416,7 +417,8 @@ HTML(animate(fig, draw, len(snapshots), interval_ms=600))
 # %% [markdown]
 # The head starts uniform over the visible prefix (each row spreads its weight over the
 # characters so far) and sharpens as training goes on. Now all eight heads of the trained
-# model on the same line:
+# model on the same line. The two rows differ; within the second row, the heads look alike
+# (the statistics below measure how far):
 
 # %%
 maps = model.attention_maps(probe)
@@ -429,7 +431,7 @@ for layer in range(2):
             title=f"layer {layer + 1} · head {head + 1}",
         )
         axes[layer, head].set(xticks=[], yticks=[])
-fig.suptitle("Trained heads on «" + line + "»: eight different patterns")
+fig.suptitle("Trained heads on «" + line + "»: layer 1 local, layer 2 broad")
 plt.show()
 
 # %% [markdown]
@@ -501,7 +503,9 @@ glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=Fals
 # layer's heads look back {glue:text}`ch02-l2-look` characters, about what a uniform head
 # would; by that measure alone they could be averaging the whole line. Their entropy
 # ({glue:text}`ch02-l2-ent` of uniform) says they are broad but not uniform: they read the
-# whole prefix with preferences, not a few far-away characters. Long-range specialists
+# whole prefix with preferences, not a few far-away characters. By these three measures
+# the four second-layer heads are alike: the second row of the figure shows four versions
+# of one broad pattern, not four different jobs. Long-range specialists
 # (heads with a large look-back *and* a low entropy) do not appear in this small, briefly
 # trained model. The animated head's entropy fell from {glue:text}`ch02-snap-ent` of
 # uniform during training.
@@ -1086,9 +1090,9 @@ glue("ch02-loop-vs-sdpa", f"{t_loop / t_sdpa:.1f}", display=False)
 # - A boolean causal mask makes every position blind to its future, which lets one forward
 #   pass train all positions of a sequence.
 # - Heads are cheap to multiply: the same $4d^2$ parameters, each head with its own softmax.
-#   Trained on characters, the first layer's heads became local, one of them leaning on
-#   the previous character; the second layer's spread wide, with an entropy that tells
-#   broad reading from selective.
+#   Trained on characters, the first layer's heads became local, at least one of them
+#   leaning on the previous character; the second layer's four looked back about as far
+#   as a uniform head, with an entropy below uniform: broad, and alike by these measures.
 # - Two attention layers can do what one cannot: an induction head, which finds the
 #   earlier occurrence of the current token and copies what followed it. It formed in
 #   {glue:text}`ch02-ind-n-formed` of {glue:text}`ch02-ind-n-seeds` seeds within the
