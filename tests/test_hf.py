@@ -13,6 +13,7 @@ from companion.checkpoints.transformers import (  # noqa: E402
 )
 from companion.checkpoints.transformers_config import config_from_hf  # noqa: E402
 from companion.models.decoder import DecoderLM  # noqa: E402
+from companion.models.generation import decode_one_token, prefill  # noqa: E402
 
 BASE = dict(
     vocab_size=97, hidden_size=48, intermediate_size=80, max_position_embeddings=64
@@ -261,3 +262,26 @@ def test_unsupported_options_are_named():
         config_from_hf(cfg)
     with pytest.raises(ValueError, match="unsupported model"):
         config_from_hf(transformers.GPT2Config())
+
+
+def test_cached_decoding_matches_transformers_step_by_step(pair):
+    """Logits at every decode step, not only the tokens: greedy text from a random
+    model often repeats one token, which a wrong cache could reproduce."""
+    hf, ours = pair
+    x = torch.randint(3, 97, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = hf.generate(
+            x,
+            max_new_tokens=14,
+            do_sample=False,
+            min_new_tokens=14,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        want = torch.stack(out.logits, dim=1)  # (1, 14, V): each step's logits
+        cache = ours.new_cache(1, 21)
+        got = [prefill(ours, x, cache)]
+        for p in range(7, 20):  # the generated tokens, fed back one at a time
+            step = out.sequences[:, p : p + 1]
+            got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
+    assert (torch.stack(got, dim=1) - want).abs().max().item() <= 1e-4
