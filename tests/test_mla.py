@@ -18,6 +18,7 @@ from companion.layers.rotary import RotaryEmbedding
 from companion.models.config import ModelConfig
 from companion.models.config_parts import MLAConfig
 from companion.models.decoder import DecoderLM
+from companion.models.presets import PRESETS
 from companion.ops.rope import RopeScaling, apply_rope, rope_cos_sin, rope_frequencies
 
 D, H, C, DN, R, DV = 32, 4, 16, 8, 4, 6
@@ -258,13 +259,17 @@ def test_one_cache_serves_both_forms():
 
 
 def test_cache_bytes_per_token():
+    """DeepSeek-V3's latent cache, allocated layer by layer from the preset (whose
+    widths are checked against the released config), weighs what the formula says."""
+    mla = PRESETS["deepseek-v3"].mla
+    n_layers = PRESETS["deepseek-v3"].n_layers
+    one = LatentCache(
+        1, 1, mla.kv_lora_rank, mla.qk_rope_head_dim, dtype=torch.bfloat16
+    )
+    allocated = n_layers * one.kv.nbytes
     assert (
-        bytes_per_token(512, 64, n_layers=61, bytes_per_element=2) == 70_272
-    )  # DeepSeek-V3
-    per_head = (
-        128 * (128 + 64 + 128) * 61 * 2
-    )  # its 128 heads' K and V, were they cached
-    assert per_head / 70_272 == pytest.approx(71.1, abs=0.05)
+        bytes_per_token(mla.kv_lora_rank, mla.qk_rope_head_dim, n_layers) == allocated
+    )
     cache = LatentCache(3, 20, 512, 64, dtype=torch.bfloat16)
     assert cache.kv.nbytes == 3 * 20 * bytes_per_token(512, 64)
 
