@@ -101,13 +101,9 @@ def test_frequencies_match_transformers(name, partial):
     kind = params["rope_type"]
     scaling = RopeScaling.from_mapping(SCALINGS[name] or {})
     ours = rope_frequencies(32, 10000.0, scaling, partial, 256, seq_len=600)
-    if kind == "default":
-        theirs = (
-            1.0
-            / 10000.0
-            ** (torch.arange(0, int(32 * partial), 2).float() / int(32 * partial)),
-            1.0,
-        )
+    if kind == "default":  # GPT-NeoX's rotary module: the default with partial RoPE
+        neox = transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding
+        theirs = neox.compute_default_rope_parameters(cfg, None)
     elif kind == "dynamic":
         theirs = ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len=600)
     else:
