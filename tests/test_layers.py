@@ -168,8 +168,15 @@ def test_glu_hidden_sizes_of_released_models():
     )  # Llama 3 8B
     glu = GatedFeedForward(8, 24, "silu")
     x = torch.randn(2, 8)
-    ref = glu.down(torch.nn.functional.silu(glu.gate(x)) * glu.up(x))
-    torch.testing.assert_close(glu(x), ref)
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=8, intermediate_size=24, num_attention_heads=2
+    )
+    theirs = transformers.models.llama.modeling_llama.LlamaMLP(cfg)
+    theirs.load_state_dict(
+        {f"{n}_proj.weight": getattr(glu, n).weight for n in ("gate", "up", "down")}
+    )
+    torch.testing.assert_close(glu(x), theirs(x))
     assert sum(p.numel() for p in glu.parameters()) == 3 * 8 * 24
     with pytest.raises(ValueError, match="activation must be one of"):
         GatedFeedForward(8, 24, "swish")
