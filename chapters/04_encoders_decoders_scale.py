@@ -280,8 +280,7 @@ print(
 # text instead, on two tasks:
 #
 # - **fill a blank**: hide the middle character of a 16-character window. The MLM sees 8
-#   characters on the left and 7 on the right; the GPT can use only the 8 on the left (we
-#   also give it its best case, a full 15 characters of left context);
+#   characters on the left and 7 on the right; the GPT can use only the 8 on the left;
 # - **continue**: predict the character after 15 characters. The GPT does this for a
 #   living; the MLM gets a `[MASK]` in the last position.
 
@@ -349,8 +348,8 @@ ax.set(
 plt.show()
 
 # %% [markdown]
-# Each objective is good at what it was trained for. Filling a blank with context on both
-# sides is easier than guessing the next character, and only the encoder can use that right
+# Each objective is good at what it was trained for. With the same left side, context on
+# the right as well makes the blank easier, and only the encoder can use that right
 # side. Continuing a text is the decoder's trade: the MLM met a `[MASK]` in the last position
 # of only about one training window in eight (15% selected × 80% masked), so it never had
 # to get good at reading the left side alone, and it shows.
@@ -931,7 +930,8 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# Our fitted exponent is {glue:text}`ch04-exponent` (Kaplan's, written the same way, is
+# Our fitted exponent is {glue:text}`ch04-exponent` (one seed per size; Kaplan's,
+# written the same way, is
 # −0.076), and we do not compare the two: five points, one seed each, over a span of sizes
 # tens of thousands of times narrower than theirs, cannot pin an exponent, and a match
 # within a factor of two would be easy to get by chance. The data are characters, the
@@ -940,7 +940,9 @@ plt.show()
 # with no floor must eventually be wrong: the text has an entropy below which no model
 # can go). What the sweep does show is the shape: a straight line on log–log axes ($R^2$
 # = {glue:text}`ch04-r2`), about {glue:text}`ch04-doubling` off the loss for each
-# doubling of $N$.
+# doubling of $N$. That is what a power law would give, but five points spanning
+# {glue:text}`ch04-sweep-decades` decades are consistent with one without establishing
+# it: over so short a span, other slowly bending curves fit as well.
 #
 # ### Chinchilla: how to split a budget between N and D
 #
@@ -1196,8 +1198,8 @@ plt.show()
 #
 # - BERT and GPT are the same blocks with and without the causal mask, trained on different
 #   objectives. Masked-LM (15% selected; 80% `[MASK]`, 10% random, 10% kept) lets an encoder
-#   use both sides: on our trunk it fills a blank better than a same-sized GPT (even one
-#   given twice the left context), and continues text much worse.
+#   use both sides: on our trunk (one trained model each) it fills a blank better than a
+#   same-sized GPT reading the same left side, and continues text much worse.
 # - An encoder's states change when a token is appended, so it cannot cache; a decoder's do
 #   not. Generation belongs to decoders.
 # - Real BERT weights load into `companion`'s encoder through an explicit, shape-checked
@@ -1209,8 +1211,10 @@ plt.show()
 #   second objective, was dropped after RoBERTa's ablation found it did not help.
 # - Training costs about $6N$ FLOPs per token, plus $12LTd$ for attention and $6dV$ for the
 #   output layer: exactly what `FlopCounterMode` counts.
-# - Loss falls as a power law in $N$ (our five-point sweep: exponent
-#   {glue:text}`ch04-exponent`, too few points and seeds to compare with Kaplan's);
+# - Kaplan et al. found loss falling as a power law in $N$ over six decades. Our five
+#   sizes, spanning {glue:text}`ch04-sweep-decades` decades, lie on a straight line on
+#   log–log axes (exponent {glue:text}`ch04-exponent`): consistent with a power law, too
+#   few points and seeds to establish one or to compare with Kaplan's.
 #   Chinchilla's rule of ~20 tokens per parameter turns a compute budget into a model size.
 # - A real small decoder does the review task from a prompt alone: zero-shot
 #   {glue:text}`ch04-zero-shot`, few-shot {glue:text}`ch04-few-shot` on
