@@ -75,6 +75,7 @@ from companion.analysis.scaling import (
     training_compute,
     training_flops_per_token,
 )
+from companion.analysis.seeds import difference, t_quantile
 from companion.checkpoints.minilm import (
     WeightConversionError,
     bert_name_map,
@@ -280,15 +281,22 @@ print(
 # text instead, on two tasks:
 #
 # - **fill a blank**: hide the middle character of a 16-character window. The MLM sees 8
-#   characters on the left and 7 on the right; the GPT can use only the 8 on the left;
+#   characters on the left and 7 on the right; the GPT can use only the 8 on the left. We
+#   also give the GPT its best case on the *same* blanks: a window that ends on the blank,
+#   so it reads 15 characters to its left;
 # - **continue**: predict the character after 15 characters. The GPT does this for a
 #   living; the MLM gets a `[MASK]` in the last position.
 
 # %%
-val_x, _ = sample_windows(
-    val_ids, 4096, SEQ, torch.Generator().manual_seed(123), DEVICE
-)
 mid, last = SEQ // 2, SEQ - 1
+shift = last - mid  # a window this much earlier ends on the blank
+start = torch.randint(
+    shift, len(val_ids) - SEQ, (4096,), generator=torch.Generator().manual_seed(123)
+)
+windows = start[:, None] + torch.arange(SEQ)  # (N, SEQ) positions in the text
+val_x = val_ids[windows].to(DEVICE)  # the blank is val_x[:, mid]...
+left_x = val_ids[windows - shift].to(DEVICE)  # ...and left_x[:, last]: the same one
+assert torch.equal(val_x[:, mid], left_x[:, last])
 
 
 @torch.no_grad()
@@ -308,9 +316,12 @@ def scores(logits: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
 
 with torch.no_grad():
     gpt_logits = gpt(val_x).float()  # row t predicts character t+1
+    gpt_left = gpt(left_x).float()[:, last - 1]  # the blank, from 15 on its left
+blank = val_x[:, mid]
 results = {
-    "blank: MLM, both sides": scores(mlm_predicts(val_x, mid), val_x[:, mid]),
-    "blank: GPT, same left side": scores(gpt_logits[:, mid - 1], val_x[:, mid]),
+    "blank: MLM, both sides": scores(mlm_predicts(val_x, mid), blank),
+    "blank: GPT, same left side": scores(gpt_logits[:, mid - 1], blank),
+    "blank: GPT, 15 on the left": scores(gpt_left, blank),
     "next: GPT, 15 on the left": scores(gpt_logits[:, last - 1], val_x[:, last]),
     "next: MLM, 15 on the left": scores(mlm_predicts(val_x, last), val_x[:, last]),
 }
@@ -328,9 +339,20 @@ next_gpt, next_mlm = (
 assert (
     blank_mlm[0] < blank_gpt[0] - 0.1 and blank_mlm[1] > blank_gpt[1]
 )  # the right side helps
-assert blank_mlm[0] < next_gpt[0]  # 8 + 7 characters beat 15 on the left only
 # ...but the MLM is a poor continuer
 assert next_gpt[0] < next_mlm[0] - 0.3 and next_gpt[1] > next_mlm[1]
+
+# %% tags=["hide-input"]
+# 8 + 7 characters against 15 on the left only, on the same blanks: the paired
+# difference per character, with its 95 % Student-t interval over the blanks
+blank_gap = difference(
+    F.cross_entropy(mlm_predicts(val_x, mid), blank, reduction="none").tolist(),
+    F.cross_entropy(gpt_left, blank, reduction="none").tolist(),
+)
+print(f"MLM − GPT with 15 on the left, same blanks: {blank_gap.format(3)} nats/char")
+assert blank_gap.verdict == -1  # the MLM's loss is lower beyond the interval
+glue("ch04-blank-gap", blank_gap.format(3), display=False)
+glue("ch04-n-blanks", f"{len(blank):,}", display=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
@@ -338,7 +360,7 @@ names = list(results)
 ax.barh(
     names,
     [results[n][0] for n in names],
-    color=[PALETTE[0], PALETTE[1], PALETTE[1], PALETTE[0]],
+    color=[PALETTE[0], PALETTE[1], PALETTE[1], PALETTE[1], PALETTE[0]],
 )
 ax.invert_yaxis()
 ax.set(
@@ -348,8 +370,11 @@ ax.set(
 plt.show()
 
 # %% [markdown]
-# Each objective is good at what it was trained for. With the same left side, context on
-# the right as well makes the blank easier, and only the encoder can use that right
+# Each objective is good at what it was trained for. On the same blanks, context on both
+# sides beats context on the left alone, even 15 characters of it
+# ({glue:text}`ch04-blank-gap` nats per character for the MLM against that GPT, a 95 %
+# interval over the blanks; it covers the sampling of held-out text, not the training
+# seed, since each model was trained once), and only the encoder can use that right
 # side. Continuing a text is the decoder's trade: the MLM met a `[MASK]` in the last position
 # of only about one training window in eight (15% selected × 80% masked), so it never had
 # to get good at reading the left side alone, and it shows.
@@ -909,6 +934,16 @@ glue("ch04-exponent", f"{law.exponent:.3f}", display=False)
 glue("ch04-r2", f"{r2:.3f}", display=False)
 glue("ch04-doubling", f"{doubling:.1f}%", display=False)
 
+# %% tags=["hide-input"]
+# the slope's 95 % interval from the points' scatter about the line (n − 2 degrees of
+# freedom); one seed per size, so the spread between seeds is not in it
+dof = len(n_params) - 2
+dev = log_n - log_n.mean()
+slope_hw = t_quantile(0.95, dof) * math.sqrt((residual**2).sum() / dof / (dev**2).sum())
+print(f"exponent {law.exponent:.3f} ± {slope_hw:.3f} (95 % interval, {dof} d.o.f.)")
+assert law.exponent + slope_hw < 0  # the fall is larger than the scatter about the line
+glue("ch04-exponent-ci", f"{law.exponent:.3f} ± {slope_hw:.3f}", display=False)
+
 # %%
 fig, ax = plt.subplots(figsize=(5.6, 3.6))
 ax.loglog(n_params, val_loss, "o", label="trained models")
@@ -923,16 +958,17 @@ ax.loglog(
 ax.set(
     xlabel="non-embedding parameters N",
     ylabel="held-out loss (nats/char)",
-    title="Loss falls as a power of model size",
+    title="Loss against model size: a straight line on log–log axes",
 )
 plain_log_ticks(ax)
 ax.legend()
 plt.show()
 
 # %% [markdown]
-# Our fitted exponent is {glue:text}`ch04-exponent` (one seed per size; Kaplan's,
-# written the same way, is
-# −0.076), and we do not compare the two: five points, one seed each, over a span of sizes
+# Our fitted exponent is {glue:text}`ch04-exponent-ci` (a 95 % interval from the points'
+# scatter about the line; one seed per size, so the seeds' own spread is not in it).
+# Kaplan's, written the same way, is
+# −0.076, and we do not compare the two: five points, one seed each, over a span of sizes
 # tens of thousands of times narrower than theirs, cannot pin an exponent, and a match
 # within a factor of two would be easy to get by chance. The data are characters, the
 # models are tiny, and every model saw the same $D$ tokens, so the bigger ones are
@@ -1199,7 +1235,9 @@ plt.show()
 # - BERT and GPT are the same blocks with and without the causal mask, trained on different
 #   objectives. Masked-LM (15% selected; 80% `[MASK]`, 10% random, 10% kept) lets an encoder
 #   use both sides: on our trunk (one trained model each) it fills a blank better than a
-#   same-sized GPT reading the same left side, and continues text much worse.
+#   same-sized GPT, even one that reads 15 characters to the left of the same blanks
+#   ({glue:text}`ch04-blank-gap` nats per character, a 95 % interval over
+#   {glue:text}`ch04-n-blanks` held-out blanks), and continues text much worse.
 # - An encoder's states change when a token is appended, so it cannot cache; a decoder's do
 #   not. Generation belongs to decoders.
 # - Real BERT weights load into `companion`'s encoder through an explicit, shape-checked
@@ -1213,8 +1251,8 @@ plt.show()
 #   output layer: exactly what `FlopCounterMode` counts.
 # - Kaplan et al. found loss falling as a power law in $N$ over six decades. Our five
 #   sizes, spanning {glue:text}`ch04-sweep-decades` decades, lie on a straight line on
-#   log–log axes (exponent {glue:text}`ch04-exponent`): consistent with a power law, too
-#   few points and seeds to establish one or to compare with Kaplan's.
+#   log–log axes (exponent {glue:text}`ch04-exponent-ci`): consistent with a power law,
+#   too few points and seeds to establish one or to compare with Kaplan's.
 #   Chinchilla's rule of ~20 tokens per parameter turns a compute budget into a model size.
 # - A real small decoder does the review task from a prompt alone: zero-shot
 #   {glue:text}`ch04-zero-shot`, few-shot {glue:text}`ch04-few-shot` on
