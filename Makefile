@@ -64,10 +64,10 @@ NBVAL_SANITIZE := tests/nbval_sanitize.cfg
 # run on the native path. `make nbval-crosspath` starts every kernel on another path
 # (ATen's portable kernels, MKL unpinned, 1 thread) to check that the chapters pin it back.
 NUMERICS_ENV := $(shell $(PYTHON) companion/numerics.py)
-$(foreach kv,$(NUMERICS_ENV),$(eval unit core compat nbval nbval-lax notebooks lab: export $(kv)))
+$(foreach kv,$(NUMERICS_ENV),$(eval unit core compat mutants nbval nbval-lax notebooks lab: export $(kv)))
 CROSS_PATH_ENV := -u MKL_CBWR ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: help venv book test lint unit core compat nbval nbval-crosspath nbval-lax browser lab bench full notebooks lock clean \
+.PHONY: help venv book test lint unit core compat mutants nbval nbval-crosspath nbval-lax browser lab bench full notebooks lock clean \
 	distclean
 
 help:
@@ -82,6 +82,8 @@ help:
 	@echo "Parts of make test: make lint | unit | core | nbval | book | browser"
 	@echo "make core       the unit suite in .venv-core, with the core dependencies only"
 	@echo "make compat     the unit suite on the oldest and newest PyTorch ($(COMPAT_TORCH))"
+	@echo "make mutants    break core mechanisms one line at a time (tools/mutants_list.py),"
+	@echo "                check that the unit tests fail for each"
 	@echo "make nbval-crosspath  nbval with every kernel started on another numerical path"
 	@echo "make nbval-lax  run every chapter and its asserts, without comparing outputs"
 	@echo "                (for CPUs other than x86-64, where printed digits differ)"
@@ -108,6 +110,12 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/pytest tests -m "not browser" --disable-socket --allow-unix-socket
+
+# A standing mutation check: each mutation in tools/mutants_list.py (one line of
+# companion/, a real bug) is applied to a copy of the package and its named tests must
+# fail; exit 1 if any mutation survives. `$(BIN)/python tools/mutants.py PREFIX` runs a few.
+mutants: $(STAMP)
+	MPLBACKEND=Agg $(BIN)/python tools/mutants.py
 
 # The unit suite with the core dependencies only (torch, numpy, matplotlib, tqdm,
 # tokenizers) and pytest, in its own environment: what needs an extra must skip, not fail.
