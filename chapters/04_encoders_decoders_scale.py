@@ -422,8 +422,12 @@ def mlm_continue(ids: torch.Tensor, n_new: int, gen: torch.Generator) -> torch.T
     return ids
 
 
-gpt_text = gpt.generate(
-    prompt, 120, temperature=0.8, generator=torch.Generator(DEVICE).manual_seed(0)
+gpt_text = gpt.generate(  # past its 16-token context: each step re-reads the last 16
+    prompt,
+    120,
+    temperature=0.8,
+    generator=torch.Generator(DEVICE).manual_seed(0),
+    use_cache=False,
 )
 mlm_text = mlm_continue(prompt, 120, torch.Generator().manual_seed(0))
 
