@@ -692,8 +692,8 @@ for key, (_, ds) in effects.items():
 verdict = {key: dict(zip(LRS, [d.verdict for d in ds], strict=True))
            for key, (_, ds) in effects.items()}  # fmt: skip
 lo, mid, hi = LRS
-# at the middle rate: warmup rescues Post-LN, which without it ends above Pre-LN, and it
-# buys Post-LN more than it buys Pre-LN
+# at the middle rate: warmup rescues Post-LN, which without it ends above Pre-LN,
+# and it buys Post-LN more than it buys Pre-LN
 assert (
     verdict["gain-post"][mid] == verdict["cold"][mid] == verdict["gain-gap"][mid] == 1
 )
