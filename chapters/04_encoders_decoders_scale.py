@@ -946,7 +946,7 @@ dev = log_n - log_n.mean()
 slope_se = math.sqrt((residual**2).sum() / dof / (dev**2).sum())
 slope_hw = t_quantile(0.95, dof) * slope_se
 print(f"exponent {law.exponent:.3f} ± {slope_hw:.3f} (95 % interval, {dof} d.o.f.)")
-assert law.exponent + slope_hw < 0  # the fall is larger than the scatter about the line
+assert law.exponent + slope_hw < 0  # the fall exceeds the scatter about the line
 glue("ch04-exponent-ci", f"{law.exponent:.3f} ± {slope_hw:.3f}", display=False)
 
 # %%

@@ -705,7 +705,7 @@ assert compare(warmup_gain["post", mid], warmup_gain["post", lo]) == 1
 assert verdict["gain-pre"][hi] == verdict["warm"][hi] == 1
 for lr in LRS:  # Pre-LN with warmup trains at every rate, on every seed
     assert max(per_seed["pre", WARMUP, lr]) < unigram - 0.3
-assert max(per_seed["pre", 0, mid]) < unigram - 0.15  # and without it at the middle one
+assert max(per_seed["pre", 0, mid]) < unigram - 0.15  # and without it at the middle
 
 # %% [markdown]
 # Whether Post-LN "needs warmup" depends on the learning rate. At the lowest,
