@@ -1,6 +1,8 @@
 """companion.checkpoints.transformers: five transformers families, converted, give the same
 logits and greedy tokens."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -284,4 +286,45 @@ def test_cached_decoding_matches_transformers_step_by_step(pair):
         for p in range(7, 20):  # the generated tokens, fed back one at a time
             step = out.sequences[:, p : p + 1]
             got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
+    assert (torch.stack(got, dim=1) - want).abs().max().item() <= 1e-4
+
+
+def test_dynamic_rope_grows_past_the_trained_length_like_transformers():
+    """Dynamic ("NTK") RoPE: transformers' Llama trained at 16 positions, read to 40.
+    Prefill (24 positions, one grown base for all) and each decode step (the base grown
+    for that step's length, the cached keys left as they were) give the same logits;
+    and they differ from plain RoPE, so the growth is what is being compared."""
+    torch.manual_seed(0)
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    kw = dict(BASE, max_position_embeddings=16, num_hidden_layers=2)
+    hf_cfg = transformers.LlamaConfig(
+        **kw, num_attention_heads=4, rope_parameters=rope, initializer_range=0.2
+    )  # weights large enough that attention, and so position, matters
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    cfg = dataclasses.replace(config_from_hf(hf_cfg), max_seq_len=48)
+    assert cfg.rope_scaling.original_max_position_embeddings == 16
+    ours = DecoderLM(cfg).eval()
+    load_state_dict_strict(ours, convert_state_dict(hf.state_dict(), cfg))
+    plain = DecoderLM(dataclasses.replace(cfg, rope_scaling=None)).eval()
+    plain.load_state_dict(ours.state_dict())
+    x = torch.randint(3, 97, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        # first: transformers keeps the longest base it has grown to, ours is per call
+        full = hf(x).logits
+        out = hf.generate(
+            x,
+            max_new_tokens=16,
+            do_sample=False,
+            min_new_tokens=16,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        want = torch.stack(out.logits, dim=1)  # (1, 16, V)
+        cache = ours.new_cache(1, 40)
+        got = [prefill(ours, x, cache)]
+        for p in range(24, 39):
+            step = out.sequences[:, p : p + 1]
+            got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
+        assert (ours(x) - full).abs().max().item() <= 1e-4  # every prefill position
+        assert (plain(x) - full).abs().max().item() > 1e-2  # the growth shows
     assert (torch.stack(got, dim=1) - want).abs().max().item() <= 1e-4

@@ -156,6 +156,14 @@ MUTATIONS = [
         tests=["tests/test_rope.py"],
     ),
     dict(
+        id="rope-dynamic-never-grows",
+        file="companion/layers/rotary.py",
+        old="self.trained_len = trained or max_len  # where dynamic scaling starts to grow",
+        new="self.trained_len = max_len",
+        what="dynamic RoPE grows only past the model's max_len, i.e. never",
+        tests=["tests/test_hf.py::test_dynamic_rope_grows_past_the_trained_length_like_transformers"],
+    ),
+    dict(
         id="rope-yarn-ramp",
         file="companion/ops/rope.py",
         old="keep = 1.0 - ramp  # 1: extrapolate (leave ω alone), 0: interpolate (ω / factor)",

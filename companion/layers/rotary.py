@@ -21,7 +21,10 @@ class RotaryEmbedding(nn.Module):
     The table of all ``max_len`` positions is computed once per device (bit-identical to
     :func:`companion.ops.rope.rope_cos_sin` of the positions) and indexed, so a decode
     step reads one row. ``dynamic`` scaling depends on the sequence length and is
-    computed at each call. The module holds no parameters and no buffers: casting a
+    computed at each call: its base grows once a call reaches past
+    ``scaling.original_max_position_embeddings`` (the length trained at; None:
+    ``max_len``, so it never grows), as transformers' grows past the config's
+    ``max_position_embeddings``. The module holds no parameters and no buffers: casting a
     model to bf16 leaves it in fp32, and one instance can serve every layer that shares
     the setting.
     """
@@ -38,6 +41,8 @@ class RotaryEmbedding(nn.Module):
         self.head_dim, self.theta, self.max_len = head_dim, theta, max_len
         self.scaling, self.partial_rotary_factor = scaling, partial_rotary_factor
         self.dynamic = scaling is not None and scaling.rope_type == "dynamic"
+        trained = scaling.original_max_position_embeddings if self.dynamic else None
+        self.trained_len = trained or max_len  # where dynamic scaling starts to grow
         with torch.device("cpu"):  # real numbers, even when a model is built on "meta"
             self.inv_freq, self.attention_scale = rope_frequencies(
                 head_dim, theta, scaling, partial_rotary_factor, max_len
@@ -53,7 +58,7 @@ class RotaryEmbedding(nn.Module):
                 self.theta,
                 self.scaling,
                 self.partial_rotary_factor,
-                self.max_len,
+                self.trained_len,
                 seq_len=seq_len,
             )
             return rope_cos_sin(positions, inv, scale)
