@@ -1030,10 +1030,7 @@ assert fa_rows[False][1] == n_tiles**2
 assert fa_rows[True][1] == n_tiles * (n_tiles + 1) // 2
 # the reference really stores the n×n matrices the standard count charges to HBM
 assert mem_naive[-1] >= 2 * H * lengths[-1] ** 2 * 4
-assert sram_tile < A100["sram_bytes_per_sm"]  # a tile fits where the matrix cannot
-assert FP16 * N_FA**2 > 100 * A100["sram_bytes_per_sm"]
-# the standard form waits on HBM longer than on arithmetic; the tiled one moves less
-assert std_bytes / A100["hbm_bytes_per_s"] > 3 * t_math
+# the tiled loop moves less than a third of the standard form's bytes
 assert std_bytes > 3 * tiled_full
 
 # %% [markdown]

@@ -827,7 +827,8 @@ assert all(
 assert all((np.array(v) - full_val < 0.03).all() for v in val_loss.values())
 # full minus windowed, paired by seed (same initial draw, same batches), 95 % interval
 gaps = {k: difference(full_val, v) for k, v in val_loss.items() if k != "full"}
-assert all(d.verdict >= 0 for d in gaps.values())  # no window costs loss here
+# no window costs loss here; both end ahead, beyond the interval (an artefact: below)
+assert all(d.verdict == 1 for d in gaps.values())
 for name, losses in val_loss.items():
     gap = "" if name == "full" else f"   full − this: {gaps[name].format(3)}"
     print(f"{name:<20} {spread(losses).format(3)} nats/char{gap}")
@@ -911,7 +912,8 @@ for name, b in binned.items():
 # 3:1. So at this budget the windows cost these models nothing measurable, which is what
 # the notebook asserts: full attention is not ahead.
 #
-# The windowed models even end slightly *ahead*, but that lead is an artefact, not a
+# The windowed models even end slightly *ahead*, beyond the interval on both counts (the
+# notebook asserts that too), but that lead is an artefact, not a
 # property of windows, and the per-position curves show why. The loss falls over the
 # first two or three characters of context and then stays flat (if anything it creeps up
 # by a few hundredths): in 110 steps a model this small learns spelling, not long-range

@@ -61,7 +61,9 @@ def test_chunked_peak_memory_is_bounded_by_the_chunk():
 
 
 def test_logits_bytes_and_errors():
-    assert logits_bytes(8, 8192, 151_936) == 8 * 8192 * 151_936 * 4
+    for dtype in (torch.float32, torch.bfloat16):  # against real logits tensors
+        real = torch.empty(3, 7, 101, dtype=dtype)
+        assert logits_bytes(3, 7, 101, real.element_size()) == real.nbytes
     with pytest.raises(ValueError, match="vocab_size"):
         logits_bytes(1, 1, 0)
     hidden, weight, targets = _data()

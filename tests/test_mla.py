@@ -291,13 +291,31 @@ def test_parameter_shapes():
     }
 
 
-def test_softmax_scale():
-    assert softmax_scale(192) == 1 / math.sqrt(192)
-    yarn = RopeScaling("yarn", factor=40.0, mscale=1.0, mscale_all_dim=1.0)
-    assert softmax_scale(192, yarn) == pytest.approx(
-        (0.1 * math.log(40) + 1) ** 2 / math.sqrt(192)
-    )
-    assert softmax_scale(192, RopeScaling("yarn", factor=40.0)) == 1 / math.sqrt(192)
+@pytest.mark.parametrize(
+    "rope",
+    [None, {"mscale_all_dim": 1.0}, {"mscale_all_dim": 0.7, "mscale": 1.0}, {}],
+    ids=["plain", "v3", "uneven", "no-mscale-all-dim"],
+)
+def test_softmax_scale_is_transformers_deepseek_v3_scaling(rope):
+    """The scale of DeepSeek-V3's attention module, built from a config at V3's head
+    widths (192 = 128 + 64) and factor 40, with and without YaRN's mscale_all_dim."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope is not None:
+        yarn = {"rope_type": "yarn", "factor": 40.0, **rope}
+        params = {**params, **yarn, "original_max_position_embeddings": 4096}
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=64, num_attention_heads=2, q_lora_rank=None, kv_lora_rank=8,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=16,
+        rope_parameters=params,
+    )  # fmt: skip
+    want = ds.DeepseekV3Attention(cfg, layer_idx=0).scaling
+    scaling = None if rope is None else RopeScaling.from_mapping(
+        {k: v for k, v in params.items() if k != "rope_theta"}
+    )  # fmt: skip
+    assert softmax_scale(192, scaling) == pytest.approx(want, rel=1e-12)
 
 
 def test_errors_name_the_problem():

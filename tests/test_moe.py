@@ -57,14 +57,38 @@ def test_selection_bias_changes_the_choice_never_the_weights():
     assert "selection_bias" not in dict(router.named_parameters())
 
 
-def test_group_limited_routing_stays_inside_the_best_groups():
+@pytest.mark.parametrize(
+    "groups, topk_groups, top_k", [(4, 1, 3), (4, 2, 4), (8, 3, 6), (1, 1, 4)]
+)
+def test_group_limited_routing_is_transformers_deepseek_v3(groups, topk_groups, top_k):
+    """The same experts and weights as DeepSeek-V3's router in transformers, with a
+    selection bias large enough to change the groups chosen."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=16, n_routed_experts=24, num_experts_per_tok=top_k, n_group=groups,
+        topk_group=topk_groups, routed_scaling_factor=2.5, norm_topk_prob=True,
+    )  # fmt: skip
+    theirs = ds.DeepseekV3TopkRouter(cfg)
+    ours = TopKRouter(
+        16, 24, top_k, scoring="sigmoid", n_groups=groups, topk_groups=topk_groups,
+        scale=2.5, selection_bias=True,
+    )  # fmt: skip
     torch.manual_seed(0)
-    router = TopKRouter(16, 12, 3, scoring="sigmoid", n_groups=4, topk_groups=1)
-    x = torch.randn(40, 16)
-    _, indices, scores = router(x)
-    group_scores = scores.view(40, 4, 3).topk(2, dim=-1).values.sum(-1)  # (N, G)
-    best = group_scores.argmax(-1)  # (N,)
-    assert (indices // 3 == best[:, None]).all()
+    with torch.no_grad():
+        theirs.weight.normal_()
+        theirs.e_score_correction_bias.normal_(0.0, 0.3)
+        ours.weight.copy_(theirs.weight)
+        ours.selection_bias.copy_(theirs.e_score_correction_bias)
+    x = torch.randn(64, 16)
+    _, w_theirs, i_theirs = theirs(x)
+    weights, indices, _ = ours(x)
+    order_t, order_o = i_theirs.sort(-1), indices.sort(-1)  # the same set of experts
+    assert torch.equal(order_o.values, order_t.values)
+    torch.testing.assert_close(
+        weights.gather(-1, order_o.indices), w_theirs.gather(-1, order_t.indices)
+    )
 
 
 @pytest.mark.parametrize(

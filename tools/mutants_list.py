@@ -334,6 +334,14 @@ MUTATIONS = [
         tests=[MOE],
     ),
     dict(
+        id="moe-groups-unmasked",
+        file="companion/layers/router.py",
+        old='return grouped.masked_fill(~keep[..., None], float("-inf")).view(',
+        new='return grouped.masked_fill(keep[..., None] & False, float("-inf")).view(',
+        what="group-limited routing searches every group",
+        tests=[MOE],
+    ),
+    dict(
         id="moe-aux-loss-fraction",
         file="companion/layers/router.py",
         old="f = expert_load(indices, n_experts).to(probs.dtype) / probs.shape[0]  # (E,)",
