@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from companion.checks import check_choice
+
 __all__ = ["bf16_supported", "default_device", "default_dtype", "describe"]
 
 _DEVICES = ("cuda", "mps", "cpu")
@@ -24,8 +26,7 @@ def default_device(prefer: str | None = None) -> torch.device:
     """
     choice = prefer or os.environ.get("COMPANION_DEVICE")
     if choice is not None:
-        if choice not in _DEVICES:
-            raise ValueError(f"device must be one of {_DEVICES}, got {choice!r}")
+        check_choice("device", choice, _DEVICES)
         if choice == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(
                 "device 'cuda' was requested but torch.cuda.is_available() is False"

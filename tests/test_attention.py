@@ -217,11 +217,12 @@ def test_tiled_rejects_dropout():
         attention(q, q, q, impl="tiled", dropout_p=0.1)
 
 
+@pytest.mark.parametrize("value", [0, True, 2.0], ids=["zero", "bool", "float"])
 @pytest.mark.parametrize("block", ["block_q", "block_k"])
-def test_tiled_rejects_bad_block_size(block):
+def test_tiled_rejects_bad_block_size(block, value):
     q = torch.randn(1, 1, 2, 4)
-    with pytest.raises(ValueError, match=rf"^{block} must be >= 1"):
-        tiled_attention(q, q, q, **{block: 0})
+    with pytest.raises(ValueError, match=rf"^{block} must be a positive integer"):
+        tiled_attention(q, q, q, **{block: value})
 
 
 def test_tiled_causal_needs_keys_for_every_query():

@@ -188,8 +188,10 @@ def test_errors():
         greedy_decode(model, src, mask, max_len=0, **IDS)
     with pytest.raises(ValueError, match="must differ"):
         greedy_decode(model, src, mask, max_len=4, bos_id=1, eos_id=1, pad_id=0)
-    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
         beam_search(model, src, mask, max_len=4, beam_size=0, **IDS)
+    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
+        beam_search(model, src, mask, max_len=4, beam_size=2.0, **IDS)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, src, mask, max_len=4, alpha=-1.0, **IDS)
     with pytest.raises(ValueError, match="at most the vocabulary size"):

@@ -325,6 +325,10 @@ def test_errors_name_the_problem():
         MultiHeadLatentAttention(D, H, **DIMS, rope_layout="gptj")
     with pytest.raises(ValueError, match="kv_lora_rank must be a positive integer"):
         MultiHeadLatentAttention(D, H, **{**DIMS, "kv_lora_rank": 0})
+    with pytest.raises(ValueError, match="kv_lora_rank must be a positive integer"):
+        MultiHeadLatentAttention(D, H, **{**DIMS, "kv_lora_rank": 8.0})  # not a width
+    with pytest.raises(ValueError, match="q_lora_rank must be a non-negative integer"):
+        MultiHeadLatentAttention(D, H, **DIMS, q_lora_rank=1.5)
     with pytest.raises(ValueError, match="qk_rope_head_dim must be even"):
         MultiHeadLatentAttention(D, H, **{**DIMS, "qk_rope_head_dim": 3})
     m = _mla()

@@ -19,7 +19,7 @@ Pure arithmetic, no tensors: the chapter checks each formula against a model it 
 
 from __future__ import annotations
 
-from companion.checks import check_int, check_positive
+from companion.checks import check_int, check_number, check_positive
 
 __all__ = [
     "arithmetic_intensity",
@@ -93,8 +93,7 @@ def decode_attention_bytes(
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs done per byte moved."""
     check_positive("nbytes", nbytes)
-    if flops < 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
+    check_number("flops", flops, 0.0)
     return flops / nbytes
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from companion.checks import check_choice, check_int
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 from companion.ops.rope import RopeScaling
@@ -127,10 +128,8 @@ def per_position_loss(
     read ``seq_len`` tokens raises its own error.
     """
     window_len = seq_len if window_len is None else window_len
-    if n_windows < 1 or batch_size < 1:
-        raise ValueError(
-            f"n_windows and batch_size must be >= 1, got {n_windows}, {batch_size}"
-        )
+    check_int("n_windows", n_windows, 1)
+    check_int("batch_size", batch_size, 1)
     if window_len < seq_len:
         raise ValueError(f"window_len ({window_len}) must be >= seq_len ({seq_len})")
     was_training = model.training
@@ -197,8 +196,7 @@ def rope_scaling_for(
     does at ``seq_len``); ``"yarn"`` interpolates the pairs that turn less than once in
     ``train_len`` tokens, keeps the fast ones, ramps in between and sharpens the logits.
     """
-    if method not in SCALING_METHODS:
-        raise ValueError(f"method must be one of {SCALING_METHODS}, got {method!r}")
+    check_choice("method", method, SCALING_METHODS)
     factor = seq_len / train_len
     if method == "none" or factor <= 1:
         return {}

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.checks import check_text, read_checked, require
+from companion.checks import check_int, check_text, read_checked, require
 from companion.models.config import ModelConfig
 from companion.models.encoder import Encoder, mean_pool
 
@@ -257,8 +257,7 @@ def embed(
 ) -> Tensor:
     """Sentence embeddings ``(N, d)``: mean of the token states, then unit L2 norm."""
     texts = [texts] if isinstance(texts, str) else list(texts)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_int("batch_size", batch_size, 1)
     device = next(encoder.parameters()).device
     out = []
     for start in range(0, len(texts), batch_size):

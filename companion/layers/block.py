@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 
 from torch import Tensor, nn
 
+from companion.checks import check_choice
+
 __all__ = ["PLACEMENTS", "TransformerBlock"]
 
 PLACEMENTS = ("pre", "post", "sandwich", "post_branch")
@@ -53,10 +55,7 @@ class TransformerBlock(nn.Module):
         residuals: Mapping[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
-        if placement not in PLACEMENTS:
-            raise ValueError(
-                f"placement must be one of {PLACEMENTS}, got {placement!r}"
-            )
+        check_choice("placement", placement, PLACEMENTS)
         if residuals is not None:
             sites = ("attn", "ffn") if cross_attn is None else ("attn", "cross", "ffn")
             _check_residuals(residuals, sites, placement, dropout)

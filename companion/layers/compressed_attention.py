@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_int
+from companion.checks import check_choice, check_int
 from companion.layers.kv_cache import position_mask, query_positions
 from companion.layers.norms import RMSNorm
 from companion.layers.rotary import RotaryEmbedding
@@ -169,8 +169,7 @@ class CompressedAttention(nn.Module):
             check_int(name, args[name], 1)
         for name in ("o_groups", "o_lora_rank", "window"):
             check_int(name, args[name], 1)
-        if args["kind"] not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {args['kind']!r}")
+        check_choice("kind", args["kind"], KINDS)
         if args["impl"] not in ("reference", "sdpa"):
             raise ValueError(
                 f"impl must be 'reference' or 'sdpa', got {args['impl']!r}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion.checks import check_choice
+
 __all__ = [
     "ACTIVATIONS",
     "FFN_FORMS",
@@ -42,10 +44,7 @@ class FeedForward(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}"
-            )
+        check_choice("activation", activation, tuple(ACTIVATIONS))
         self.up = nn.Linear(d, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d, bias=bias)
         self.act = ACTIVATIONS[activation]
@@ -68,10 +67,7 @@ class GatedFeedForward(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}"
-            )
+        check_choice("activation", activation, tuple(ACTIVATIONS))
         self.gate = nn.Linear(d, d_ff, bias=bias)
         self.up = nn.Linear(d, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d, bias=bias)

@@ -144,14 +144,9 @@ class GatedDeltaNet(nn.Module):
         projections: str = "grouped",
     ) -> None:
         super().__init__()
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-        if projections not in PROJECTIONS:
-            raise ValueError(
-                f"projections must be one of {PROJECTIONS}, got {projections!r}"
-            )
+        check_choice("impl", impl, IMPLS)
+        check_choice("rule", rule, RULES)
+        check_choice("projections", projections, PROJECTIONS)
         sizes = {"d_model": d_model, "n_key_heads": n_key_heads, "key_dim": key_dim,
                  "n_value_heads": n_value_heads, "value_dim": value_dim,
                  "conv_kernel": conv_kernel, "chunk_size": chunk_size}  # fmt: skip

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_cache_buffers, check_tensor
+from companion.checks import check_cache_buffers, check_choice, check_tensor
 from companion.layers.kv_cache import (
     KVCache,
     SlidingWindowCache,
@@ -88,8 +88,7 @@ class MultiHeadAttention(nn.Module):
             ("rope_layout", rope_layout, LAYOUTS),
             ("gate_layout", gate_layout, GATE_LAYOUTS),
         ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+            check_choice(name, value, allowed)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.d_model, self.impl, self.dropout, self.scale = (
             d_model,

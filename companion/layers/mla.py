@@ -37,6 +37,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from companion.checks import check_choice, check_int
 from companion.layers.kv_cache import LatentCache, attention_mask, query_positions
 from companion.layers.lightning_indexer import DSAIndexer, check_indexer
 from companion.layers.norms import RMSNorm
@@ -117,12 +118,8 @@ class MultiHeadLatentAttention(nn.Module):
             ("qk_rope_head_dim", qk_rope_head_dim),
             ("v_head_dim", v_head_dim),
         ):
-            if value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if q_lora_rank < 0:
-            raise ValueError(
-                f"q_lora_rank must be 0 (direct queries) or positive, got {q_lora_rank}"
-            )
+            check_int(name, value, 1)
+        check_int("q_lora_rank", q_lora_rank, 0)  # 0: direct queries
         if qk_rope_head_dim % 2:
             raise ValueError(
                 f"qk_rope_head_dim must be even (RoPE pairs), got {qk_rope_head_dim}"
@@ -133,8 +130,7 @@ class MultiHeadLatentAttention(nn.Module):
             ("rope_layout", rope_layout, LAYOUTS),
             ("sparse_impl", sparse_impl, SPARSE_IMPLS),
         ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+            check_choice(name, value, allowed)
         self.d_model, self.n_heads, self.q_lora_rank = d_model, n_heads, q_lora_rank
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
         self.qk_nope_head_dim = qk_nope_head_dim

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from companion.checks import check_int
+from companion.checks import check_choice, check_int
 
 __all__ = [
     "GRU",
@@ -140,8 +140,7 @@ class _Recurrent(nn.Module):
         return torch.stack(outs, dim=1), h  # (B, T, H), (B, H)
 
     def _check(self, x: Tensor, states: tuple[Tensor, ...], impl: str) -> None:
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        check_choice("impl", impl, IMPLS)
         if x.ndim != 3 or x.shape[-1] != self.input_size or x.shape[1] < 1:
             raise ValueError(
                 f"x must have shape (B, T, {self.input_size}) with T >= 1, got {tuple(x.shape)}"
@@ -221,10 +220,8 @@ class RecurrentLM(nn.Module):
         impl: str = "reference",
     ) -> None:
         super().__init__()
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-        if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        check_choice("kind", kind, _KINDS)
+        check_choice("impl", impl, IMPLS)
         self.vocab_size, self.kind, self.impl = vocab_size, kind, impl
         self.tok_emb = nn.Embedding(vocab_size, d_embed)
         self.rnn = _LAYERS[kind](d_embed, hidden_size)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from companion.checks import check_int, check_number
+
 __all__ = [
     "Decoded",
     "EncoderDecoder",
@@ -65,8 +67,7 @@ def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
 def _check(src: Tensor, max_len: int, ids: dict[str, int]) -> None:
     if src.ndim != 2:
         raise ValueError(f"src must have shape (B, S), got {tuple(src.shape)}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    check_int("max_len", max_len, 1)
     if len(set(ids.values())) != len(ids):
         raise ValueError(f"bos_id, eos_id and pad_id must differ, got {ids}")
 
@@ -135,10 +136,8 @@ def beam_search(
     With K = 1 this is exactly :func:`greedy_decode`.
     """
     _check(src, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0 (0: no length penalty), got {alpha}")
+    check_int("beam_size", beam_size, 1)
+    check_number("alpha", alpha, 0.0)  # 0: no length penalty
     b, k, dev = src.shape[0], beam_size, src.device
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B·K, S, d)
     mask = (

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion.checks import check_int
 from companion.layers.embedding import embed_tokens, embedding_params, normal_init
 from companion.layers.ffn import ACTIVATIONS
 from companion.layers.norms import build_norm
@@ -74,10 +75,7 @@ class Encoder(nn.Module):
         self, cfg: ModelConfig, *, type_vocab_size: int = 2, mlm_head: bool = False
     ) -> None:
         super().__init__()
-        if isinstance(type_vocab_size, bool) or type_vocab_size < 0:
-            raise ValueError(
-                f"type_vocab_size must be an integer >= 0, got {type_vocab_size!r}"
-            )
+        check_int("type_vocab_size", type_vocab_size, 0)
         if cfg.position not in ("learned", "sinusoidal", "none"):
             raise ValueError(
                 f"the encoder adds absolute positions: position must be one of "
@@ -240,8 +238,7 @@ def mask_tokens(
             f"mask_frac and random_frac must be >= 0 with a sum <= 1, got {mask_frac}, "
             f"{random_frac}"
         )
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    check_int("vocab_size", vocab_size, 1)
     if special is not None and special.shape != input_ids.shape:
         raise ValueError(
             f"special must have the shape of input_ids {tuple(input_ids.shape)}, "

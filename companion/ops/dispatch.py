@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from companion.checks import check_dtypes_match
+from companion.checks import check_choice, check_dtypes_match
 from companion.ops.attention import check_qkv, naive_attention, sdpa_attention
 from companion.ops.flex import BlockMask, flex_attention_forward
 from companion.ops.grouped import expand_kv
@@ -37,8 +37,7 @@ def attention(
     """``(B, H, T, Dv)`` from the form ``impl`` names: ``"reference"``, ``"sdpa"``,
     ``"tiled"`` or ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``). q, k,
     v (and a float mask) must share one dtype."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    check_choice("impl", impl, IMPLS)
     # a float mask is additive and must share q's dtype too; a bool mask or a BlockMask
     # carries no dtype of its own
     float_mask = mask if isinstance(mask, Tensor) and mask.is_floating_point() else None

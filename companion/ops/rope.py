@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from companion.checks import check_int, check_number, check_positive
+from companion.checks import check_choice, check_int, check_number, check_positive
 
 __all__ = [
     "LAYOUTS",
@@ -80,8 +80,7 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         kind = self.rope_type
-        if kind not in ROPE_TYPES:
-            raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {kind!r}")
+        check_choice("rope_type", kind, ROPE_TYPES)
         for name in _POSITIVE_FIELDS:
             value = getattr(self, name)
             if value is not None:
@@ -243,8 +242,7 @@ def rope_cos_sin(
 
 
 def _check(x: Tensor, cos: Tensor, layout: str) -> int:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_choice("layout", layout, LAYOUTS)
     rotary_dim = 2 * cos.shape[-1]
     if rotary_dim > x.shape[-1]:
         raise ValueError(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from companion.checks import check_int
 from companion.ops.attention import check_qkv
 
 __all__ = [
@@ -47,8 +48,7 @@ def tile_setup(
     offset."""
     check_qkv(q, k, v, mask)
     for name, block in (("block_q", block_q), ("block_k", block_k)):
-        if block < 1:
-            raise ValueError(f"{name} must be >= 1, got {block}")
+        check_int(name, block, 1)
     t, s = q.shape[2], k.shape[2]
     if causal and s < t:
         raise ValueError(

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_int
+from companion.checks import check_int, check_positive
 from companion.tasks.induction import repeated_segments
 from companion.tasks.synthetic import IGNORE
 from companion.training import cosine_lr, make_adamw, train
@@ -215,8 +215,7 @@ def fit(
     seed gives the same batches to every model, so runs of two variants are paired.
     """
     _positive(steps=steps)
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
+    check_positive("lr", lr)
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
 

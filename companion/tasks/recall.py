@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from companion.checks import check_int
+from companion.checks import check_choice, check_int
 from companion.ops.delta_rule import chunk_delta_rule
 from companion.ops.linear_attention import chunk_linear_attention
 
@@ -50,8 +50,7 @@ def recall_read(
 ) -> Tensor:
     """Store all pairs with ``rule``, then query every key: the values read back ``(N,
     D_v)``."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    check_choice("rule", rule, RULES)
     if keys.ndim != 2 or values.ndim != 2 or keys.shape[0] != values.shape[0]:
         raise ValueError(
             f"keys (N, D_k) and values (N, D_v) must share N, got {tuple(keys.shape)}, "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.checks import check_id_list
+from companion.checks import check_id_list, check_int
 from companion.tasks.synthetic import IGNORE
 
 __all__ = [
@@ -164,11 +164,8 @@ class NumberTranslation:
     def __init__(
         self, max_digits: int = 6, test_fraction: float = 0.1, seed: int = 0
     ) -> None:
-        if isinstance(max_digits, bool) or not isinstance(max_digits, int):
-            raise ValueError(
-                f"max_digits must be an integer in [1, 6], got {max_digits!r}"
-            )
-        if not 1 <= max_digits <= 6:
+        check_int("max_digits", max_digits, 1)
+        if max_digits > 6:
             raise ValueError(
                 f"max_digits must be an integer in [1, 6], got {max_digits!r}"
             )
@@ -205,8 +202,7 @@ class NumberTranslation:
         self, count: int, generator: torch.Generator | None = None
     ) -> Tensor:
         """``count`` training numbers (never a held-out one)."""
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
+        check_int("count", count, 1)
         out = self._draw(count, generator)
         bad = self.held_out[out]
         while bad.any():  # resample the held-out draws until none is left
@@ -221,8 +217,7 @@ class NumberTranslation:
         With 6 digits and ``per_length=100``: 1 + 9 + 90 + 100 + 100 + 100 = 400 numbers
         (about a tenth of the 1- to 3-digit numbers are held out).
         """
-        if per_length < 1:
-            raise ValueError(f"per_length must be >= 1, got {per_length}")
+        check_int("per_length", per_length, 1)
         g = torch.Generator().manual_seed(seed)
         picked = []
         for length in range(1, self.max_digits + 1):
