@@ -145,7 +145,6 @@ def test_training_never_sees_a_test_number(task):
 
 
 def test_max_lengths(task):
-    assert task.max_source_len == 6
     assert task.max_target_len == 12  # e.g. 777,777: 11 words and EOS
     small = NumberTranslation(max_digits=3)
     assert small.max_target_len == 6 and small.max_number == 999

@@ -112,11 +112,6 @@ class GatedDeltaNetCache(nn.Module):
             torch.zeros(batch, n_value_heads, key_dim, value_dim, device=device),
         )
 
-    def reset(self) -> None:
-        """Forget everything: zero both states."""
-        self.conv_state.zero_()
-        self.recurrent_state.zero_()
-
 
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet token mixer (Yang et al., 2024; Qwen3-Next): ``(B, T, d) -> (B, T,

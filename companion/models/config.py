@@ -230,12 +230,3 @@ class ModelConfig:
         """All field names, for error messages and docs."""
         return [f.name for f in fields(cls) if f.init]
 
-    @classmethod
-    def from_dict(cls, data: dict[str, object]) -> ModelConfig:
-        """Build from a plain dict, rejecting keys that are not fields."""
-        unknown = sorted(set(data) - set(cls.field_names()))
-        if unknown:
-            raise ConfigError(
-                f"unknown config field(s) {unknown}; known: {cls.field_names()}"
-            )
-        return cls(**data)  # type: ignore[arg-type]

@@ -180,10 +180,6 @@ class NumberTranslation:
         )  # (N,)
 
     @property
-    def max_source_len(self) -> int:
-        return self.max_digits
-
-    @property
     def max_target_len(self) -> int:
         """Longest word sequence plus EOS (e.g. 777,777 takes 11 words)."""
         return max(len(number_to_words(n)) for n in self._longest_candidates()) + 1
