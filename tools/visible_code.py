@@ -30,7 +30,7 @@ def _text(value: object) -> str:
 def is_listing(output: dict) -> bool:
     """Whether an output is a displayed source listing (``IPython.display.Code``)."""
     html = _text(output.get("data", {}).get("text/html", ""))
-    return 'class="highlight' in html or "<div class=\"hll" in html
+    return 'class="highlight' in html
 
 
 def visible_lines(notebook: Path) -> dict[str, int]:
