@@ -16,6 +16,19 @@
 # %% [markdown]
 # # 4 · Encoders, decoders and scale
 #
+# ```{admonition} The question
+# :class: tip
+# What does each half of the 2017 model buy when it is trained on its own, BERT's encoder
+# filling blanks and GPT's decoder predicting the next token, and what changes as the
+# model gets bigger?
+# On one small trunk the encoder fills blanks better and continues text worse than the
+# decoder, real MiniLM weights run in our code to the reference library's precision and
+# feed a linear probe far above a random encoder, five model sizes fall on a straight
+# log–log line too short to establish a power law, few-shot prompting of a small real
+# model does not measurably beat zero-shot on two dozen reviews, and exact-match "jumps"
+# come from the all-or-nothing metric while the per-character loss improves smoothly.
+# ```
+#
 # Within a year of 2017 the Transformer split in two. BERT kept the encoder: every token
 # sees the whole sentence, and the model learns by filling in blanks {cite}`devlin2019bert`.
 # GPT kept the decoder: every token sees only its past, and the model learns by predicting
@@ -28,11 +41,8 @@
 # bigger? We fit a scaling law to a sweep of small models, check the "6N FLOPs per token"
 # rule with a FLOP counter, do the Chinchilla arithmetic, prompt a real small model
 # zero-shot and few-shot, and look at "emergence" with our own numbers.
-#
-# As everywhere in this book, every claim about our own runs is an `assert` that runs in
-# CI; what the papers found is cited as theirs.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -51,7 +61,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 import math
 import os
@@ -119,8 +129,8 @@ FULL = False  # True: longer contexts, wider models, more steps (use a GPU)
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 # Two threads, the count companion.numerics pins: on an idle 2-core machine the
-# chapter's training steps run nearly twice as fast as on one. If other programs share
-# the cores, one thread can be faster (the two wait on each other).
+# chapter's training steps run nearly twice as fast as on one. If other programs
+# share the cores, one thread can be faster (the two wait on each other).
 torch.set_num_threads(2)
 print(describe(DEVICE))
 
@@ -152,7 +162,7 @@ Code(inspect.getsource(mask_tokens), language="python")
 # We work at the character level on the plays, and add one extra id for `[MASK]`. On a
 # million characters the three proportions come out as specified:
 
-# %%
+# %% tags=["hide-input"]
 seed_everything(0)
 text = load_shakespeare()
 chars = CharTokenizer(text)
@@ -180,8 +190,8 @@ frac = {
 }
 print({k: round(v, 2) for k, v in frac.items()})
 assert abs(frac["selected"] - 0.15) < 0.002 and abs(frac["[MASK]"] - 0.80) < 0.005
-# a random replacement can hit the original character by chance, so "unchanged" gets a
-# little more
+# a random replacement can hit the original character by chance, so "unchanged"
+# gets a little more
 assert abs(frac["random"] - 0.10) < 0.005 and abs(frac["unchanged"] - 0.10) < 0.01
 line = "To be, or not to be, that is the question"
 ids_line = torch.tensor(chars.encode(line))
@@ -243,10 +253,11 @@ assert (
 # reconstruct.
 
 
-# %%
+# %% tags=["hide-input"]
 def train_model(model: torch.nn.Module, objective: str) -> list[float]:
     """Train on the chapter's batches; ``objective`` is "mlm" or "next-token"."""
-    windows = torch.Generator().manual_seed(1)  # identical windows for both objectives
+    # identical windows for both objectives
+    windows = torch.Generator().manual_seed(1)
     masks = torch.Generator().manual_seed(2)
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +298,7 @@ print(
 # - **continue**: predict the character after 15 characters. The GPT does this for a
 #   living; the MLM gets a `[MASK]` in the last position.
 
-# %%
+# %% tags=["hide-input"]
 mid, last = SEQ // 2, SEQ - 1
 shift = last - mid  # a window this much earlier ends on the blank
 start = torch.randint(
@@ -354,7 +365,7 @@ assert blank_gap.verdict == -1  # the MLM's loss is lower beyond the interval
 glue("ch04-blank-gap", blank_gap.format(3), display=False)
 glue("ch04-n-blanks", f"{len(blank):,}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.4, 3.2))
 names = list(results)
 ax.barh(
@@ -404,20 +415,22 @@ assert gpt_moved < 1e-4 and mlm_moved > 0.1
 # again and again.
 
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 # (sampled text is the first thing to change if a float rounds differently on another
 # CPU)
 @torch.no_grad()
-def mlm_continue(ids: torch.Tensor, n_new: int, gen: torch.Generator) -> torch.Tensor:
+def mlm_continue(
+    ids: torch.Tensor, n_new: int, gen: torch.Generator
+) -> torch.Tensor:
     for _ in range(n_new):
         window = torch.cat([ids, torch.full_like(ids[:, :1], MASK)], dim=1)[:, -SEQ:]
         logits = (
             mlm.mlm_logits(window)[:, -1, :V].float() / 0.8
         )  # never sample [MASK] itself
-        nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen).to(
-            ids.device
-        )
+        nxt = torch.multinomial(
+            torch.softmax(logits, -1).cpu(), 1, generator=gen
+        ).to(ids.device)
         ids = torch.cat([ids, nxt], dim=1)
     return ids
 
@@ -448,7 +461,7 @@ print(wrap("\nMLM: " + chars.decode(mlm_text[0].cpu())))
 # place. Each frame below fills one blank; the bars are the model's confidence (its top
 # probability) at every blank that was still open, and orange marks the one it chose.
 
-# %%
+# %% tags=["hide-input"]
 masked_line = "To be, or not to"[:SEQ]
 truth = torch.tensor([chars.encode(masked_line)], device=DEVICE)
 holes = [1, 4, 8, 11, 14]
@@ -472,7 +485,9 @@ print(
 )
 assert n_right >= 3
 
-fig, (ax_text, ax_bar) = plt.subplots(2, 1, figsize=(6.4, 3.8), height_ratios=[1.3, 2])
+fig, (ax_text, ax_bar) = plt.subplots(
+    2, 1, figsize=(6.4, 3.8), height_ratios=[1.3, 2]
+)
 
 
 def draw_fill(i: int) -> None:
@@ -484,12 +499,19 @@ def draw_fill(i: int) -> None:
     for j, tok in enumerate(ids[0].tolist()):
         ch = "_" if tok == MASK else chars.decode([tok])
         color = (
-            PALETTE[1] if j == just_filled else (PALETTE[0] if j in holes else "black")
+            PALETTE[1]
+            if j == just_filled
+            else (PALETTE[0] if j in holes else "black")
         )
         x_pos = j / len(masked_line)
         ax_text.text(x_pos, 0.55, ch, fontsize=16, family="monospace", color=color)
         ax_text.text(
-            x_pos, 0.05, masked_line[j], fontsize=11, family="monospace", color="grey"
+            x_pos,
+            0.05,
+            masked_line[j],
+            fontsize=11,
+            family="monospace",
+            color="grey"
         )
     ax_text.text(-0.02, 0.58, "model", fontsize=9, ha="right")
     ax_text.text(-0.02, 0.08, "original", fontsize=9, color="grey", ha="right")
@@ -610,7 +632,7 @@ assert ours.shape == (5, 384) and max_diff < 1e-5
 # Four topics, two sentences each, written with different words. If the embedding tracks
 # meaning, each sentence's nearest neighbour is its partner.
 
-# %%
+# %% tags=["hide-input"]
 pairs = [
     "A man is playing a guitar.",
     "Someone strums an acoustic guitar on stage.",
@@ -681,7 +703,7 @@ assert not words_of(query) & words_of(docs[0])  # no word in common with the ans
 # and, for $a - b + c$, rank all words by cosine to that vector. The usual evaluation
 # excludes $a$, $b$ and $c$ from the candidates; we report both ways.
 
-# %%
+# %% tags=["hide-input"]
 words = (
     "king queen man woman prince princess boy girl father mother son daughter uncle "
     "aunt husband wife brother sister lord lady emperor empress knight duke duchess "
@@ -697,9 +719,13 @@ analogies = [
     ("uncle", "man", "woman", "aunt"),
 ]
 raw_hits = excl_hits = self_hits = 0
-print(f"{'a - b + c':<26} {'top-1 (all words)':<18} {'top-1 (a, b, c excluded)':<24}")
+print(
+    f"{'a - b + c':<26} {'top-1 (all words)':<18} {'top-1 (a, b, c excluded)':<24}"
+)
 for a, b, c_, want in analogies:
-    v = F.normalize(W[words.index(a)] - W[words.index(b)] + W[words.index(c_)], dim=0)
+    v = F.normalize(
+        W[words.index(a)] - W[words.index(b)] + W[words.index(c_)], dim=0
+    )
     order = (W @ v).argsort(descending=True).tolist()
     top_all = words[order[0]]
     top_excl = next(words[i] for i in order if words[i] not in (a, b, c_))
@@ -707,7 +733,9 @@ for a, b, c_, want in analogies:
     self_hits += top_all in (a, c_)
     excl_hits += top_excl == want
     print(f"{a + ' - ' + b + ' + ' + c_:<26} {top_all:<18} {top_excl:<24}")
-print(f"correct: {raw_hits}/6 over all words, {excl_hits}/6 with the inputs excluded")
+print(
+    f"correct: {raw_hits}/6 over all words, {excl_hits}/6 with the inputs excluded"
+)
 assert excl_hits == 6 and raw_hits <= 3
 glue("ch04-self-hits", str(self_hits), display=False)
 assert self_hits > len(analogies) / 2  # mostly a or c itself
@@ -735,9 +763,11 @@ assert self_hits > len(analogies) / 2  # mostly a or c itself
 # encoder loaded above, and train logistic regression on the rest. The control is the same
 # encoder with random weights: same shape, tokenizer and mean pooling, same probe.
 
-# %%
+# %% tags=["hide-input"]
 reviews, sentiment = load_sentiment()
-train_idx, test_idx = split_pairs(len(reviews), 0.25, torch.Generator().manual_seed(0))
+train_idx, test_idx = split_pairs(
+    len(reviews), 0.25, torch.Generator().manual_seed(0)
+)
 type_vocab = 0 if encoder.type_emb is None else encoder.type_emb.num_embeddings
 seed_everything(0)
 random_encoder = Encoder(encoder.cfg, type_vocab_size=type_vocab).eval()
@@ -754,14 +784,15 @@ n_test = len(test_idx)
 print(f"{len(train_idx)} training and {n_test} held-out sentences")
 for name, (acc_train, acc_test) in probe_acc.items():
     print(
-        f"{name:>10} encoder: accuracy {acc_train:.2f} (train), {acc_test:.2f} (test)"
+    f"{name:>10} encoder: accuracy {acc_train:.2f} (train), {acc_test:.2f} (test)"
     )
 acc_pre, acc_rand = probe_acc["pretrained"][1], probe_acc["random"][1]
 # binomial standard errors at this sample size
 se_gap = math.sqrt((acc_pre * (1 - acc_pre) + acc_rand * (1 - acc_rand)) / n_test)
 se_chance = math.sqrt(0.25 / n_test)
 assert acc_pre - acc_rand > 2 * se_gap  # pretraining is what the probe reads
-assert abs(acc_rand - 0.5) < 2 * se_chance  # random features: chance, as far as n tells
+# random features: chance, as far as n tells
+assert abs(acc_rand - 0.5) < 2 * se_chance
 assert probe_acc["random"][0] > 0.9  # ...although the probe fits its training set
 glue("ch04-n-test", str(n_test), display=False)
 glue("ch04-n-train", str(len(train_idx)), display=False)
@@ -802,7 +833,7 @@ glue("ch04-probe-se", f"{se_chance:.2f}", display=False)
 # sentence-order prediction, two consecutive segments in the right or swapped order. Most
 # encoders since train with masked LM alone.
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"MiniLM's segment (token-type) table: {tuple(encoder.type_emb.weight.shape)}, "
     "a row per segment id"
@@ -826,7 +857,7 @@ print(
 # check (it does not see the fused CPU SDPA kernel, so we count with the reference
 # attention):
 
-# %%
+# %% tags=["hide-input"]
 flop_rows = []
 for n_layers, d, seq in [
     (2, 8, SEQ),
@@ -835,7 +866,9 @@ for n_layers, d, seq in [
     (4, 128, 128),
     (6, 384, 128),
 ]:
-    fcfg = trunk(d).replace(n_layers=n_layers, max_seq_len=seq, attn_impl="reference")
+    fcfg = trunk(d).replace(
+        n_layers=n_layers, max_seq_len=seq, attn_impl="reference"
+    )
     seed_everything(0)
     m = DecoderLM(fcfg)
     x = torch.randint(0, V, (1, seq))
@@ -897,7 +930,7 @@ glue("ch04-6n-tiny-extra", f"{100 * (flop_rows[0][-2] - 1):.0f}%", display=False
 # exactly as the GPT above (same steps, batches and schedule, so the same number of tokens
 # $D$), one seed each. The GPT of the first section is the largest point.
 
-# %%
+# %% tags=["hide-input"]
 SWEEP_D = [16, 32, 64, 96] if FULL else [8, 16, 24, 32]
 val_batches = [
     sample_windows(val_ids, 512, SEQ, torch.Generator().manual_seed(100 + i), DEVICE)
@@ -918,7 +951,7 @@ law = fit_power_law(n_params, val_loss)
 print(f"{'d':>4} {'N (non-emb)':>12} {'tokens / N':>10} {'val loss':>9} {'fit':>6}")
 for d, n, loss in zip(sizes, n_params, val_loss, strict=True):
     print(
-        f"{d:>4} {n:>12,} {tokens_seen / n:>10.0f} {loss:>9.3f} {law(n).item():>6.3f}"
+    f"{d:>4} {n:>12,} {tokens_seen / n:>10.0f} {loss:>9.3f} {law(n).item():>6.3f}"
     )
 print(f"fitted L(N) = {law.coef:.2f} · N^({law.exponent:.3f})")
 log_n, log_l = np.log(n_params), np.log(val_loss)
@@ -926,7 +959,8 @@ residual = log_l - np.log([law(n).item() for n in n_params])
 r2 = 1 - (residual**2).sum() / ((log_l - log_l.mean()) ** 2).sum()
 print(f"R² of the straight line on log-log axes: {r2:.3f}")
 assert all(a > b for a, b in pairwise(val_loss))  # every bigger model is better
-assert law.exponent < 0 and r2 > 0.95  # and a straight line on log-log axes fits them
+# and a straight line on log-log axes fits them
+assert law.exponent < 0 and r2 > 0.95
 doubling = 100 * (1 - 2**law.exponent)
 print(f"each doubling of N lowers the loss by {doubling:.1f}%")
 glue(
@@ -939,8 +973,8 @@ glue("ch04-r2", f"{r2:.3f}", display=False)
 glue("ch04-doubling", f"{doubling:.1f}%", display=False)
 
 # %% tags=["hide-input"]
-# the slope's 95 % interval from the points' scatter about the line (n − 2 degrees of
-# freedom); one seed per size, so the spread between seeds is not in it
+# the slope's 95 % interval from the points' scatter about the line (n − 2
+# degrees of freedom); one seed per size, so the spread between seeds is not in it
 dof = len(n_params) - 2
 dev = log_n - log_n.mean()
 slope_se = math.sqrt((residual**2).sum() / dof / (dev**2).sum())
@@ -949,7 +983,7 @@ print(f"exponent {law.exponent:.3f} ± {slope_hw:.3f} (95 % interval, {dof} d.o.
 assert law.exponent + slope_hw < 0  # the fall exceeds the scatter about the line
 glue("ch04-exponent-ci", f"{law.exponent:.3f} ± {slope_hw:.3f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.6, 3.6))
 ax.loglog(n_params, val_loss, "o", label="trained models")
 grid = np.geomspace(min(n_params) / 1.5, max(n_params) * 4, 50)
@@ -1040,9 +1074,10 @@ print(
 # two. (This model has been fine-tuned on instructions, a help GPT-2 never had, so its
 # zero-shot is a stronger baseline than GPT-2's was.)
 
-# %%
+# %% tags=["hide-input"]
 smol, smol_tok = load_smollm2()
-shown_idx = test_idx[:24]  # 12 held-out pairs: a forward pass each is not free on a CPU
+# 12 held-out pairs: a forward pass each is not free on a CPU
+shown_idx = test_idx[:24]
 queries = [f"Review: {reviews[i]}\nSentiment:" for i in shown_idx.tolist()]
 truth = sentiment[shown_idx]
 instruction = "Say whether each review is positive or negative.\n\n"
@@ -1052,7 +1087,9 @@ examples = "".join(
 )
 assert sorted(sentiment[shots].tolist()) == [0, 0, 1, 1]
 right = {}
-for name, prefix in [("zero-shot", instruction), ("few-shot", instruction + examples)]:
+for name, prefix in [
+    ("zero-shot", instruction), ("few-shot", instruction + examples)
+]:
     logp = prompt_label_scores(
         smol, smol_tok.encode, prefix, queries, [" " + w for w in LABELS]
     )  # (24, 2): log p(" negative"), log p(" positive")
@@ -1062,14 +1099,17 @@ for name, prefix in [("zero-shot", instruction), ("few-shot", instruction + exam
         f"{name:>9}: accuracy {right[name].float().mean():.2f}, "
         f"says positive for {logp.argmax(-1).float().mean():.2f} of the reviews"
     )
-# a paired comparison: only the reviews one prompt gets right and the other wrong count
+# a paired comparison: only the reviews one prompt gets right and the other wrong
+# count
 only_few = int((right["few-shot"] & ~right["zero-shot"]).sum())
 only_zero = int((right["zero-shot"] & ~right["few-shot"]).sum())
 n_split = only_few + only_zero
-tail = sum(math.comb(n_split, j) for j in range(max(only_few, only_zero), n_split + 1))
+tail = sum(
+    math.comb(n_split, j) for j in range(max(only_few, only_zero), n_split + 1)
+)
 p_value = min(1.0, 2 * tail / 2**n_split) if n_split else 1.0  # exact sign test
 print(
-    f"right only few-shot: {only_few}, only zero-shot: {only_zero}, p = {p_value:.2f}"
+  f"right only few-shot: {only_few}, only zero-shot: {only_zero}, p = {p_value:.2f}"
 )
 n_q = len(queries)
 for name in right:  # both beat a coin by more than the sample allows
@@ -1119,7 +1159,7 @@ glue(
 # and, for every run of $k$ consecutive characters, whether *all* $k$ greedy predictions are
 # right (the same as greedy decoding reproducing the $k$ characters exactly).
 
-# %%
+# %% tags=["hide-input"]
 emerge_x, _ = sample_windows(
     val_ids, 8192, SEQ, torch.Generator().manual_seed(7), DEVICE
 )
@@ -1142,7 +1182,8 @@ for d in sizes:
             span_exact_match(correct, k, start=first, stride=1).float().mean().item()
         )
 print(
-    f"{'d':>4} {'loss':>6} {'p':>6}" + "".join(f" {'EM k=' + str(k):>8}" for k in spans)
+    f"{'d':>4} {'loss':>6} {'p':>6}"
+    + "".join(f" {'EM k=' + str(k):>8}" for k in spans)
 )
 for i, d in enumerate(sizes):
     print(
@@ -1151,7 +1192,8 @@ for i, d in enumerate(sizes):
     )
 gain = {k: exact[k][-1] / exact[k][0] for k in spans[:-1]}
 print(
-    "exact match, largest ÷ smallest model:", {k: round(g, 1) for k, g in gain.items()}
+    "exact match, largest ÷ smallest model:",
+    {k: round(g, 1) for k, g in gain.items()}
 )
 print(
     "per-character loss, smallest ÷ largest model: "
@@ -1168,7 +1210,8 @@ print(f"8 characters in a row right, by model size: {hits8} in {n_spans:,} tries
 # 4-character spans beat p^4 at every size: an easy span tends to be easy throughout
 assert all(exact[4][i] > per_char_acc[i] ** 4 for i in range(len(sizes)))
 dips = [(a, b) for (a, b) in pairwise(range(len(sizes))) if hits8[b] < hits8[a]]
-for a, b in dips:  # a dip between neighbours is within the counting noise of one seed
+# a dip between neighbours is within the counting noise of one seed
+for a, b in dips:
     assert hits8[a] - hits8[b] < 2 * math.sqrt(hits8[a] + hits8[b])
 glue("ch04-hits8", ", ".join(map(str, hits8)), display=False)
 glue("ch04-spans", f"{n_spans:,}", display=False)
@@ -1184,7 +1227,7 @@ glue("ch04-loss-ratio", f"{per_char_loss[0] / per_char_loss[-1]:.2f}", display=F
 glue("ch04-gain2", f"{gain[2]:.1f}", display=False)
 glue("ch04-gain4", f"{gain[4]:.1f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 axes[0].loglog(n_params, per_char_loss, "o-")
 axes[0].set(
@@ -1234,38 +1277,28 @@ plt.show()
 # not settle the debate: some abilities may involve genuine thresholds, and a smooth
 # per-token loss can still hide a qualitative change. But it is a warning worth keeping: before
 # calling a jump emergent, look at it with a metric that gives partial credit.
+
+# %% [markdown]
+# ## What we learned
 #
-# ## Summary
-#
-# - BERT and GPT are the same blocks with and without the causal mask, trained on different
-#   objectives. Masked-LM (15% selected; 80% `[MASK]`, 10% random, 10% kept) lets an encoder
-#   use both sides: on our trunk (one trained model each) it fills a blank better than a
-#   same-sized GPT, even one that reads 15 characters to the left of the same blanks
-#   ({glue:text}`ch04-blank-gap` nats per character, a 95 % interval over
-#   {glue:text}`ch04-n-blanks` held-out blanks), and continues text much worse.
-# - An encoder's states change when a token is appended, so it cannot cache; a decoder's do
-#   not. Generation belongs to decoders.
-# - Real BERT weights load into `companion`'s encoder through an explicit, shape-checked
-#   name map; all-MiniLM-L6-v2 embeddings match sentence-transformers to $10^{-5}$ and find
-#   paraphrases and search answers; analogies work only with the inputs excluded.
-# - Pretrain, then fine-tune: a linear probe on frozen MiniLM vectors classifies held-out
-#   reviews ({glue:text}`ch04-probe-pre`) where the same probe on a random encoder of the
-#   same shape is at chance ({glue:text}`ch04-probe-rand`). Next-sentence prediction, BERT's
-#   second objective, was dropped after RoBERTa's ablation found it did not help.
-# - Training costs about $6N$ FLOPs per token, plus $12LTd$ for attention and $6dV$ for the
-#   output layer: exactly what `FlopCounterMode` counts.
-# - Kaplan et al. found loss falling as a power law in $N$ over six decades. Our five
-#   sizes, spanning {glue:text}`ch04-sweep-decades` decades, lie on a straight line on
-#   log–log axes (exponent {glue:text}`ch04-exponent-ci`): consistent with a power law,
-#   too few points and seeds to establish one or to compare with Kaplan's.
-#   Chinchilla's rule of ~20 tokens per parameter turns a compute budget into a model size.
-# - A real small decoder does the review task from a prompt alone: zero-shot
-#   {glue:text}`ch04-zero-shot`, few-shot {glue:text}`ch04-few-shot` on
-#   {glue:text}`ch04-n-prompts` reviews ({glue:text}`ch04-icl-verdict`).
-#
-# - Sharp "emergent" curves can come from all-or-nothing metrics: exact match of $k$ tokens
-#   behaves like $p^k$ while the per-token loss improves smoothly.
-#
+# BERT and GPT are the 2017 blocks with and without the causal mask, trained on
+# different objectives: the encoder learns to fill blanks, the decoder to predict the
+# next token. On one small trunk, trained once each way, the encoder filled blanks
+# better than the decoder even when the decoder read more left context, continued text
+# worse, and had to recompute everything when a token was appended, which is why
+# generation went to decoders and their KV cache. Pretrained encoders kept their place
+# in retrieval and classification: real MiniLM weights ran in our own code to the
+# reference library's precision, found paraphrases and search answers, and gave a linear
+# probe features that a random encoder of the same shape did not. On scale, the full
+# FLOP count matched PyTorch's counter exactly while $6N$ alone came close for the
+# widest model and missed a third of the tiniest one's work, our five sizes lay on a
+# straight log–log line that is consistent with a power law but too short and
+# single-seeded to establish one or compare exponents, and few-shot prompting of a small
+# real model did not measurably beat zero-shot on our reviews. The sharpest-looking
+# change with size, exact match of long spans, came from the all-or-nothing metric,
+# while the per-character loss improved smoothly.
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Give the trunk learned positions (`position="learned"`, `scale_embeddings=False`,
