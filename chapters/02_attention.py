@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 2 · Attention
 #
+# ```{admonition} The question
+# :class: tip
+# How does attention let every token read every other token directly, and what does that cost?
+# Each token scores all others by a dot product scaled by $1/\sqrt{d_k}$ (without it, wide heads saturate the softmax and its gradient vanishes) and averages their values; two attention layers formed an induction head in two of three seeds while one layer never did, and the $n \times n$ score matrix makes memory and work grow as $n^2$, which FlashAttention's tiled online softmax cuts to at most linear memory with the same outputs and gradients.
+# ```
+#
 # A recurrent network reads a sentence one token at a time and squeezes everything it has
 # seen into one state vector. Attention drops that bottleneck: every token looks at every
 # other token directly, and decides for itself how much of each to take. This chapter builds
@@ -26,11 +32,9 @@
 # {cite}`vaswani2017attention`.
 #
 # It then trains two-layer attention-only models until one of their heads becomes an
-# *induction head*, the circuit that copies from an earlier occurrence. Every measured
-# claim below is checked by an `assert`; if a future version of PyTorch (or of this
-# book's code) breaks one, the book's CI fails.
+# *induction head*, the circuit that copies from an earlier occurrence.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -48,7 +52,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 import math
 import time
@@ -102,7 +106,8 @@ from companion.training import (
     train,
 )
 
-FULL = False  # True: a bigger model, longer training and longer sequences (use a GPU)
+# FULL = True: a bigger model, longer training and longer sequences (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 torch.set_num_threads(2)
@@ -169,7 +174,7 @@ assert torch.allclose(ref_out[0, 0], out, atol=1e-6) and torch.allclose(
     ref_w[0, 0], weights
 )
 
-# %%
+# %% tags=["hide-input"]
 Code(
     inspect.getsource(masked_scores)
     + "\n"
@@ -179,10 +184,14 @@ Code(
     language="python",
 )
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.2, 4.4))
 heatmap(
-    ax, weights.numpy(), pieces, pieces, title="Untrained attention: who looks at whom"
+    ax,
+    weights.numpy(),
+    pieces,
+    pieces,
+    title="Untrained attention: who looks at whom"
 )
 ax.set_xlabel("key (attended to)")
 ax.set_ylabel("query (looking)")
@@ -201,7 +210,7 @@ plt.show()
 # the spread of the scores, the largest weight of each softmax row, and the size (Frobenius
 # norm) of the Jacobian for a typical row, over 256 random queries against 64 keys.
 
-# %%
+# %% tags=["hide-input"]
 gen = torch.Generator().manual_seed(0)
 n_keys, trials = 64, 256
 rows = []
@@ -234,7 +243,7 @@ for r in rows:
         f"{r['max_weight']:>11.3f} {r['jacobian_norm']:>15.4f}"
     )
 
-# %%
+# %% tags=["hide-input"]
 unscaled = [r for r in rows if not r["scaled"]]
 scaled = [r for r in rows if r["scaled"]]
 # the claim: unscaled score spread grows like sqrt(d_k); scaled stays near 1
@@ -248,7 +257,7 @@ assert max(r["jacobian_norm"] for r in scaled) < 1.5 * min(
     r["jacobian_norm"] for r in scaled
 )
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
 dks = [r["d_k"] for r in scaled]
 for data, label, style in ((unscaled, "q·k", "o--"), (scaled, "q·k / √d_k", "o-")):
@@ -305,7 +314,7 @@ print("outputs before the changed token unchanged; the last one changed")
 # $v$: `project` maps the stream, `heads` splits the width, `attend` runs the heads and
 # concatenates them; the forward pass ends with the output projection $W_O$ (`out_proj`).
 
-# %%
+# %% tags=["hide-input"]
 Code(
     inspect.getsource(MultiHeadAttention.project)
     + "\n"
@@ -339,7 +348,7 @@ assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
 # than BPE pieces. While it trains we keep a snapshot of one head's attention on a short
 # line at regular intervals.
 
-# %%
+# %% tags=["hide-input"]
 seed_everything(0)
 text = load_shakespeare()
 chars = CharTokenizer(text)
@@ -385,7 +394,9 @@ hist = train(
     eval_fn=eval_and_snapshot,
     eval_every=steps // 8,
 )
-unigram = torch.bincount(train_ids, minlength=chars.vocab_size).float() / len(train_ids)
+unigram = torch.bincount(
+    train_ids, minlength=chars.vocab_size
+).float() / len(train_ids)
 unigram_loss = -(unigram[val_ids] + 1e-12).log().mean().item()
 print(
     f"validation loss {hist.eval_loss[-1]:.2f} nats/char; "
@@ -395,7 +406,7 @@ assert (
     hist.eval_loss[-1] < unigram_loss - 0.8
 )  # it learned far more than letter frequencies
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.2, 4.4))
 
 
@@ -420,7 +431,7 @@ HTML(animate(fig, draw, len(snapshots), interval_ms=600))
 # model on the same line. The two rows differ; within the second row, the heads look alike
 # (the statistics below measure how far):
 
-# %%
+# %% tags=["hide-input"]
 maps = model.attention_maps(probe)
 fig, axes = plt.subplots(2, 4, figsize=(11, 5.6))
 for layer in range(2):
@@ -447,7 +458,7 @@ plt.show()
 # near their uniform values.
 
 
-# %%
+# %% tags=["hide-input"]
 def head_summary(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per head ``(H,)``: mean look-back, weight on the previous token, and the row
     entropy as a fraction of the uniform row's, from weights ``(B, H, T, T)``."""
@@ -457,7 +468,8 @@ def head_summary(m: torch.Tensor) -> tuple[torch.Tensor, ...]:
     look = (m * dist).sum(-1).mean(dim=(0, 2))
     prev = torch.diagonal(m, offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
     ent = -(m * m.clamp(min=1e-30).log()).sum(-1)  # (B, H, T)
-    frac = (ent[..., 1:] / (pos[1:] + 1).float().log()).mean(dim=(0, 2))  # row 0: 1 key
+    # row 0 has 1 key: skip it
+    frac = (ent[..., 1:] / (pos[1:] + 1).float().log()).mean(dim=(0, 2))
     return look, prev, frac
 
 
@@ -475,15 +487,16 @@ for layer, h, lb, pv, fr in head_stats:
 print(f"  uniform {u_look.item():>10.1f} {'':>19} {u_frac.item():>18.2f}")
 glue("ch02-seq-len", f"{t_val}", display=False)
 glue("ch02-uniform-lookback", f"{u_look.item():.2f}", display=False)
-# %%
+# %% tags=["hide-input"]
 stats = {la: [r for r in head_stats if r[0] == la] for la in (1, 2)}
 u_look, u_frac = u_look.item(), u_frac.item()
 # layer 1: local heads, far narrower than uniform, one leaning on the previous char
 assert max(r[2] for r in stats[1]) < 0.3 * u_look
 assert max(r[3] for r in stats[1]) > 0.3
 assert min(r[4] for r in stats[1]) < 0.5 * u_frac
-# layer 2: looks back about as far as a uniform head (so the look-back cannot tell them
-# apart), but the entropy can: broad, yet measurably more selective than uniform
+# layer 2: looks back about as far as a uniform head (so the look-back cannot tell
+# them apart), but the entropy can: broad, yet measurably more selective than
+# uniform
 assert all(abs(r[2] / u_look - 1) < 0.15 for r in stats[2])
 assert all(0.6 < r[4] < 0.9 for r in stats[2])
 # the animated head: uniform before training, far from it after
@@ -492,7 +505,11 @@ assert snap_frac[0] > 0.99 and snap_frac[-1] < 0.7
 for la in (1, 2):
     for i, col in ((2, "look"), (4, "ent")):
         vals = [r[i] for r in stats[la]]
-        glue(f"ch02-l{la}-{col}", f"{min(vals):.2f} to {max(vals):.2f}", display=False)
+        glue(
+            f"ch02-l{la}-{col}",
+            f"{min(vals):.2f} to {max(vals):.2f}",
+            display=False
+        )
 glue("ch02-l1-prev-max", f"{max(r[3] for r in stats[1]):.2f}", display=False)
 glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=False)
 
@@ -515,7 +532,7 @@ glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=Fals
 # below pick any layer and head (they need a running kernel); the animation below steps
 # through every head, layer by layer.
 
-# %%
+# %% tags=["hide-input"]
 n_layers, n_heads = len(maps), maps[0].shape[1]
 
 
@@ -549,14 +566,20 @@ widgets.interactive(
     head=widgets.IntSlider(1, 1, n_heads),
 )
 
-# %%
+# %% tags=["hide-input"]
 # every (layer, head) the sliders offer, in order
-head_frames = [(la, h) for la in range(1, n_layers + 1) for h in range(1, n_heads + 1)]
-assert len(set(head_frames)) == len(head_frames) == 8  # 2 layers × 4 heads, each once
+head_frames = [
+    (la, h) for la in range(1, n_layers + 1) for h in range(1, n_heads + 1)
+]
+# 2 layers × 4 heads, each once
+assert len(set(head_frames)) == len(head_frames) == 8
 fig, ax = plt.subplots(figsize=(4.6, 3.9))
 HTML(
     animate(
-        fig, lambda i: draw_head(ax, *head_frames[i]), len(head_frames), interval_ms=900
+        fig,
+        lambda i: draw_head(ax, *head_frames[i]),
+        len(head_frames),
+        interval_ms=900
     )
 )
 
@@ -589,12 +612,16 @@ HTML(
 # %%
 Code(inspect.getsource(prefix_matching_score), language="python")
 
-# %%
+# %% tags=["hide-input"]
 IND = {"vocab": 64, "seq_len": 32, "periods": (6, 16), "d_model": 32, "heads": 2}
 IND |= {"steps": 600, "batch": 32, "lr": 2e-2}
 IND_SEEDS = (0, 1, 2)
 ind_eval, ind_periods = repeated_segments(
-    256, IND["seq_len"], IND["periods"], IND["vocab"], torch.Generator().manual_seed(99)
+    256,
+    IND["seq_len"],
+    IND["periods"],
+    IND["vocab"],
+    torch.Generator().manual_seed(99)
 )
 
 
@@ -648,12 +675,13 @@ print(f"{'':>22}" + "".join(f"{'seed ' + str(s):>14}" for s in IND_SEEDS))
 print(f"{'':>22}" + "".join(f"{'score':>7}{'nats':>7}" for _ in IND_SEEDS))
 for name in ind_names:
     cells = "".join(
-        f"{ind_rows[name, s][0]:>7.2f}{ind_rows[name, s][1]:>7.2f}" for s in IND_SEEDS
+        f"{ind_rows[name, s][0]:>7.2f}{ind_rows[name, s][1]:>7.2f}"
+        for s in IND_SEEDS
     )
     print(f"{name:>22}{cells}")
 print(f"uniform guess: {math.log(IND['vocab']):.2f} nats")
 
-# %%
+# %% tags=["hide-input"]
 ind_score = {n: [ind_rows[n, s][0] for s in IND_SEEDS] for n in ind_names}
 ind_nll = {n: [ind_rows[n, s][1] for s in IND_SEEDS] for n in ind_names}
 baseline = max(max(ind_score[ind_names[0]]), max(ind_score[ind_names[1]]))
@@ -690,7 +718,9 @@ if waiting:
         display=False,
     )
     glue(
-        "ch02-ind-nll-waiting", span([ind_nll[two][i] for i in waiting]), display=False
+        "ch02-ind-nll-waiting",
+        span([ind_nll[two][i] for i in waiting]),
+        display=False
     )
 glue("ch02-ind-uniform-nll", f"{math.log(IND['vocab']):.2f}", display=False)
 glue("ch02-ind-steps", f"{IND['steps']:,}", display=False)
@@ -713,7 +743,7 @@ glue("ch02-ind-steps", f"{IND['steps']:,}", display=False)
 # the jump (raise `IND["steps"]` to give the third more time). Here is one of the heads on a
 # held-out sequence:
 
-# %%
+# %% tags=["hide-input"]
 ind_net = ind_nets["two layers, trained", 0]
 with torch.no_grad():
     ind_maps = ind_net(ind_eval[:1], maps=True)
@@ -739,12 +769,14 @@ plt.show()
 # exact and repeatable), the work by PyTorch's `FlopCounterMode`; the wall time (fastest of
 # five runs) depends on the machine, so it is shown but not asserted.
 
-# %%
+# %% tags=["hide-input"]
 lengths = [256, 512, 1024, 2048] + ([4096, 8192] if FULL else [])
 H, D = 4, 64
 mem_naive, time_naive, flops = [], [], []
 for n in lengths:
-    qq, kk, vv = (torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3))
+    qq, kk, vv = (
+        torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3)
+    )
     with PeakMemory(DEVICE) as pm:
         naive_attention(qq, kk, vv, causal=True)
     mem_naive.append(pm.peak_bytes)
@@ -769,14 +801,14 @@ assert flops[-1] == 4 * H * lengths[-1] ** 2 * D
 glue("ch02-mem-slope", f"{mem_slope:.2f}", display=False)
 glue("ch02-flop-slope", f"{flop_slope:.2f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 # (timings differ from run to run and machine to machine: shown, not asserted)
 for n, t in zip(lengths, time_naive, strict=True):
     print(f"n = {n:>5}: {1e3 * t:7.1f} ms")
 print(f"time grows as n^{time_slope:.2f}")
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
 axes[0].loglog(lengths, [m / 2**20 for m in mem_naive], "o-")
 axes[0].set(
@@ -816,7 +848,7 @@ plt.show()
 # %%
 Code(inspect.getsource(online_softmax_trace), language="python")
 
-# %%
+# %% tags=["hide-input"]
 row = torch.randn(16, generator=torch.Generator().manual_seed(3)) * 2
 trace = online_softmax_trace(row, block=4)
 final_m, final_l = trace[-1]
@@ -855,13 +887,14 @@ def draw_block(i: int) -> None:
 HTML(animate(fig, draw_block, len(trace), interval_ms=900))
 
 # %% [markdown]
-# `companion.ops.tiled` applies this to tiles of queries *and* keys. Here is its forward loop; the
-# backward pass (not shown) recomputes each tile from the saved log-sum-exp
+# `companion.ops.tiled` applies this to tiles of queries *and* keys. Its forward loop is in
+# the folded listing below (unfold the cell's output to read it); the backward pass (not
+# in the listing) recomputes each tile from the saved log-sum-exp
 # $m + \log \ell$ instead of storing the weights, as FlashAttention-2 does
 # {cite}`dao2023flashattention2`. `key_tiles` skips the tiles wholly in the future of a
 # causal query block, and `tile_scores` computes one tile's masked scores.
 
-# %%
+# %% tags=["hide-output"]
 Code(
     inspect.getsource(key_tiles)
     + "\n"
@@ -908,10 +941,12 @@ for name in ("sdpa", "tiled"):
 # linearly in $n$, plus a fixed tile budget, so the fitted slope is at most 1 (over these
 # short lengths the fixed part still dominates, which flattens it further).
 
-# %%
+# %% tags=["hide-input"]
 mem_tiled = []
 for n in lengths:
-    qq, kk, vv = (torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3))
+    qq, kk, vv = (
+        torch.randn(1, H, n, D, generator=gen).to(DEVICE) for _ in range(3)
+    )
     with PeakMemory(DEVICE) as pm:
         tiled_attention(qq, kk, vv, causal=True)
     mem_tiled.append(pm.peak_bytes)
@@ -925,7 +960,7 @@ assert mem_naive[-1] > 20 * mem_tiled[-1]
 glue("ch02-tiled-slope", f"{tiled_slope:.2f}", display=False)
 glue("ch02-mem-ratio", f"{mem_naive[-1] / mem_tiled[-1]:.0f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.6, 3.4))
 ax.loglog(
     lengths,
@@ -965,7 +1000,7 @@ plt.show()
 # `tile_scores` and run it), for one head of width 64 at $n = 4096$, in fp16, with
 # $128 \times 128$ tiles, and price both at the paper's lower bandwidth.
 
-# %%
+# %% tags=["hide-input"]
 A100 = {  # FlashAttention paper, section 2.1; fp16 peak: NVIDIA A100 datasheet
     "hbm_bytes_per_s": 1.5e12,
     "sram_bytes_per_sm": 192e3,
@@ -1018,12 +1053,14 @@ glue("ch02-fa-std-mb", f"{std_bytes / 1e6:.0f}", display=False)
 glue("ch02-fa-tiled-mb", f"{tiled_full / 1e6:.0f}", display=False)
 glue("ch02-fa-ratio", f"{std_bytes / tiled_full:.1f}", display=False)
 glue(
-    "ch02-fa-std-us", f"{1e6 * std_bytes / A100['hbm_bytes_per_s']:.0f}", display=False
+    "ch02-fa-std-us",
+    f"{1e6 * std_bytes / A100['hbm_bytes_per_s']:.0f}",
+    display=False
 )
 glue("ch02-fa-math-us", f"{1e6 * t_math:.0f}", display=False)
 glue("ch02-fa-tile-kb", f"{sram_tile / 1e3:.0f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 n_tiles = N_FA // TILE
 # the loop visits every tile once, or the lower triangle with its diagonal if causal
 assert fa_rows[False][1] == n_tiles**2
@@ -1049,7 +1086,7 @@ assert std_bytes > 3 * tiled_full
 # Python driving each tile. We time it against PyTorch's fused SDPA at the longest length
 # above:
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 # (timings differ from run to run and machine to machine: shown, not asserted)
 qq, kk, vv = (torch.randn(1, H, lengths[-1], D, generator=gen) for _ in range(3))
@@ -1064,7 +1101,9 @@ def seconds(fn) -> float:
 t_loop = min(
     seconds(lambda: tiled_attention(qq, kk, vv, causal=True)) for _ in range(3)
 )
-t_sdpa = min(seconds(lambda: sdpa_attention(qq, kk, vv, causal=True)) for _ in range(3))
+t_sdpa = min(
+    seconds(lambda: sdpa_attention(qq, kk, vv, causal=True)) for _ in range(3)
+)
 print(
     f"n = {lengths[-1]}: tiled loop {1e3 * t_loop:.1f} ms, "
     f"SDPA {1e3 * t_sdpa:.1f} ms ({t_loop / t_sdpa:.1f}×)"
@@ -1078,29 +1117,19 @@ glue("ch02-loop-vs-sdpa", f"{t_loop / t_sdpa:.1f}", display=False)
 # what SDPA's flash backend runs. `make bench` (`python -m companion.bench attention`)
 # prints the three side by side.
 #
-# ## Summary
+# ## What we learned
 #
-# - Attention is a differentiable lookup: queries score keys, a softmax turns scores into
-#   weights, the output is the weighted average of the values.
-# - The $1/\sqrt{d_k}$ scale keeps score variance at 1 whatever the head width; without it
-#   wide heads saturate the softmax and its gradient collapses (measured above).
-# - A boolean causal mask makes every position blind to its future, which lets one forward
-#   pass train all positions of a sequence.
-# - Heads are cheap to multiply: the same $4d^2$ parameters, each head with its own softmax.
-#   Trained on characters, the first layer's heads became local, at least one of them
-#   leaning on the previous character; the second layer's four looked back about as far
-#   as a uniform head, with an entropy below uniform: broad, and alike by these measures.
-# - Two attention layers can do what one cannot: an induction head, which finds the
-#   earlier occurrence of the current token and copies what followed it. It formed in
-#   {glue:text}`ch02-ind-n-formed` of {glue:text}`ch02-ind-n-seeds` seeds within the
-#   budget; one layer never found it.
-# - The score matrix is $n^2$: memory and FLOPs grow quadratically (fitted slopes
-#   {glue:text}`ch02-mem-slope` and {glue:text}`ch02-flop-slope`, asserted); so does the
-#   time, which is shown but depends on the machine.
-# - FlashAttention changes *how*, not *what*: the online softmax gives identical outputs and
-#   gradients with memory linear in $n$ ({glue:text}`ch02-mem-ratio`× less at the longest
-#   length here). On a GPU it also cuts the traffic through HBM, which is what bounds the
-#   standard form's time ({glue:text}`ch02-fa-ratio`× fewer bytes in the A100 example).
+# Attention is a differentiable lookup: queries score keys, a softmax turns the scores into
+# weights, the output is the weighted average of the values, and a causal mask keeps each
+# position blind to its future so that one pass trains every position. The $1/\sqrt{d_k}$
+# scale is what keeps that softmax trainable as heads get wider, and splitting the width
+# into heads gives each its own softmax for the same parameters. In our small trained
+# models the first layer's heads turned local and the second layer's broad and alike, with
+# no long-range specialists, and two attention layers formed an induction head where one
+# layer never did, though not in every seed within the budget. The price is the
+# $n \times n$ score matrix, whose memory and work grow quadratically; FlashAttention's
+# online softmax computes the same outputs and gradients tile by tile in memory at most
+# linear in $n$, and the traffic it saves through a GPU's HBM we counted, not timed.
 #
 # ## Exercises
 #
