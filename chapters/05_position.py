@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 5 · Where the position went
 #
+# ```{admonition} The question
+# :class: tip
+# Where should a Transformer put the order of its tokens, and what happens when a model reads a text longer than any it was trained on?
+# In our small models, RoPE (a rotation of queries and keys that makes each attention score depend on the offset between two tokens) breaks more gently past the trained length than the learned table or the 2017 sinusoid, rescaling it at test time without fine-tuning never helped, and a hybrid with RoPE in a local layer and no position signal in the global one stayed nearly flat to 16 times the trained length; inside the trained length, three seeds could not rank the learned table against RoPE.
+# ```
+#
 # Attention compares every token with every other and has no notion of which came first.
 # The 2017 model fixed that by adding a sinusoid to each token's embedding
 # {cite}`vaswani2017attention`; GPT-1, BERT and GPT-2 learned a table of position vectors
@@ -34,10 +40,8 @@
 # SmolLM3's layers with no position signal at all. A loss on text shows where a scheme
 # breaks, not which scheme is better, so the chapter ends with a probe that decides:
 # copying a repeated segment, trained at 32 tokens and tested up to 512, over seeds.
-#
-# As everywhere in this book, every claim is an `assert` that runs in CI.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -55,7 +59,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import copy
 import inspect
 import math
@@ -97,13 +101,14 @@ from companion.tasks.synthetic import IGNORE
 from companion.tasks.text import CharTokenizer, load_shakespeare, split_tokens
 from companion.training import seed_everything
 
-# FULL = True: wider, deeper models trained longer, more evaluation windows (use a GPU)
+# FULL = True: wider, deeper models trained longer, more evaluation windows
+# (use a GPU)
 FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
-# These models are tiny: one thread is nearly as fast as two on an idle 2-core machine,
-# and several times faster when other programs share the cores (two threads wait on
-# each other).
+# These models are tiny: one thread is nearly as fast as two on an idle 2-core
+# machine, and several times faster when other programs share the cores (two threads
+# wait on each other).
 torch.set_num_threads(1)
 seed_everything(0)
 print(describe(DEVICE))
@@ -292,7 +297,7 @@ glue("ch05-bf16-4010", f"{as_bf16:.0f}", display=False)
 # as the frames advance, next to the logit of the same query with the key held at $n = 0$,
 # whose offset grows.
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 shown = [0, 8, 16, 24]  # pairs with wavelengths 6.3, 63, 628 and 6 283 tokens
 OFFSET = 4
 frames_m = list(range(OFFSET, OFFSET + 20))
@@ -381,7 +386,8 @@ def draw_clock(i: int) -> None:
 
 
 draw_clock(0)
-fig.canvas.draw()  # lay the figure out once; the frames only move the hands and lines
+# lay the figure out once; the frames only move the hands and lines
+fig.canvas.draw()
 fig.set_layout_engine("none")
 # the logit and every pair's share of it stay put while both positions move...
 assert max(logits_along) - min(logits_along) < 1e-4
@@ -417,7 +423,7 @@ glue("fig-rope", HTML(animate(fig, draw_clock, len(frames_m), interval_ms=500)))
 # Llama 3 raised it to $5 \cdot 10^5$ {cite}`grattafiori2024llama`; Qwen3 and Gemma 3's
 # global layers use $10^6$ {cite}`yang2025qwen3` {cite}`gemmateam2025gemma3`.
 
-# %%
+# %% tags=["hide-input"]
 HEAD = 128
 bases = {"Llama 2": 1e4, "Llama 3": 5e5, "Qwen3": 1e6}
 slowest, full_turns = {}, {}
@@ -434,13 +440,15 @@ for name, b in bases.items():
         f"{name:<8} {b:>8.0e} {2 * math.pi * b:>11,.0f} {slowest[name]:>21,.0f} "
         f"{full_turns[name]:>19} / 64"
     )
-assert abs(slowest["Llama 2"] - 2 * math.pi * 1e4 ** (126 / 128)) < 1  # just under 2πb
+# just under 2πb
+assert abs(slowest["Llama 2"] - 2 * math.pi * 1e4 ** (126 / 128)) < 1
 assert all(0.8 < slowest[n] / (2 * math.pi * b) < 1 for n, b in bases.items())
 # pair i turns within 4096 tokens when 2π b^(2i/D) <= 4096, i.e. for i up to
 # (D/2) ln(4096/2π) / ln b: the count in closed form, without the frequency table
 for name, b in bases.items():
     assert (
-        full_turns[name] == math.floor(HEAD / 2 * math.log(4096 / (2 * math.pi), b)) + 1
+        full_turns[name]
+        == math.floor(HEAD / 2 * math.log(4096 / (2 * math.pi), b)) + 1
     )
 glue("ch05-turn-1e4", f"{slowest['Llama 2']:,.0f}", display=False)
 glue("ch05-turn-5e5", f"{slowest['Llama 3'] / 1e6:.1f} million", display=False)
@@ -467,13 +475,14 @@ for name, key in (("Llama 2", "1e4"), ("Llama 3", "5e5"), ("Qwen3", "1e6")):
 # still differ, so the position as a whole is not lost; but the coarsest "far or near"
 # signal now lies.)
 
-# %%
+# %% tags=["hide-input"]
 positions = torch.arange(0, 200_001, 500)
 fig, (ax_w, ax_a) = plt.subplots(1, 2, figsize=(11.5, 3.6))
 for j, (name, b) in enumerate(bases.items()):
     inv, _ = rope_frequencies(HEAD, theta=b)
     ax_w.semilogy(
-        2 * math.pi / inv.numpy(), ".", color=PALETTE[j], label=f"{name}, b = {b:.0e}"
+        2 * math.pi / inv.numpy(), ".", color=PALETTE[j],
+        label=f"{name}, b = {b:.0e}"
     )
     turns = positions.double() * inv[-1].double() / (2 * math.pi)  # the slowest hand
     ax_a.plot(positions.numpy(), (turns % 1).numpy(), color=PALETTE[j], label=name)
@@ -534,7 +543,7 @@ assert (
 # %%
 Code(inspect.getsource(per_position_loss), language="python")
 
-# %%
+# %% tags=["hide-input"]
 text = load_shakespeare()
 chars = CharTokenizer(text)
 tokens = torch.tensor(chars.encode(text))
@@ -584,7 +593,7 @@ assert "max_seq_len=64" in learned_error
 # the current one only, counted on the training text): a model that ignores everything
 # before the current character can reach it.
 
-# %%
+# %% tags=["hide-input"]
 for scheme in SCHEMES:
     length = TRAIN_LEN if scheme == "learned" else EVAL_LEN
     curves[scheme] = per_position_loss(
@@ -605,7 +614,8 @@ def band(curve: torch.Tensor, lo: int, hi: int) -> float:
 
 
 def print_bands(rows: dict[str, torch.Tensor]) -> None:
-    print(f"{'positions':<16}" + "".join(f"{f'{lo}-{hi - 1}':>9}" for lo, hi in BANDS))
+    print(f"{'positions':<16}"
+          + "".join(f"{f'{lo}-{hi - 1}':>9}" for lo, hi in BANDS))
     for name, curve in rows.items():
         cells = "".join(
             f"{band(curve, lo, hi):>9.3f}" if len(curve) >= hi else f"{'—':>9}"
@@ -618,7 +628,7 @@ print_bands(curves)
 print(f"bigram table: {bigram_loss:.3f} at every position")
 
 
-# %%
+# %% tags=["hide-input"]
 def plot_curves(
     ax: plt.Axes, rows: dict[str, torch.Tensor], colors: list[str], top: float = 3.1
 ) -> None:
@@ -661,11 +671,13 @@ plot_curves(ax, {names[s]: curves[s] for s in SCHEMES}, PALETTE[:4])
 ax.set_title("Trained on 64 characters, read 512: where each scheme breaks")
 plt.show()
 
-# %%
+# %% tags=["hide-input"]
 inside = {s: band(curves[s], 32, 64) for s in SCHEMES}
 far = {s: band(curves[s], 256, 512) for s in SCHEMES if s != "learned"}
-assert band(curves["sinusoidal"], 64, 128) > inside["sinusoidal"] + 0.3  # a cliff at 64
-assert far["rope"] > inside["rope"] + 0.15  # RoPE degrades past the trained length...
+# a cliff at 64
+assert band(curves["sinusoidal"], 64, 128) > inside["sinusoidal"] + 0.3
+# RoPE degrades past the trained length...
+assert far["rope"] > inside["rope"] + 0.15
 assert (
     band(curves["rope"], 64, 128) < band(curves["sinusoidal"], 64, 128) - 0.3
 )  # ...gradually
@@ -744,7 +756,7 @@ assert band(curves_window, 256, 512) < far["rope"] - 0.15
 #
 # For $s = 8$ and our 32-channel heads, here is what each does to the speed of every pair:
 
-# %%
+# %% tags=["hide-input"]
 rope_cfg = models["rope"].cfg
 R = rope_cfg.head_dim
 base_inv, _ = rope_frequencies(R, rope_cfg.rope_theta)
@@ -777,10 +789,15 @@ dynamic_inv, _ = rope_frequencies(
     max_position_embeddings=TRAIN_LEN,
     seq_len=EVAL_LEN,
 )
-ntk_inv, _ = rope_frequencies(R, ntk_theta(rope_cfg.rope_theta, R, TRAIN_LEN, EVAL_LEN))
-assert torch.allclose(ntk_inv, dynamic_inv)  # NTK-aware at 512 tokens = dynamic scaling
+ntk_inv, _ = rope_frequencies(
+    R, ntk_theta(rope_cfg.rope_theta, R, TRAIN_LEN, EVAL_LEN)
+)
+# NTK-aware at 512 tokens = dynamic scaling
+assert torch.allclose(ntk_inv, dynamic_inv)
 assert np.allclose(ratios["linear"], 1 / 8) and abs(ratios["ntk"][0] - 1) < 1e-6
-assert abs(ratios["ntk"][-1] - 1 / 8) < 1e-6 and abs(ratios["yarn"][-1] - 1 / 8) < 1e-6
+assert abs(ratios["ntk"][-1] - 1 / 8) < 1e-6 and abs(
+    ratios["yarn"][-1] - 1 / 8
+) < 1e-6
 
 # %% [markdown]
 # Now the measurement. A fair test sets the factor to the length being read, as dynamic
@@ -803,7 +820,7 @@ for method, label in methods.items():
     )
 print_bands(scaled)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7.2, 3.8))
 plot_curves(ax, scaled, [PALETTE[2], PALETTE[1], PALETTE[3], PALETTE[4]], top=3.5)
 ax.set_title("Rescaling a trained RoPE model, no fine-tuning")
@@ -817,7 +834,8 @@ assert (
 for label, key in (("RoPE", "rope"), ("linear (PI)", "pi"), ("NTK-aware", "ntk"),
                    ("YaRN", "yarn")):  # fmt: skip
     for lo, hi in ((64, 128), (128, 256), (256, 512)):
-        glue(f"ch05-sc-{key}-{lo}", f"{band(scaled[label], lo, hi):.2f}", display=False)
+        glue(f"ch05-sc-{key}-{lo}", f"{band(scaled[label], lo, hi):.2f}",
+             display=False)
 yarn_diff = [
     band(scaled["YaRN"], lo, hi) - band(curves["rope"], lo, hi)
     for lo, hi in ((64, 128), (128, 256), (256, 512))
@@ -867,9 +885,10 @@ glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 # one. We record which table each layer's attention actually receives in a forward pass:
 
 
-# %%
+# %% tags=["hide-input"]
 def toy(**fields: object) -> ModelConfig:
-    """A six-layer toy with 128-wide heads (as in Llama and Qwen), to look at layers."""
+    """A six-layer toy with 128-wide heads (as in Llama and Qwen), to look at
+    layers."""
     base = {
         "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_dim": 128,
         "position": "rope", "max_seq_len": 64,
@@ -890,13 +909,15 @@ used = rope_used_per_layer(gemma_model, probe)
 print("Gemma-3-like layers: ", gemma_like.layer_types)
 print("RoPE table received: ", tuple(used))
 slowest_turn = {}
-for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():  # (2, F) each
+# cos, sin: (2, F) each
+for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():
     step = torch.atan2(
         sin[1, -1], cos[1, -1]
     ).item()  # the slowest pair's angle per token
     slowest_turn[name] = 2 * math.pi / step
     print(
-        f"{name:>6} table: slowest pair turns every {slowest_turn[name]:>12,.0f} tokens"
+        f"{name:>6} table: slowest pair turns every "
+        f"{slowest_turn[name]:>12,.0f} tokens"
     )
 assert used == ["local"] * 5 + ["global"]
 assert abs(slowest_turn["local"] / slowest["Llama 2"] - 1) < 1e-3  # b = 1e4
@@ -982,7 +1003,7 @@ plt.show()
 # sliding window and whose second, global layer has no position signal at all, trained
 # exactly like the four above.
 
-# %%
+# %% tags=["hide-input"]
 hybrid_layers = (
     ("sliding", "sliding", "sliding", "full") if FULL else ("sliding", "full")
 )
@@ -1097,7 +1118,7 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # copy** (the token after the last earlier occurrence of the current one: a perfect
 # induction head, wrong only where a token repeats inside its segment).
 
-# %%
+# %% tags=["hide-input"]
 PROBE = {"train_len": 32, "periods": (2, 6), "vocab": 32, "batch": 32, "lr": 1e-2}
 PROBE |= {"steps": 1000} if FULL else {"steps": 300}
 PROBE_SEEDS = (0, 1, 2, 3, 4)  # RoPE and the hybrid, the headline, get all five
@@ -1113,12 +1134,14 @@ def copy_task(batch: int, seq_len: int, gen: torch.Generator):
 
 
 def probe_model(scheme: str, seed: int) -> DecoderLM:
-    """One of the five schemes, trained on copies of 32 tokens; init seeded by seed."""
+    """One of the five schemes, trained on copies of 32 tokens; init seeded by
+    seed."""
     fields = {"init_std": 0.1, "d_ff": 64, **PROBE_WIDTH}  # 0.02: too slow to learn
     if scheme == "hybrid":  # the chapter's hybrid: sliding RoPE, then a global NoPE
         fields |= {"layer_types": ("sliding", "full"), "sliding_window": 16}
         fields |= {"nope_layers": (1,)}
-    if scheme == "learned":  # a table for every test length; rows >= 32 never trained
+    if scheme == "learned":
+        # a table for every test length; rows >= 32 never trained
         fields["max_seq_len"] = PROBE_MAX
     position = "rope" if scheme == "hybrid" else scheme
     seed_everything(seed)
@@ -1138,7 +1161,9 @@ def probe_model(scheme: str, seed: int) -> DecoderLM:
         warmup=PROBE["steps"] // 10,
     )
     if untrained is not None:  # no gradient ever reached them: still the random init
-        assert torch.equal(model.pos_emb.table.weight[PROBE["train_len"] :], untrained)
+        assert torch.equal(
+            model.pos_emb.table.weight[PROBE["train_len"] :], untrained
+        )
     return model.eval()
 
 
@@ -1174,11 +1199,15 @@ for seed in PROBE_SEEDS:
         if scheme == "rope":  # the same weights with each rescaling, s = T / 32
             for method in STRETCH:
                 for T in PROBE_LENS:
-                    changes = rope_scaling_for(method, model.cfg, PROBE["train_len"], T)
-                    acc[method][T].append(band_accuracy(with_rope(model, **changes), T))
+                    changes = rope_scaling_for(
+                        method, model.cfg, PROBE["train_len"], T
+                    )
+                    acc[method][T].append(
+                        band_accuracy(with_rope(model, **changes), T)
+                    )
 
 
-# %%
+# %% tags=["hide-input"]
 def yardsticks(x: torch.Tensor, y: torch.Tensor, T: int) -> tuple[float, float]:
     """Two rules that need no training, scored like the models on [T/2, T): guess
     uniformly among the distinct tokens seen so far (the current one excepted), which
@@ -1189,15 +1218,20 @@ def yardsticks(x: torch.Tensor, y: torch.Tensor, T: int) -> tuple[float, float]:
     seen = onehot.cummax(dim=1).values & ~onehot  # seen so far, current excepted
     hit = seen.gather(2, y.clamp(min=0)[..., None])[..., 0]  # (B, T)
     guess = hit / seen.sum(-1).clamp(min=1)  # expected accuracy of the uniform guess
-    earlier = (x[:, :, None] == x[:, None, :]) & (t[:, None] > t[None, :])  # (B, T, T)
+    # (B, T, T)
+    earlier = (x[:, :, None] == x[:, None, :]) & (t[:, None] > t[None, :])
     last = torch.where(earlier, t, -1).amax(-1)  # (B, T), -1 where none
     copied = torch.where(last >= 0, x.gather(1, (last + 1).clamp(max=T - 1)), -1)
     scored = (y != IGNORE) & (t >= T // 2)
     return guess[scored].mean().item(), (copied == y)[scored].float().mean().item()
 
 
-floor, copy_one = zip(*(yardsticks(*probe_sets[T], T) for T in PROBE_LENS), strict=True)
-copy_acc = {name: {T: spread(v) for T, v in row.items()} for name, row in acc.items()}
+floor, copy_one = zip(
+    *(yardsticks(*probe_sets[T], T) for T in PROBE_LENS), strict=True
+)
+copy_acc = {
+    name: {T: spread(v) for T, v in row.items()} for name, row in acc.items()
+}
 labels = {**PROBE_SCHEMES, **STRETCH}
 print("copy accuracy on positions [T/2, T), mean ± sd over seeds:")
 print(f"{len(PROBE_SEEDS)} for RoPE, its rescalings and the hybrid,",
@@ -1210,7 +1244,7 @@ for what, row in (("order-free guess", floor), ("one-token copy", copy_one)):
     print(f"{what:>24}" + "".join(f"{v:>12.2f}" for v in row))
 print(f"{'chance':>24}{1 / PROBE['vocab']:>12.2f} at every length")
 
-# %%
+# %% tags=["hide-input"]
 IN, FAR = PROBE_LENS[0], PROBE_LENS[-1]
 floor_at = dict(zip(PROBE_LENS, floor, strict=True))
 copy_at = dict(zip(PROBE_LENS, copy_one, strict=True))
@@ -1226,7 +1260,8 @@ for method, label in STRETCH.items():
     for T in PROBE_LENS[1:]:
         claims[f"{label} − RoPE, at {T}"] = (method, T, "rope", T)
 diffs, n_paired = {}, {}
-print(f"{'paired difference':<28}{'seeds':>6}{'mean ± 95 % half-width':>24}", "verdict")
+print(f"{'paired difference':<28}{'seeds':>6}{'mean ± 95 % half-width':>24}",
+      "verdict")
 for claim, (a, Ta, b, Tb) in claims.items():
     n_paired[claim] = n = min(len(acc[a][Ta]), len(acc[b][Tb]))  # seeds 0 .. n − 1
     diffs[claim] = d = difference(acc[a][Ta][:n], acc[b][Tb][:n])
@@ -1291,7 +1326,7 @@ for T in PROBE_LENS:
 glue("ch05-cp-steps", f"{PROBE['steps']}", display=False)
 glue("ch05-cp-chance", f"{1 / PROBE['vocab']:.2f}", display=False)
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 colors = dict(zip([*PROBE_SCHEMES, *STRETCH], PALETTE, strict=True))
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.9), sharey=True)
 panels = (
@@ -1305,9 +1340,12 @@ for ax, names_, title in panels:
             ax.plot(PROBE_LENS, seed_row, color=color, lw=0.7, alpha=0.45)
         mean = [copy_acc[name][T].mean for T in PROBE_LENS]
         ax.plot(PROBE_LENS, mean, "o-", color=color, lw=2, ms=4, label=labels[name])
-    ax.plot(PROBE_LENS, floor, color="grey", ls=":", lw=1.2, label="order-free guess")
-    ax.plot(PROBE_LENS, copy_one, color="grey", ls="--", lw=1, label="one-token copy")
-    ax.axvspan(PROBE_LENS[0] * 0.9, PROBE_LENS[0] * 1.1, color="grey", alpha=0.15, lw=0)
+    ax.plot(PROBE_LENS, floor, color="grey", ls=":", lw=1.2,
+            label="order-free guess")
+    ax.plot(PROBE_LENS, copy_one, color="grey", ls="--", lw=1,
+            label="one-token copy")
+    ax.axvspan(PROBE_LENS[0] * 0.9, PROBE_LENS[0] * 1.1, color="grey", alpha=0.15,
+               lw=0)
     ax.set_xscale("log", base=2)
     ax.set_xticks(PROBE_LENS, [str(T) for T in PROBE_LENS])
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -1439,11 +1477,13 @@ glue("ch05-yarn-kept-llama", f"{kept['Llama 3 head, 8192 tokens']}", display=Fal
 # show.
 
 # %% tags=["hide-input"]
-# FULL only: the probe in YaRN's regime, trained on 256 tokens, each rescaling read as
-# trained and after a short fine-tune at 1024 tokens, paired with plain RoPE by seed
+# FULL only: the probe in YaRN's regime, trained on 256 tokens, each rescaling read
+# as trained and after a short fine-tune at 1024 tokens, paired with plain RoPE by
+# seed
 LONG = {"train_len": 256, "lens": (256, 512, 1024), "steps": 1000, "tune": 50}
 long_sets = {
-    T: copy_task(16, T, torch.Generator().manual_seed(2000 + T)) for T in LONG["lens"]
+    T: copy_task(16, T, torch.Generator().manual_seed(2000 + T))
+    for T in LONG["lens"]
 }
 long_acc: dict[tuple[str, str], list[float]] = {}
 for seed in PROBE_SEEDS if FULL else ():
@@ -1477,45 +1517,29 @@ if not FULL:
 glue("ch05-long-tune", f"{LONG['tune']}", display=False)
 
 # %% [markdown]
-# ## Summary
+# ## What we learned
 #
-# - Attention without a mask is permutation-equivariant (checked to $10^{-6}$); position
-#   must be added. The 2017 sinusoid and the learned table (ConvS2S, GPT-1, BERT, GPT-2)
-#   add it once, at the input; the learned table has no row past $S_\text{max}$, and `companion` refuses
-#   rather than index past it.
-# - RoPE follows from asking that the logit depend only on $m - n$: rotate each pair of
-#   query and key channels by $m\theta_i$. Shifting both positions by up to 4000 leaves
-#   the logit unchanged (to $10^{-3}$ in float32); swapping them does not.
-# - The base sets the slowest hand: $2\pi b^{(D-2)/D}$ tokens per turn,
-#   {glue:text}`ch05-turn-1e4` for $b = 10^4$, {glue:text}`ch05-turn-5e5` for
-#   $5 \cdot 10^5$ and {glue:text}`ch05-turn-1e6` for $10^6$ (bounded by $2\pi b$ =
-#   {glue:text}`ch05-bound-1e4`, {glue:text}`ch05-bound-5e5` and
-#   {glue:text}`ch05-bound-1e6` million). Past a full turn the slowest hand aliases.
-# - Trained on 64 characters and read to 512 (one seed): the learned table cannot run; the
-#   sinusoid's loss jumps at 64; RoPE's rises gradually beyond; NoPE is flat at about a
-#   bigram table's loss. The same RoPE model through a 64-key window is flat: unseen
-#   offsets, not more keys, cause the rise. One seed of a loss on text can show these
-#   breaks; it does not rank the schemes inside the trained range.
-# - Linear, NTK and YaRN rescaling, applied at evaluation time without fine-tuning to
-#   models trained on 64 characters or 32 tokens, do not rescue them, and linear
-#   interpolation hurts from the first doubling. These lengths are below YaRN's regime (no
-#   pair turns 32 times within them) and no model was fine-tuned, so this says nothing
-#   about the methods as released; the test in their regime runs with `FULL = True`.
-# - Gemma 3 uses two bases (local $10^4$, global $10^6$); SmolLM3 and Trinity drop RoPE in
-#   some layers. A NoPE layer spreads attention evenly over identical tokens; a two-layer
-#   model with local RoPE and a global NoPE layer came close to RoPE inside the trained
-#   range and stayed nearly flat to 8× beyond it (one seed).
-# - The copying probe ({glue:text}`ch05-cp-nhead` paired seeds for RoPE and the hybrid,
-#   {glue:text}`ch05-cp-nfew` for the others, {numref}`fig-copy-lengths`) claims a
-#   difference when the 95 % paired $t$-interval excludes zero, a 5 % test: among its
-#   {glue:text}`ch05-cp-nverdicts` verdicts about one could be a false difference. Only
-#   the learned table and RoPE learned the copy, and three seeds cannot order them; the
-#   sinusoid and NoPE did not learn it in 300 steps and are not ranked. Past 32, the
-#   learned table's untrained rows fall to the order-free guess, RoPE drops by
-#   {glue:text}`ch05-cp-d-rope-fall` at 512, and local RoPE + global NoPE stays above it
-#   by {glue:text}`ch05-cp-d-hybrid-far`, having lost under a tenth. No rescaling is above
-#   plain RoPE there, and linear interpolation is below it at once.
+# Position moved from a vector added once to the input to a rotation of the queries and
+# keys inside every attention layer, because a rotation makes the score between two
+# tokens depend on how far apart they are rather than on where they sit, and its base
+# became a dial for how long a context the hands can cover. Read past their training
+# length, our small models broke where the mechanisms say they should: the learned table
+# has no rows there (or untrained ones, which leave only an order-free guess), the
+# sinusoid jumps at the first new position, RoPE degrades gradually because of offsets it
+# never saw (a sliding window removes the damage), and a hybrid with RoPE only in a local
+# layer and no position signal in the global one stays nearly flat. Linear, NTK and YaRN
+# rescaling, applied without fine-tuning to models trained on 32 to 64 tokens, never did
+# better than plain RoPE, which says something about a regime below the one these methods
+# were built for and nothing about them as released. What our runs did not show is that
+# RoPE beats a learned table inside the trained length: on the copying probe three seeds
+# could not tell the two apart, and the sinusoid and NoPE did not learn the task in 300
+# steps, so they are not ranked at all.
 #
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | Position | Added absolute embedding | RoPE inside attention | Null inside the trained length (learned table vs RoPE on the copy probe, 3 seeds); past it RoPE degrades more gently than the absolute schemes and local RoPE + global NoPE holds best (5 seeds) | Length extrapolation and relative geometry |
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Fine-tune the trained RoPE model for 50 steps on 128-character windows, once plain and

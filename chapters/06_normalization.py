@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 6 · Normalization and the residual stream
 #
+# ```{admonition} The question
+# :class: tip
+# What does the normalization layer compute, where should it sit relative to the residual connection, and why did the 2017 Post-LayerNorm give way to Pre-RMSNorm?
+# Placement is what mattered in our runs: an 8-layer Post-LN model needed warmup at a middle learning rate and did not train at the highest even with it, while Pre-LN with warmup trained at every rate (where both trained, three seeds could not tell them apart); LayerNorm and RMSNorm differ by under 1 % on SmolLM2's stream once the mean is folded into the next layer, and QK-norm capped the attention logits but lowered the loss only at the highest learning rate.
+# ```
+#
 # Between 2017 and 2026 the normalization layer changed in two independent ways. *What it
 # computes*: LayerNorm {cite}`ba2016layer` subtracts the mean and divides by the standard
 # deviation; RMSNorm {cite}`zhang2019root` only divides by the root mean square. And
@@ -37,10 +43,8 @@
 # without warmup, and looks at gradients and Jacobians to see why Post-LN needs warmup at
 # the higher ones; scales the initial residual writes by depth; and tracks attention
 # logits with and without QK-norm across learning rates.
-#
-# As everywhere in this book, every claim is an `assert` that runs in CI.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -59,7 +63,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import contextlib
 import inspect
 import math
@@ -110,7 +114,8 @@ from companion.training import (
     train,
 )
 
-# FULL = True: every training run on five seeds, and the QK-norm run in bf16 (use a GPU)
+# FULL = True: every training run on five seeds, and the QK-norm run in bf16
+# (use a GPU)
 FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
@@ -148,7 +153,7 @@ Code(inspect.getsource(diagnostics.capture_stream), language="python")
 # `load_smollm2` reads its real weights into a `companion` `DecoderLM`. We run one
 # sentence through it and take the norm of every token's stream vector after every layer.
 
-# %%
+# %% tags=["hide-input"]
 smol, tok = load_smollm2()
 sentence = (
     "The residual stream is a shared bus: every layer reads it, computes something, "
@@ -172,7 +177,8 @@ log_x = typical.log().numpy()
 
 
 def two_rates(b: int) -> tuple[float, float, float]:
-    """Least-squares slopes of log‖x_ℓ‖ on ℓ = 3..b and b..L, and the summed error."""
+    """Least-squares slopes of log‖x_ℓ‖ on ℓ = 3..b and b..L, and the summed
+    error."""
     fits = [np.polyfit(np.arange(a, c + 1), log_x[a : c + 1], 1, full=True)
             for a, c in ((3, b), (b, n_layers))]  # fmt: skip
     return fits[0][0][0], fits[1][0][0], sum(float(f[1].sum()) for f in fits)
@@ -188,7 +194,8 @@ print(
     f"{n_layers - surge}"
 )
 steps_up = (typical[1:].diff() > 0).float().mean().item()
-assert typical[-1] > 10 * typical[3] and steps_up >= 0.9  # the stream grows with depth,
+# the stream grows with depth,
+assert typical[-1] > 10 * typical[3] and steps_up >= 0.9
 assert fast > 2 * slow and surge > n_layers // 2  # and fastest near the top
 # token 0 is an outlier (see below): the layers where it exceeds 20× the median token
 massive = (first > 20 * typical).nonzero().flatten().tolist()
@@ -209,8 +216,10 @@ glue("ch06-n-late", f"{n_layers - surge}", display=False)
 glue("ch06-n-mid", f"{surge - 3}", display=False)
 glue("ch06-massive-from", f"{m_lo}", display=False)
 glue("ch06-massive-to", f"{m_hi}", display=False)
-glue("ch06-massive-min", f"{first[m_lo : m_hi + 1].min().item():,.0f}", display=False)
-glue("ch06-massive-ratio", f"{m_ratio.min():.0f} to {m_ratio.max():.0f}", display=False)
+glue("ch06-massive-min", f"{first[m_lo : m_hi + 1].min().item():,.0f}",
+     display=False)
+glue("ch06-massive-ratio", f"{m_ratio.min():.0f} to {m_ratio.max():.0f}",
+     display=False)
 glue("ch06-last-token0", f"{first[-1].item():,.0f}", display=False)
 glue("ch06-last-ratio", f"{first[-1] / typical[-1]:.0f}", display=False)
 
@@ -252,7 +261,7 @@ assert (
     alignment.median() > 0.05 and excess[1:].min() > 1.0
 )  # and partly along the stream
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 ax = axes[0]
 ax.semilogy(layers, typical[1:], "o-", ms=3, label="median token")
@@ -419,7 +428,7 @@ glue("ch06-ln-ops", f"{sum(fused['F.layer_norm'].values())}", display=False)
 # machines that built this page. The two unfused references show the cost of the extra
 # work itself.
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 # (timings depend on the machine and its load)
 big = torch.randn(8192, d_smol)
@@ -542,7 +551,7 @@ Code(inspect.getsource(TransformerBlock.residual), language="python")
 # the mean cosine over all pairs of tokens in the batch, 1 when every token carries the
 # same vector).
 
-# %%
+# %% tags=["hide-input"]
 text = load_shakespeare()
 chars = CharTokenizer(text)
 V = chars.vocab_size
@@ -565,7 +574,8 @@ NAMES = {
 def deep_model(
     placement: str, n_layers: int = DEPTH, depth_scaled: bool = False, **changes
 ):
-    """The chapter's model: n_layers blocks, width 32, LayerNorm, learned positions."""
+    """The chapter's model: n_layers blocks, width 32, LayerNorm, learned
+    positions."""
     cfg = ModelConfig(
         vocab_size=V,
         d_model=WIDTH,
@@ -600,7 +610,9 @@ def run(placement: str, warmup: int, lr: float, seed: int, track: bool) -> dict:
         losses.append(loss.item())
         return loss
 
-    tracker = StreamTracker(model, token_cosine) if track else contextlib.nullcontext()
+    tracker = (
+        StreamTracker(model, token_cosine) if track else contextlib.nullcontext()
+    )
     with tracker:
         train(
             model,
@@ -648,7 +660,8 @@ for p in TRAINED:
 # paired differences (same seeds: same initial weights, same batches), 95 % intervals
 warmup_gain = {  # loss without warmup − loss with it, seed by seed
     (p, lr): [
-        c - w for c, w in zip(per_seed[p, 0, lr], per_seed[p, WARMUP, lr], strict=True)
+        c - w
+        for c, w in zip(per_seed[p, 0, lr], per_seed[p, WARMUP, lr], strict=True)
     ]
     for p in ("post", "pre")
     for lr in LRS
@@ -656,7 +669,8 @@ warmup_gain = {  # loss without warmup − loss with it, seed by seed
 
 
 def paired(a: tuple, b: tuple) -> list:
-    """The paired difference a − b at every learning rate (a, b: placement, warmup)."""
+    """The paired difference a − b at every learning rate (a, b: placement,
+    warmup)."""
     return [difference(per_seed[(*a, lr)], per_seed[(*b, lr)]) for lr in LRS]
 
 
@@ -681,7 +695,8 @@ glue("ch06-n-seeds", str(len(SEEDS)), display=False)
 for (p, w, lr), values in per_seed.items():
     tag = f"{p}-{'warm' if w else 'cold'}-{lr:g}"
     glue(f"ch06-loss-{tag}", f"{np.mean(values):.2f}", display=False)
-    glue(f"ch06-range-{tag}", f"{min(values):.2f} to {max(values):.2f}", display=False)
+    glue(f"ch06-range-{tag}", f"{min(values):.2f} to {max(values):.2f}",
+         display=False)
 for key, (_, ds) in effects.items():
     for lr, d in zip(LRS, ds, strict=True):
         glue(f"ch06-d-{key}-{lr:g}", d.format(), display=False)
@@ -691,10 +706,11 @@ lo, mid, hi = LRS
 # at the middle rate: warmup rescues Post-LN, which without it ends above Pre-LN,
 # and it buys Post-LN more than it buys Pre-LN
 assert (
-    verdict["gain-post"][mid] == verdict["cold"][mid] == verdict["gain-gap"][mid] == 1
+    verdict["gain-post"][mid] == verdict["cold"][mid]
+    == verdict["gain-gap"][mid] == 1
 )
-# at the low rate Post-LN trains without warmup on every seed, and warmup's gain to it
-# is smaller there than at the middle rate, seed by seed
+# at the low rate Post-LN trains without warmup on every seed, and warmup's gain to
+# it is smaller there than at the middle rate, seed by seed
 assert max(per_seed["post", 0, lo]) < unigram - 0.3
 assert compare(warmup_gain["post", mid], warmup_gain["post", lo]) == 1
 # at the high rate warmup rescues Pre-LN, and with warmup Pre-LN ends below Post-LN
@@ -730,7 +746,7 @@ assert max(per_seed["pre", 0, mid]) < unigram - 0.15  # and without it at the mi
 # {glue:text}`ch06-d-warm-0.008`.) The curves on the right are seed 0's at
 # $8\cdot10^{-3}$.
 
-# %%
+# %% tags=["hide-input"]
 smooth = 10  # running mean over 10 steps
 
 
@@ -752,7 +768,8 @@ for j, p in enumerate(("post", "pre")):
         axes[1].plot(
             np.arange(smooth, STEPS + 1),
             smoothed(runs[(p, w, LR, SEEDS[0])]["loss"]),
-            ls, color=PALETTE[j], label=f"{NAMES[p]}, {'warmup' if w else 'no warmup'}",
+            ls, color=PALETTE[j],
+            label=f"{NAMES[p]}, {'warmup' if w else 'no warmup'}",
         )  # fmt: skip
 for ax in axes:
     ax.axhline(unigram, color="grey", ls=":", label="letter frequencies only")
@@ -782,7 +799,7 @@ plt.show()
 # cosine is below 0.9 again from step {glue:text}`ch06-pre-back` on. In Post-LN without
 # warmup it never comes back. Step through the training run:
 
-# %%
+# %% tags=["hide-input"]
 post_cos = runs[("post", 0, LR, SEEDS[0])]["cosine"]  # (STEPS, L)
 pre_cos = runs[("pre", 0, LR, SEEDS[0])]["cosine"]
 frame_steps = list(range(0, STEPS, 12)) + [STEPS - 1]
@@ -793,7 +810,8 @@ def draw_collapse(i: int) -> None:
     step = frame_steps[i]
     ax.clear()
     depth = np.arange(1, DEPTH + 1)
-    ax.plot(depth, post_cos[step], "o-", color=PALETTE[0], label="Post-LN, no warmup")
+    ax.plot(depth, post_cos[step], "o-", color=PALETTE[0],
+            label="Post-LN, no warmup")
     ax.plot(depth, pre_cos[step], "s-", color=PALETTE[1], label="Pre-LN, no warmup")
     ax.set(
         ylim=(0, 1.05),
@@ -806,7 +824,7 @@ def draw_collapse(i: int) -> None:
 
 HTML(animate(fig, draw_collapse, len(frame_steps), interval_ms=500))
 
-# %%
+# %% tags=["hide-input"]
 collapsed_by = {
     name: next(s for s in range(STEPS) if r[s, -1] > 0.99)
     for name, r in [("Post-LN", post_cos), ("Pre-LN", pre_cos)]
@@ -834,7 +852,7 @@ assert (
 # 0 is then a large change exactly where Post-LN's gradients are largest.
 # `block_grad_norms` measures the gradient norm of each block's parameters on one batch:
 
-# %%
+# %% tags=["hide-input"]
 probe_x, probe_y = sample_windows(
     train_ids, BATCH, SEQ, torch.Generator().manual_seed(7), DEVICE
 )
@@ -843,13 +861,18 @@ for p in PLACEMENTS:
     seed_everything(0)
     grads[p] = block_grad_norms(deep_model(p), probe_x, probe_y)
 depths = [4, 8, 16, 32]
-FIG_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]  # for the figure below (⊃ depths)
+# for the figure below (⊃ depths)
+FIG_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
 profiles = {}  # (placement, L) -> gradient norm of each of the L blocks, (L,)
 for p in ("post", "pre"):
     for n in FIG_DEPTHS:
         seed_everything(0)
-        profiles[(p, n)] = block_grad_norms(deep_model(p, n_layers=n), probe_x, probe_y)
-last_grad = {p: [profiles[(p, n)][-1].item() for n in depths] for p in ("post", "pre")}
+        profiles[(p, n)] = block_grad_norms(
+            deep_model(p, n_layers=n), probe_x, probe_y
+        )
+last_grad = {
+    p: [profiles[(p, n)][-1].item() for n in depths] for p in ("post", "pre")
+}
 slopes = {p: loglog_fit(depths, last_grad[p])[0] for p in last_grad}
 print(f"{'L':>3}" + "".join(f" {NAMES[p] + ' last block':>20}" for p in last_grad))
 for i, n in enumerate(depths):
@@ -867,7 +890,7 @@ assert grads["pre"][0] > 2 * grads["pre"][-1]  # Pre-LN: smaller gradients furth
 # {numref}`fig-norm-placement` steps through the depths of that measurement (the models
 # above, from 1 to 48 blocks) and shows every block's gradient, not only the last one's.
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 # first ÷ last block, at every depth of the figure
 first_last = {
     p: np.array(
@@ -916,8 +939,9 @@ def box(ax: plt.Axes, x: float, y: float, text: str, kind: str) -> None:
 
 
 def schematic(ax: plt.Axes, x0: float, post: bool, color: str) -> None:
-    """One sublayer: the identity path (left, in the placement's colour), the branch
-    (grey) and the norm N where the placement puts it; f is the attention or the FFN."""
+    """One sublayer: the identity path (left, in the placement's colour), the
+    branch (grey) and the norm N where the placement puts it; f is the attention or
+    the FFN."""
     ax.annotate(
         "", xy=(x0, 3.4), xytext=(x0, 0.0),
         arrowprops={"arrowstyle": "-|>", "color": color, "lw": 2},
@@ -958,7 +982,8 @@ ax_s.axis("off")
 depth_text = ax_s.text(1.3, 3.75, "", ha="center", fontsize=10)
 lines = {}
 for j, p in enumerate(("post", "pre")):
-    (lines[p],) = ax_g.semilogy([], [], "o-", ms=2.5, color=PALETTE[j], label=NAMES[p])
+    (lines[p],) = ax_g.semilogy([], [], "o-", ms=2.5, color=PALETTE[j],
+                                label=NAMES[p])
 ax_g.set(
     xlim=(0, FIG_DEPTHS[-1] + 1),
     ylim=(0.1, 4),
@@ -1037,7 +1062,7 @@ glue(
 # of that is the identity, $x_\ell$ passing straight through; both are 1 for a pure
 # identity).
 
-# %%
+# %% tags=["hide-input"]
 paths = {}
 for p in ("post", "pre"):
     seed_everything(0)
@@ -1053,7 +1078,8 @@ for ell in range(1, DEPTH + 1):
     print(
         f"{ell:>8}"
         + "".join(
-            f" {paths[p].norm[ell]:>13.2f} {paths[p].trace[ell]:>6.2f}" for p in paths
+            f" {paths[p].norm[ell]:>13.2f} {paths[p].trace[ell]:>6.2f}"
+            for p in paths
         )
     )
 post_path, pre_path = paths["post"], paths["pre"]
@@ -1070,7 +1096,7 @@ assert (post_path.norm[1:] - 1).abs().max() < 0.15 and pre_path.norm[
     1
 ] > 2  # Post: ‖J‖ ≈ 1
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 ell = np.arange(1, DEPTH + 1)
 for j, p in enumerate(PLACEMENTS):
@@ -1088,7 +1114,8 @@ for j, p in enumerate(paths):
         ell, paths[p].norm[1:], "o-", color=PALETTE[j], label=f"{NAMES[p]}: ‖J‖ / √n"
     )
     axes[1].plot(
-        ell, paths[p].trace[1:], "s--", color=PALETTE[j], label=f"{NAMES[p]}: tr J / n"
+        ell, paths[p].trace[1:], "s--", color=PALETTE[j],
+        label=f"{NAMES[p]}: tr J / n"
     )
 axes[1].axhline(1, color="grey", lw=0.8)
 axes[1].set(
@@ -1122,7 +1149,7 @@ plt.show()
 # ends in a LayerNorm, so every token's vector has norm $\sqrt{d} \approx 5.7$ (times the
 # gains) at every layer.
 
-# %%
+# %% tags=["hide-input"]
 val_x = val_batches[0][0]
 print(f"{'':<12} {'‖x_1‖':>6} {'‖x_8‖':>6} {'exponent':>9}")
 stream_fit = {}
@@ -1147,13 +1174,13 @@ assert abs(stream_fit["post"]) < 0.1  # Post-LN: pinned by the norm after every 
 # sublayer writes, the norm of the stream, and the norm of what each normalisation reads.
 
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 def sublayer_trace(model: DecoderLM, ids: torch.Tensor, token: int = -1) -> dict:
     """One token's path through the stack, read with forward hooks (model unchanged).
 
-    stream (2L + 1,): ‖x‖ before block 0 and after every sublayer; writes (2L,): ‖what
-    each sublayer adds‖ (in Post-LN f(x), added before the norm); reads: for every norm,
-    (sublayer, 0 for N or 1 for N', ‖its input‖).
+    stream (2L + 1,): ‖x‖ before block 0 and after every sublayer; writes (2L,):
+    ‖what each sublayer adds‖ (in Post-LN f(x), added before the norm); reads: for
+    every norm, (sublayer, 0 for N or 1 for N', ‖its input‖).
     """
     stream, writes, reads, handles = [], [], [], []
 
@@ -1327,7 +1354,7 @@ glue("fig-residual-stream", HTML(animate(fig, draw_stream, frames, interval_ms=5
 # about $1/\sqrt{L}$ ("depth-scaled sandwich norm") {cite}`singh2026trinity`. Both keep
 # the stream's norm at initialisation independent of depth:
 
-# %%
+# %% tags=["hide-input"]
 probe = sample_windows(val_ids, 8, SEQ, torch.Generator().manual_seed(3), DEVICE)[0]
 depth_grid = [2, 4, 8, 16, 32, 64]
 variants = {
@@ -1348,7 +1375,8 @@ for n in depth_grid:
                         norm.weight.fill_(1.0 if gain == 1.0 else n**-0.5)
         final_norm[name].append(residual_norms(model, probe)[-1].median().item())
 growth = {name: loglog_fit(depth_grid, v)[0] for name, v in final_norm.items()}
-print(f"{'':<36}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid) + "  exponent")
+print(f"{'':<36}" + "".join(f" {'L=' + str(n):>6}" for n in depth_grid)
+      + "  exponent")
 for name, values in final_norm.items():
     print(
         f"{name:<36}"
@@ -1368,9 +1396,10 @@ glue(
     f"{final_norm['sandwich, output gain 1'][-1]:.0f}",
     display=False,
 )
-glue("ch06-trinity-range", f"{min(trinity):.1f} to {max(trinity):.1f}", display=False)
+glue("ch06-trinity-range", f"{min(trinity):.1f} to {max(trinity):.1f}",
+     display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(9.0, 3.6))
 styles = ["o-", "o--", "s-", "s--"]
 for j, (name, values) in enumerate(final_norm.items()):
@@ -1422,7 +1451,7 @@ plt.show()
 # carries 8 bits of mantissa, a logit of 100 is already resolved only to about 0.5, and
 # the problem gets worse: `FULL = True` runs the same experiment in bf16 on a GPU.
 
-# %%
+# %% tags=["hide-input"]
 QK_LAYERS, QK_STEPS, QK_LR, QK_WARMUP = 4, 100, 3e-2, 10
 QK_LRS = (1e-2, 3e-2, 1e-1)  # peak learning rates of the sweep; QK_LR is tracked
 amp = torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=FULL)
@@ -1448,7 +1477,9 @@ def qk_run(qk_norm: str, lr: float, seed: int) -> dict:
             lambda step: sample_windows(train_ids, BATCH, SEQ, batches, DEVICE),
             QK_STEPS,
             make_adamw(model, lr=lr),
-            lr_at=lambda step: cosine_lr(step, lr, QK_WARMUP, QK_STEPS, min_lr=lr / 10),
+            lr_at=lambda step: cosine_lr(
+                step, lr, QK_WARMUP, QK_STEPS, min_lr=lr / 10
+            ),
             loss_fn=loss_fn,
         )
     return {
@@ -1471,8 +1502,8 @@ head_dim = WIDTH // (WIDTH // 16)
 for name, r in qk.items():
     h = r["logits"]
     print(
-        f"QK-norm {name:>4}, peak lr {QK_LR:g}, seed {SEEDS[0]}: max logit at step 0 "
-        f"{h[0]:.1f}, step 50 {h[50]:.1f}, end {h[-1]:.1f}"
+        f"QK-norm {name:>4}, peak lr {QK_LR:g}, seed {SEEDS[0]}: "
+        f"max logit at step 0 {h[0]:.1f}, step 50 {h[50]:.1f}, end {h[-1]:.1f}"
     )
 with_qk = qk["head"]["model"]
 bound = max(
@@ -1490,7 +1521,8 @@ assert (
     qk["none"]["logits"][-1] > 5 * qk["head"]["logits"][-1]
 )  # logits grow without QK-norm
 assert qk["none"]["logits"][-1] > 10 * qk["none"]["logits"][0]
-assert final_logits.max() <= bound * (1 + 1e-4)  # with it, they are capped by the gains
+# with it, they are capped by the gains
+assert final_logits.max() <= bound * (1 + 1e-4)
 
 # %% tags=["hide-input"]
 # the sweep: held-out loss and the largest attention logit after training, per lr
@@ -1506,7 +1538,8 @@ qk_logit = {
 }
 qk_diff = {lr: difference(qk_loss["head", lr], qk_loss["none", lr]) for lr in QK_LRS}
 print(f"\nafter {QK_STEPS} steps, mean ± sd over seeds {SEEDS}; last column: paired")
-print(f"{'peak lr':>7} {'loss, none':>11} {'loss, QK':>11} {'QK − none':>12} ", end="")
+print(f"{'peak lr':>7} {'loss, none':>11} {'loss, QK':>11} {'QK − none':>12} ",
+      end="")
 print(f"{'max logit, none':>15} {'QK':>5}")
 for lr in QK_LRS:
     d = qk_diff[lr]
@@ -1514,7 +1547,8 @@ for lr in QK_LRS:
         f"{lr:>7g} {spread(qk_loss['none', lr]).format():>11} "
         f"{spread(qk_loss['head', lr]).format():>11} "
         f"{d.format() + ('*' if d.verdict else ' '):>12} "
-        f"{np.mean(qk_logit['none', lr]):>15.1f} {np.mean(qk_logit['head', lr]):>5.1f}"
+        f"{np.mean(qk_logit['none', lr]):>15.1f} "
+        f"{np.mean(qk_logit['head', lr]):>5.1f}"
     )
 glue("ch06-qk-steps", f"{QK_STEPS}", display=False)
 glue("ch06-qk-start", f"{qk['none']['logits'][0]:.1f}", display=False)
@@ -1540,7 +1574,7 @@ assert qk_diff[top].verdict == -1  # at the highest rate QK-norm ends lower...
 assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["none", QK_LRS[0]])
 assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["head", top])
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
 for j, (name, label) in enumerate([("none", "no QK-norm"), ("head", "QK-norm")]):
     axes[0].semilogy(qk[name]["logits"], color=PALETTE[j], label=label)
@@ -1593,39 +1627,32 @@ plt.show()
 # soft-capping option and we did not run a z-loss within this page's time budget. The
 # cap has a price: a head can no longer make its
 # attention arbitrarily sharp by growing $q$ and $k$, only through the gains.
+
+# %% [markdown]
+# ## What we learned
 #
-# ## Summary
+# The 2017 block normalized the residual stream itself after every sublayer; the modern
+# block leaves the stream alone, normalizes only what each branch reads (and sometimes
+# what it writes), and divides by the root mean square without subtracting the mean.
+# Dropping the mean costs almost nothing, because the next linear layer can absorb the
+# subtraction and a real model's stream has a mean close to zero, and what it saves is
+# arithmetic rather than a synchronisation; we did not train RMSNorm against LayerNorm.
+# Moving the norm off the identity path is the change our experiments could see: at
+# initialisation Pre-LN keeps an undisturbed route from every layer to the top, and in
+# training it tolerated a higher peak learning rate than Post-LN, which without warmup
+# collapsed to the same vector for every token, while at the rates where both trained
+# three seeds could not tell them apart. Because Pre-LN lets the stream grow with depth,
+# depth-scaled writes or output gains keep it in range at the start, and QK-norm bounds
+# the attention logits that otherwise grow at high learning rates, though in our small
+# runs it lowered the loss only at the highest rate. None of this showed a better model
+# at a comfortable learning rate; what the modern placement bought is room to train a
+# deep model hard.
 #
-# - The residual stream is a bus that every sublayer reads through a norm and writes into
-#   by addition. In SmolLM2 its norm rises at nearly every one of the 30 layers, but not
-#   as one power of depth: slowly (about {glue:text}`ch06-slow-rate` per layer) up to
-#   layer {glue:text}`ch06-surge`, then more than twice as fast in log terms (about
-#   {glue:text}`ch06-fast-rate` per layer), because deep layers write bigger updates,
-#   partly along the stream. From layer {glue:text}`ch06-massive-from` to
-#   {glue:text}`ch06-massive-to` the first token carries massive activations,
-#   {glue:text}`ch06-massive-ratio` times the median token's norm.
-# - LayerNorm removes the mean and the scale, RMSNorm only the scale. Written as one pass,
-#   LayerNorm needs no more synchronisations than RMSNorm; what RMSNorm saves is a sum, a
-#   subtraction per element and the shift, and whether that shows in time depends on the
-#   kernels. The mean subtraction folds into the next linear layer exactly, and on
-#   SmolLM2's stream $\sigma$ and the RMS differ by at most {glue:text}`ch06-ln-rms-gap`.
-# - Post-LN puts a norm on the identity path. Whether it needs warmup depends on the
-#   peak learning rate: at $3\cdot10^{-3}$ our 8-layer Post-LN model trains without it;
-#   at $8\cdot10^{-3}$ warmup rescues it (paired gain
-#   {glue:text}`ch06-d-gain-post-0.008`; without warmup the tracked run collapses, every
-#   token's vector the same), and that gain exceeds Pre-LN's; at
-#   $2\cdot10^{-2}$ warmup rescues Pre-LN ({glue:text}`ch06-d-gain-pre-0.02`), which then
-#   ends below Post-LN. At initialisation Post-LN's last-layer gradient does not shrink
-#   with depth (Pre-LN's does), and the identity share of its Jacobian decays through
-#   the stack (Pre-LN's stays near 1).
-# - Scaling the residual writes by $1/\sqrt{2L}$ (GPT-2) or the sandwich output gains by
-#   $1/\sqrt L$ (Trinity) makes the stream's norm at initialisation independent of depth.
-# - Without QK-norm, attention logits grow with the learning rate (to a mean of
-#   {glue:text}`ch06-qk-logit-none-0.1` at $10^{-1}$); with it they are bounded by
-#   $\sqrt D$ times the learned gains. Only at $10^{-1}$ did QK-norm end with a lower
-#   loss ({glue:text}`ch06-qk-d-0.1`); at $10^{-2}$ and $3\cdot10^{-2}$ the seeds cannot
-#   tell the two apart.
-#
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | Normalization | Post-LayerNorm | Pre-RMSNorm | Null where both placements trained (3 seeds); with warmup, Pre-LN trained at the highest of three peak learning rates and Post-LN did not; LayerNorm vs RMSNorm not trained against each other (under 1 % apart on SmolLM2's stream) | Stable deep, low-precision training |
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Rerun the placement experiment with `FULL = True` (five seeds) or with three other
