@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 13 · Build a model: the calculator and the spec sheet
 #
+# ```{admonition} The question
+# :class: tip
+# What does a model's configuration alone fix about its cost (parameters stored and used, bytes cached and FLOPs spent per token), and how did that cost move from GPT-2 to the models of 2026?
+# A few short formulas reproduce released parameter counts to the integer, and over the released configs they show sparse experts pulling stored and active parameters apart and most of the largest models caching fewer bytes per token than a dense 8B model, with training still costing about six FLOPs per active parameter per token; what the models can do, no config records.
+# ```
+#
 # Twelve chapters took the 2017 block apart one piece at a time: positions, norms, the
 # gated FFN, the KV cache, windows, experts, linear attention, a handful of small changes.
 # This chapter puts the pieces back together as arithmetic. A model's configuration (a
@@ -27,7 +33,7 @@
 # the dials of. We end with the one budgeting rule that survived the whole period, the
 # $6N$ rule, and what it means once $N$ is the *active* count.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -45,7 +51,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 
 import matplotlib.pyplot as plt
@@ -74,7 +80,8 @@ from companion.models.validation import ConfigError
 from companion.plotting import PALETTE, animate, glue, use_style
 from companion.training import seed_everything
 
-FULL = False  # nothing here trains: the switch only picks the device (all arithmetic)
+# nothing here trains: the switch only picks the device (all arithmetic)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
@@ -234,7 +241,7 @@ glue("ch13-attn-share-long", f"{attn_share_long:.0%}", display=False)
 # writes one as a row of text. Here are all {glue:text}`ch13-n-presets`, in order of
 # release, one row per model and one column per part of the block.
 
-# %%
+# %% tags=["hide-input"]
 RELEASED = {  # name -> (label, release date as a fractional year)
     "gpt2": ("GPT-2 small", 2019.1),
     "gpt2-xl": ("GPT-2 XL", 2019.85),
@@ -299,7 +306,7 @@ HTML(
 #
 # The rows agree with the hand-made spec sheet of the same models in Anirudh Srinivasan's
 # article *What Changed Inside the Transformer?*
-# wherever that sheet gives a number from the config; the cell below checks each of
+# wherever that sheet gives a number from the config; the folded cell below checks each of
 # those numbers, typed from the article, against the rows. Three differences are matters of what one calls "the context": the configs
 # store `max_position_embeddings`, which is 32,768 for Mistral 7B (the paper trained at
 # 8,192 with a 4,096 window {cite}`jiang2023mistral`), 163,840 for DeepSeek-V3 (YaRN's
@@ -308,15 +315,20 @@ HTML(
 # embedding table has 262,208 rows, 64 more than the 262,144-token vocabulary usually
 # quoted {cite}`gemmateam2025gemma3`.
 
-# %%
+# %% tags=["hide-input"]
 vocab = {name: int(rows[name]["vocab"].replace(",", "")) for name in rows}
 assert (
-    vocab["gpt2-xl"] == 50_257 and vocab["llama2-7b"] == vocab["mistral-7b"] == 32_000
+    vocab["gpt2-xl"] == 50_257
+    and vocab["llama2-7b"] == vocab["mistral-7b"] == 32_000
 )
 assert vocab["llama3-8b"] == 128_256 and vocab["deepseek-v3"] == 129_280
 assert vocab["qwen3-235b-a22b"] == 151_936 and vocab["gpt-oss-120b"] == 201_088
 assert vocab["gemma3-27b"] == 262_208 == 262_144 + 64
-glue("ch13-vocab-growth", f"{max(vocab.values()) / vocab['gpt2']:.1f}", display=False)
+glue(
+    "ch13-vocab-growth",
+    f"{max(vocab.values()) / vocab['gpt2']:.1f}",
+    display=False,
+)
 attention = {name: rows[name]["attention"] for name in rows}
 assert attention["gpt2-xl"] == "MHA 25" and attention["llama2-7b"] == "MHA 32"
 assert attention["mistral-7b"] == "GQA 32:8, SWA 4096"
@@ -330,11 +342,13 @@ assert rows["qwen3-235b-a22b"]["ffn"].startswith("MoE 128, top-8")
 assert rows["gpt-oss-120b"]["ffn"].startswith("MoE 128, top-4")
 context = {name: int(rows[name]["context"].replace(",", "")) for name in rows}
 assert context["gpt2-xl"] == 1_024 and context["llama2-7b"] == 4_096
-assert (context["llama3-8b"], context["llama3.1-8b"]) == (8_192, 131_072)  # 8k -> 128k
+# 8k -> 128k
+assert (context["llama3-8b"], context["llama3.1-8b"]) == (8_192, 131_072)
 assert context["gpt-oss-120b"] == context["gemma3-27b"] == 131_072
 assert context["olmo3-32b"] == 65_536 and context["qwen3-next-80b-a3b"] == 262_144
 assert (
-    context["mistral-7b"] == 32_768 and context["deepseek-v3"] == 163_840 == 40 * 4096
+    context["mistral-7b"] == 32_768
+    and context["deepseek-v3"] == 163_840 == 40 * 4096
 )
 
 # %% [markdown]
@@ -344,7 +358,7 @@ assert (
 # count part ways, and from DeepSeek-V3 on, the per-token cache of the largest models
 # *falls*.
 
-# %%
+# %% tags=["hide-input"]
 names = list(RELEASED)
 years = np.array([RELEASED[n][1] for n in names])
 totals = np.array([count_params(preset(n)).total for n in names], dtype=float)
@@ -403,7 +417,8 @@ kib = dict(zip(names, kv / 1024, strict=True))
 by_hand = {
     "llama2-7b": 32 * 2 * 32 * 128 * 2,
     "llama3-8b": 32 * 2 * 8 * 128 * 2,
-    "deepseek-v3": 61 * (512 + 64) * 2,  # MLA: a latent of 512 and a 64-wide RoPE key
+    # MLA: a latent of 512 and a 64-wide RoPE key
+    "deepseek-v3": 61 * (512 + 64) * 2,
     "gpt-oss-120b": 36 * 2 * 8 * 64 * 2,  # every layer, while the context < 128
     "qwen3-next-80b-a3b": 12 * 2 * 2 * 256 * 2,  # the 12 full layers only
     "qwen3-235b-a22b": 94 * 2 * 4 * 128 * 2,
@@ -572,7 +587,7 @@ glue("ch13-calc-flop-cut", f"{flop_cut:.0%}", display=False)
 # test sets every preset, random dials and such impossible ones, and requires the page's
 # five numbers (or its message) to equal `companion.analysis.calculator`'s.
 
-# %% tags=["remove-output"]
+# %% tags=["hide-input", "remove-output"]
 
 # the dials describe each preset on the page: read back, the same four numbers
 for name, cfg in PAGE_PRESETS.items():
@@ -640,7 +655,7 @@ widgets.interactive(panel, name=choice, **dials)
 # number of KV heads of Llama 3 8B, from 32 (full multi-head attention, like Llama 2)
 # down to 1, at the 8k context. Each bar is relative to the 32-head model.
 
-# %%
+# %% tags=["hide-input"]
 steps = [32, 16, 8, 4, 2, 1]
 sweep = [build("llama3-8b", kv_heads=h) for h in steps]
 rel = np.array(
@@ -669,7 +684,7 @@ def draw(i: int) -> None:
 
 HTML(animate(fig, draw, len(steps), interval_ms=700))
 
-# %%
+# %% tags=["hide-input"]
 print("KV heads:", steps)
 print("params   ", np.round(rel[:, 0], 3))
 print("KV cache ", np.round(rel[:, 1], 4))
@@ -677,7 +692,8 @@ print("FLOPs    ", np.round(rel[:, 2], 3))
 assert np.allclose(rel[:, 1], np.array(steps) / 32)  # the cache is linear in n_kv
 L, d, d_h = llama3.n_layers, llama3.d_model, llama3.head_dim
 assert (
-    count_params(sweep[0]).total - count_params(sweep[-1]).total == 2 * L * d * d_h * 31
+    count_params(sweep[0]).total - count_params(sweep[-1]).total
+    == 2 * L * d * d_h * 31
 )
 assert rel[-1, 0] > 0.8 and rel[-1, 2] > 0.8  # both fall far less than the cache
 glue("ch13-sweep-params", f"{1 - rel[-1, 0]:.0%}", display=False)
@@ -752,30 +768,20 @@ glue("ch13-6n-over", f"{dsv3.total / dsv3.active:.1f}", display=False)
 # models can do is not in the spec sheet at all: the calculator prices a configuration,
 # and capability depends as well on data and training, which no row records.
 #
-# ## Summary
+# ## What we learned
 #
-# - Four short formulas ($P_\text{attn}$, $P_\text{ffn}$, $P_\text{active}$, FLOPs/token)
-#   plus the embeddings and norm gains give Llama 3 8B's {glue:text}`ch13-llama-total`
-#   parameters exactly. For Mixtral 8x7B the active formula misses
-#   {glue:text}`ch13-mix-residual` parameters ({glue:text}`ch13-mix-residual-pct`): the two
-#   vocabulary tables, the norms and a {glue:text}`ch13-mix-router`-weight router.
-# - Doubling $P_\text{active}$ overcounts FLOPs by $2(Vd + \text{norms})$
-#   ({glue:text}`ch13-flop-over` for Llama 3 8B): the input embedding is a lookup. At 8k
-#   tokens attention's own term is {glue:text}`ch13-attn-share`.
-# - The spec sheet of {glue:text}`ch13-n-presets` presets matches the published vocabularies (50,257 →
-#   262,208), head layouts and windows; "context" differs where configs store
-#   `max_position_embeddings` rather than the trained length.
-# - The sparse turn: DeepSeek-V3 stores {glue:text}`ch13-ratio-deepseek-v3`× what it uses
-#   per token, Qwen3-Next {glue:text}`ch13-ratio-qwen3-next-80b-a3b`×, and DeepSeek-V3,
-#   gpt-oss-120b and Qwen3-Next cache less per token ({glue:text}`ch13-kib-big-range` KiB)
-#   than the dense Llama 3 8B ({glue:text}`ch13-kib-llama3-8b` KiB); Qwen3-235B's 94 layers
-#   cost it {glue:text}`ch13-kib-qwen3-235b-a22b` KiB.
-# - Cutting Llama 3 8B from 32 KV heads to 1 cuts the cache {glue:text}`ch13-sweep-kv`×
-#   but parameters only {glue:text}`ch13-sweep-params` and FLOPs
-#   {glue:text}`ch13-sweep-flops`.
-# - Training ≈ $6 N_\text{active} D$: {glue:text}`ch13-6n-llama3-8b` FLOPs for Llama 3 8B
-#   on 15T tokens, {glue:text}`ch13-6n-deepseek-v3` for DeepSeek-V3 on 14.8T,
-#   {glue:text}`ch13-6n-ratio`× more for {glue:text}`ch13-6n-size`× the parameters.
+# A model's configuration fixes its cost: four short formulas, plus the embedding tables,
+# norm gains and routers they leave out, give the released parameter counts to the
+# integer, and the FLOPs per token follow once the input embedding is counted as a lookup
+# and attention's own work is allowed to grow with the context. Run over the released
+# configs from GPT-2 to 2026, the calculator shows where the period's changes went: sparse
+# experts pulled the stored and the active parameter counts apart, and grouped, latent and
+# linear attention cut the bytes most of the largest models cache per token, while the
+# outline of the block stayed what it was. Turning one dial shows why grouped queries
+# spread: fewer KV heads cut the cache in proportion but the parameters and FLOPs only a
+# little. Training compute is still about six FLOPs per active parameter per token, so a
+# sparse model is budgeted by what each token touches, and none of these numbers measures
+# quality, which depends on data and training that no spec sheet records.
 #
 # ## Exercises
 #

@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 14 · The morph: 2017 → 2026, one change at a time
 #
+# ```{admonition} The question
+# :class: tip
+# What happens to a model's cost and to its quality when the 2017 decoder is turned into a 2026 hybrid one change at a time?
+# The cost moves by exact factors (the final model stores about half again as many parameters as the 2017 one yet uses fewer per token, caches about a twentieth of the bytes and spends under a third of the FLOPs per token at 4k context); in our very short runs with three paired seeds most of the fall in held-out loss comes with the first four changes, the final hybrid ends below the 2017 decoder, and what the later changes do to quality these runs cannot tell.
+# ```
+#
 # A 2026 open-weights model still has the outline of the decoder of
 # {doc}`chapter 3 <03_transformer_2017>`: a token table at the bottom, a tower of blocks in which a step that
 # mixes positions and a per-position FFN each add into the residual stream, and a
@@ -38,7 +44,7 @@
 # {glue:text}`ch14-n-moved` of the thirteen steps; what the later steps do to quality,
 # runs this small cannot tell.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -56,7 +62,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 
 import textwrap
 
@@ -349,7 +355,7 @@ assert set(replaced_by) == {"MQA", "QK-norm", "output gate", "sliding 3:1"}
 # 4k or 64k keys. Its `count_params` is arithmetic on the config; we also build every
 # model and count its tensors, which must agree to the parameter.
 
-# %%
+# %% tags=["hide-input"]
 CONTEXTS = {"4k": 4096, "64k": 65536}
 rows = []
 for name, cfg in zip(names, configs, strict=True):
@@ -380,10 +386,12 @@ first, last = rows[0], rows[-1]
 step = dict(zip(names, rows, strict=True))
 cfg_of = dict(zip(names, configs, strict=True))
 V, d, n = chars.vocab_size, D, LAYERS
-# the 2017 row by hand: per layer 4d² attention weights + 4d biases, 8d² FFN weights +
-# 5d biases, two LayerNorms (4d); the tied table Vd; no final norm after post-LN
+# the 2017 row by hand: per layer 4d² attention weights + 4d biases, 8d² FFN
+# weights + 5d biases, two LayerNorms (4d); the tied table Vd; no final norm after
+# post-LN
 assert first["total"] == first["active"] == n * (12 * d * d + 13 * d) + V * d
-# FLOPs: 2 per weight a token goes through (not the lookup), 4 d per key for attention
+# FLOPs: 2 per weight a token goes through (not the lookup), 4 d per key for
+# attention
 assert first["flops4k"] == 2 * (n * 12 * d * d + V * d) + 4 * n * d * 4096
 assert first["kv_per_token"] == n * 2 * d * 2  # K and V, all heads, bf16
 # step 6: the biases go, the head gets its own V × d matrix
@@ -541,7 +549,7 @@ for key, value in {
 # must be about two and a half times the standard deviation of the paired differences
 # before three runs can show it.
 
-# %%
+# %% tags=["hide-input"]
 ids = torch.tensor(chars.encode(text))
 train_ids, val_ids = split_tokens(ids, 0.1)
 SEEDS = range(5) if FULL else range(3)
@@ -555,7 +563,8 @@ curve_batch = [sample_windows(val_ids, 64, SEQ, torch.Generator().manual_seed(60
 counts = torch.bincount(train_ids, minlength=chars.vocab_size).double()
 unigram_loss = -(counts / counts.sum()).clamp_min(1e-12).log()[val_ids].mean().item()
 # the needle: T positions, trained at every distance, scored beyond the sliding reach
-REACH = n_sw * (16 - 1)  # the sliding layers of window 16 see this far back, together
+# the sliding layers of window 16 see this far back, together
+REACH = n_sw * (16 - 1)
 N_T, N_NEEDLES, N_FILLER = REACH + 3, 8, 8
 N_BATCH, N_STEPS, N_LR = (64, 400, 3e-3) if FULL else (16, 48, 1e-2)
 FAR, NEAR = (REACH + 1, N_T - 1), (1, 15)
@@ -569,8 +578,8 @@ needle_test = {
 
 def lm_run(cfg: ModelConfig, seed: int) -> tuple[float, History]:
     """Held-out loss and the training history (loss per step, held-out loss every
-    EVAL_EVERY steps) of one seed: the init seeded by `seed`, the batches too, the same
-    for every step of the morph (paired)."""
+    EVAL_EVERY steps) of one seed: the init seeded by `seed`, the batches too, the
+    same for every step of the morph (paired)."""
     seed_everything(seed)
     model = DecoderLM(cfg).to(DEVICE)
     windows = torch.Generator().manual_seed(1 + seed)
@@ -616,7 +625,9 @@ dl = [None] + [difference(loss[i].values, loss[i - 1].values) for i in range(1, 
 df = [None] + [difference(far[i].values, far[i - 1].values) for i in range(1, 14)]
 d_loss, d_far = ([0] + [d.verdict for d in ds[1:]] for ds in (dl, df))
 print(f"unigram: {unigram_loss:.2f} nats/char; needle chance: {1 / N_NEEDLES:.3f}")
-print(f"{'':<18}{'held-out loss':>14}{'Δ, 95 %':>15}{'needle far':>14}{'Δ, 95 %':>13}")
+print(
+    f"{'':<18}{'held-out loss':>14}{'Δ, 95 %':>15}{'needle far':>14}{'Δ, 95 %':>13}"
+)
 for i, name in enumerate(names):
     print(
         f"{i:>2} {name:<15}{loss[i].format(3):>14}"
@@ -625,18 +636,18 @@ for i, name in enumerate(names):
     )
 assert all(s.mean < unigram_loss for s in loss[1:])  # every later mean beats unigram
 
-# %% tags=["remove-output"]
+# %% tags=["hide-input", "remove-output"]
 colors = plt.get_cmap("viridis")(np.linspace(0, 0.95, len(configs)))
-fig, (ax_tr, ax_ho, ax_end) = plt.subplots(
-    1, 3, figsize=(11, 3.8), width_ratios=[1, 1, 1.1]
-)
+fig, (ax_tr, ax_ho, ax_end) = plt.subplots(1, 3, figsize=(11, 3.8),
+                                           width_ratios=[1, 1, 1.1])  # fmt: skip
 smooth = np.ones(5) / 5  # a five-step running mean of the training loss
 for i, step_runs in enumerate(runs):
     tr = np.mean([h.loss for _, h in step_runs], axis=0)
-    ax_tr.plot(np.arange(5, STEPS + 1), np.convolve(tr, smooth, "valid"), c=colors[i])
+    ax_tr.plot(np.arange(5, STEPS+1), np.convolve(tr, smooth, "valid"), c=colors[i])
     ho = np.array([h.eval_loss for _, h in step_runs])
     at = np.array(step_runs[0][1].eval_step) + 1
-    ax_ho.plot(at, ho.mean(0), c=colors[i], marker="o", ms=3, label=f"{i} {names[i]}")
+    ax_ho.plot(at, ho.mean(0), c=colors[i], marker="o", ms=3,
+               label=f"{i} {names[i]}")  # fmt: skip
 ax_tr.set(xlabel="training step", ylabel="loss (nats/char)")
 ax_tr.set_title("training (mean of seeds)")
 ax_ho.set(xlabel="training step", title="held-out (mean of seeds)")
@@ -644,8 +655,8 @@ for ax in (ax_tr, ax_ho):
     ax.axhline(unigram_loss, color="grey", ls=":", lw=1)
 ax_ho.legend(fontsize=6, ncol=2, loc="upper right")
 x = np.arange(len(configs))
-ax_end.errorbar(x, [s.mean for s in loss], [s.sd for s in loss], fmt="o", color="black",
-                ms=3, capsize=2)  # fmt: skip
+ax_end.errorbar(x, [s.mean for s in loss], [s.sd for s in loss], fmt="o",
+                color="black", ms=3, capsize=2)  # fmt: skip
 for i, s in enumerate(loss):
     ax_end.scatter([i] * len(s.values), s.values, color=colors[i], s=8, zorder=3)
 ax_end.set_xticks(x, [str(i) for i in x])
@@ -667,8 +678,9 @@ plt.close(fig)
 # would end.
 # ```
 
-# %%
-i_rope, i_full = names.index("RoPE"), names.index("QK-norm")  # the last all-full step
+# %% tags=["hide-input"]
+# i_full: the last all-full step
+i_rope, i_full = names.index("RoPE"), names.index("QK-norm")
 i_sw, i_og = names.index("sliding 3:1"), names.index("output gate")
 i_dn = names.index("DeltaNet 3:1")
 
@@ -696,8 +708,10 @@ d_sw = difference(far[i_sw].values, far[i_full].values)
 assert d_sw.verdict == -1
 sw_vs_full = d_sw.verdict
 i_mqa = names.index("MQA")
-mqa_text = (  # the far needle at the MQA step, a sentence whichever way the rule falls
-    f"The rule also flags MQA, whose far accuracy rises from {far[i_mqa - 1].mean:.2f}"
+# the far needle at the MQA step, a sentence whichever way the rule falls
+mqa_text = (
+    f"The rule also flags MQA, whose far accuracy rises from "
+    f"{far[i_mqa - 1].mean:.2f}"
     f" to {far[i_mqa].mean:.2f} ({df[i_mqa].format(2)}); we have no mechanism to"
     " offer for that and read it with care"
     if d_far[i_mqa]
@@ -744,7 +758,9 @@ for key, value in {
 }.items():
     glue(f"ch14-{key}", value, display=False)
 for what, idx in (("loss", moved), ("needle far", moved_far)):
-    line = f"{what}, paired 95 % interval excludes 0 vs the step before: {listed(idx)}"
+    line = (
+        f"{what}, paired 95 % interval excludes 0 vs the step before: {listed(idx)}"
+    )
     print(textwrap.fill(line, 88))
 print(f"needle far, sliding 3:1 vs all-full step {i_full}: {VERDICT[sw_vs_full]}")
 print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
@@ -813,7 +829,7 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 # The held-out loss has no bar: it comes from runs too short to stand beside exact
 # counts, and the quality table gives it with its intervals.
 
-# %% tags=["remove-output"]
+# %% tags=["hide-input", "remove-output"]
 metrics = [
     ("params", "total"),
     ("active", "active"),
@@ -847,7 +863,8 @@ def step_title(i: int) -> str:
     return (
         f"{change if i else 'the 2017 decoder'}\n"
         f"{r['total']:,} params, {r['active']:,} active · "
-        f"KV {r['kv_per_token']:,} B/token · {r['flops4k'] / 1e6:.2f} MFLOP/token @4k"
+        f"KV {r['kv_per_token']:,} B/token · "
+        f"{r['flops4k'] / 1e6:.2f} MFLOP/token @4k"
     )
 
 
@@ -858,7 +875,9 @@ def draw_block(ax: plt.Axes, i: int) -> None:
     drawn[i] = [t.get_text() for t in ax.texts]
 
 
-fig, (ax_block, ax_bars) = plt.subplots(1, 2, figsize=(9, 5.6), width_ratios=[2.5, 1])
+fig, (ax_block, ax_bars) = plt.subplots(
+    1, 2, figsize=(9, 5.6), width_ratios=[2.5, 1]
+)
 
 
 def draw_morph(i: int) -> None:
@@ -916,37 +935,22 @@ assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
 # ```
 
 # %% [markdown]
-# ## Summary
+# ## What we learned
 #
-# - The 2026 decoder is the 2017 decoder with thirteen replacements; each is a few config
-#   fields of one component, a config diff shows exactly what moved, and where a later
-#   step takes an earlier one out (Gated DeltaNet the sliding windows, MLA the shared KV
-#   head, the per-head QK-norm and the output gate) the step says so and the checks hold
-#   it to that.
-# - Pre-LN, RMSNorm, RoPE and SwiGLU at $\tfrac83 d$ leave the size almost unchanged
-#   ({glue:text}`ch14-p5-change` here): they were adopted for stability and simplicity
-#   ({doc}`chapters 5 <05_position>`, {doc}`6 <06_normalization>` and
-#   {doc}`7 <07_gated_ffn>`). Untying the head costs a $V \times d$ matrix
-#   ({glue:text}`ch14-untie` numbers here).
-# - MQA, sliding windows, the linear-attention hybrid and MLA attack the cache: from
-#   {glue:text}`ch14-kvtok0` to {glue:text}`ch14-kvtok13` bytes per token here
-#   ({doc}`chapters 8 <08_kv_cache>`, {doc}`9 <09_sliding_windows>` and
-#   {doc}`11 <11_linear_attention>`). The Gated DeltaNet step costs a little more cache
-#   than the 16-token windows it replaces, at 4k and at 64k, plus
-#   {glue:text}`ch14-dn-params` parameters: it buys a memory of the whole past, not bytes.
-# - MoE with a shared expert decouples parameters from compute: the final model stores
-#   {glue:text}`ch14-p-more` more parameters than the 2017 one but uses
-#   {glue:text}`ch14-a-share` as many per token
-#   ({doc}`chapters 10 <10_mixture_of_experts>` and {doc}`12 <12_small_changes>`).
-# - The quality runs are short: after {glue:text}`ch14-lm-steps` steps the 2017 decoder
-#   is barely below a unigram model, so they measure how fast each model gets going. With
-#   three paired seeds, the final hybrid's held-out loss is {glue:text}`ch14-loss-last`
-#   nats against the 2017 decoder's {glue:text}`ch14-loss-2017`, lower beyond the 95 %
-#   interval; the modern all-full block finds far needles that the 2017 decoder misses,
-#   and the sliding 3:1 hybrid, in a run this short, falls back below the all-full block
-#   on them. What the later steps do to the quality of a large model, these runs cannot
-#   say; what they do to the cost (memory, parameters, FLOPs per token) the table shows
-#   exactly.
+# The 2026 decoder is the 2017 decoder with thirteen replacements, each a few config
+# fields of one component, and the checks hold every step to exactly the fields it names,
+# including the later steps that take earlier ones out. The cost of each step is exact:
+# pre-LN, RMSNorm, RoPE and SwiGLU at $\tfrac83 d$ leave the size almost unchanged; MQA,
+# sliding windows, the linear-attention hybrid and MLA cut the cache (the Gated DeltaNet
+# step buys a memory of the whole past, not bytes); and the experts make the final model
+# store more parameters than the 2017 one while each token uses fewer. Quality we could
+# measure only coarsely, with three paired seeds and runs so short that the 2017 decoder
+# barely beats a unigram model: most of the fall in held-out loss comes with the first
+# four changes, the final hybrid ends below the 2017 decoder, and the modern all-full block
+# finds far needles that the 2017 one misses, while the sliding hybrid, this early in
+# training, falls back to near chance on them. What the later steps do to the quality of a
+# large model trained long, these runs cannot say; what they do to memory, parameters and
+# FLOPs per token, the table shows exactly.
 #
 # ## Exercises
 #
