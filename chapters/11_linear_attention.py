@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 11 · Past softmax: linear attention and Gated DeltaNet
 #
+# ```{admonition} The question
+# :class: tip
+# What does a layer gain, and what does it give up, when it replaces softmax attention's ever-growing cache with a fixed-size state, as the Gated DeltaNet layers of Qwen3-Next's hybrid do?
+# It gains a memory that costs the same at any length and a chunked form that computes it exactly with matrix products, and it gives up room: a fixed state holds only about as many key-value pairs as its key width, so untrained it loses pairs past that point, and in our small trained recall test the fixed states recalled less as the pairs grew while softmax recalled every pair, though three seeds could not establish softmax's lead.
+# ```
+#
 # {doc}`Chapters 8 <08_kv_cache>` and {doc}`9 <09_sliding_windows>` kept softmax
 # attention and rationed it: fewer key/value heads, a latent per token, a window. Each full-attention layer still keeps every past position, so its cache
 # grows with the context. The 2025–2026 hybrids go further. Qwen3-Next replaces three layers
@@ -38,7 +44,7 @@
 # token exactly as it computes a full forward pass, and finally train three small models
 # that differ only in their token mixer on a recall task.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -56,7 +62,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 import math
 import time
@@ -93,7 +99,8 @@ from companion.tasks.recall import RULES, recall_pairs, recall_read, recall_scor
 from companion.tasks.synthetic import IGNORE
 from companion.training import seed_everything
 
-FULL = False  # True: more trials of the untrained recall, longer training (use a GPU)
+# True: more trials of the untrained recall, longer training (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
@@ -114,7 +121,8 @@ def inputs(
 
 
 def grads(out: torch.Tensor, x: dict) -> list[torch.Tensor]:
-    """Gradients of a fixed random projection of ``out`` with respect to every input."""
+    """Gradients of a fixed random projection of ``out`` with respect to every
+    input."""
     w = torch.randn(
         out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype
     )
@@ -276,7 +284,7 @@ glue("ch11-read-lin", ", ".join(f"{v:g}" for v in read_lin.tolist()), display=Fa
 # prediction in the shorter one, a negative weight whenever $\beta_t > \alpha_t$. One step
 # with a random state tells which form the package computes:
 
-# %%
+# %% tags=["hide-input"]
 gen = torch.Generator().manual_seed(7)
 s0 = torch.randn(1, 1, 8, 8, generator=gen, dtype=torch.float64)  # (B, H, D_k, D_v)
 k1 = F.normalize(torch.randn(8, generator=gen, dtype=torch.float64), dim=0)
@@ -335,7 +343,7 @@ Code(inspect.getsource(delta_rule_loop), language="python")
 # tokens (next section). It must agree with the loop, outputs, final state and gradients with
 # respect to q, k, v, g and β, for several chunk sizes and lengths that do not divide by them.
 
-# %%
+# %% tags=["hide-input"]
 rows, out_rows = [], []
 for t in (37, 64, 100):
     x = inputs(t, seed=t)
@@ -403,11 +411,12 @@ Code(inspect.getsource(delta_rule_chunks), language="python")
 # inputs to the final state is the number of steps that must run one after another.
 
 
-# %%
+# %% tags=["hide-input"]
 def graph_depth(out: torch.Tensor) -> int:
     """Length of the longest chain of recorded operations that produced ``out``."""
     depth, stack, seen = {}, [(out.grad_fn, False)], set()
-    while stack:  # iterative depth-first search: the graphs are thousands of nodes deep
+    # iterative depth-first search: the graphs are thousands of nodes deep
+    while stack:
         fn, children_done = stack.pop()
         if children_done:
             parents = [n for n, _ in fn.next_functions if n is not None]
@@ -432,7 +441,9 @@ for t in (64, 128, 200, 256):
     assert rec == 13 * t + 6  # 13 operations per token, one token after another
     for c in (16, 64):
         n = math.ceil(t / c)
-        chunk = graph_depth(chunk_gated_delta_rule(*args, None, True, chunk_size=c)[1])
+        chunk = graph_depth(
+            chunk_gated_delta_rule(*args, None, True, chunk_size=c)[1]
+        )
         assert chunk == 10 * n + 13 + (
             t % c != 0
         )  # 10 per chunk (+1: padding the tail)
@@ -450,7 +461,7 @@ glue("ch11-depth-chunk", f"{depths[256, 64][1]:,}", display=False)
 # Whether that pays off on a given machine is a timing, forward only, at $T = 2048$ with
 # 4 heads of width 64:
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 x = inputs(2048, heads=4, dim=64, dtype=torch.float32)
 args = [x[n].detach() for n in ("q", "k", "v", "g", "beta")]
@@ -485,7 +496,7 @@ print(f"recurrent / chunk: {ms['recurrent'] / ms['chunk C=64']:.1f}")
 # right one of the $N$ values. Softmax attention over the whole cache is the baseline
 # (`companion.tasks.recall`, with $D_k = D_v = 64$).
 
-# %%
+# %% tags=["hide-input"]
 D = 64
 PAIRS = [8, 16, 32, 64, 128, 256]
 TRIALS = 20 if FULL else 5
@@ -496,8 +507,12 @@ for n in PAIRS:
     for rule in RULES:
         scores = []
         for trial in range(TRIALS):
-            keys, values = recall_pairs(n, D, D, torch.Generator().manual_seed(trial))
-            scores.append(recall_scores(keys, values, recall_read(keys, values, rule)))
+            keys, values = recall_pairs(
+                n, D, D, torch.Generator().manual_seed(trial)
+            )
+            scores.append(
+                recall_scores(keys, values, recall_read(keys, values, rule))
+            )
         correct = torch.stack([c for c, _ in scores]).double()
         acc[rule].append(correct.mean().item())
         err[rule].append(torch.stack([e for _, e in scores]).mean().item())
@@ -521,7 +536,7 @@ for i, n in enumerate(PAIRS):
     )
 theory = [math.sqrt((n - 1) / D) for n in PAIRS]
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 names = {
     "linear": "linear attention",
@@ -544,7 +559,7 @@ axes[1].set(
 axes[1].legend()
 plt.show()
 
-# %%
+# %% tags=["hide-input"]
 i_d = PAIRS.index(D)
 for i, n in enumerate(PAIRS):
     assert (
@@ -560,14 +575,18 @@ for i, n in enumerate(PAIRS):
         assert acc["linear"][i] == 1.0 and acc["delta"][i] > 0.98
 for rule in ("linear", "delta"):  # past D_k both lose pairs
     assert acc[rule][-1] < acc[rule][i_d] - 0.08 and acc[rule][-1] < 0.8
-assert acc["delta"][i_d] < acc["linear"][i_d] - 0.05  # the delta rule loses pairs first
+# the delta rule loses pairs first
+assert acc["delta"][i_d] < acc["linear"][i_d] - 0.05
 assert acc["linear"][-1] > acc["delta"][-1] + 0.3  # ... and many more past D_k
-assert age["delta"][1] - age["delta"][0] > 0.7  # it keeps the newest, loses the oldest
+# it keeps the newest, loses the oldest
+assert age["delta"][1] - age["delta"][0] > 0.7
 assert abs(age["linear"][1] - age["linear"][0]) < 0.1  # linear attention: ages alike
 print("recall of the oldest / newest quarter at N = 256:")
 print({r: tuple(round(a, 2) for a in age[r]) for r in ("linear", "delta")})
 crosstalk_fit = max(abs(err["linear"][i] / theory[i] - 1) for i in range(len(PAIRS)))
-err_ratio = max(e_d / e_l for e_d, e_l in zip(err["delta"], err["linear"], strict=True))
+err_ratio = max(
+    e_d / e_l for e_d, e_l in zip(err["delta"], err["linear"], strict=True)
+)
 for key, value in {
     "softmax-err": f"{err['softmax'][-1]:.2f}",
     "crosstalk-fit": f"{crosstalk_fit:.0%}",
@@ -627,7 +646,7 @@ for key, value in {
 # the cache module that `GatedDeltaNet` decodes with must hold exactly what the formula
 # says.
 
-# %%
+# %% tags=["hide-input"]
 qwen = preset("qwen3-next-80b-a3b")
 assert qwen.layer_types == ("linear", "linear", "linear", "full") * 12
 all_full = qwen.replace(layer_types=None, linear=None)
@@ -645,9 +664,10 @@ per_token = kv_cache_bytes_per_token(qwen)
 assert per_token == 12 * 2 * 2 * 256 * 2  # growing part: 12 layers × K, V × 2 heads
 per_token_full = kv_cache_bytes_per_token(all_full)
 assert per_token_full == 48 * 2 * 2 * 256 * 2
-break_even = fixed / (per_token_full - per_token)  # tokens at which the two are equal
+# tokens at which the two are equal
+break_even = fixed / (per_token_full - per_token)
 print(
-    f"{'context':>8} | {'hybrid':>9} {'of which fixed':>14} | {'all full':>9} | ratio"
+  f"{'context':>8} | {'hybrid':>9} {'of which fixed':>14} | {'all full':>9} | ratio"
 )
 ratios = {}
 for t in (1_024, 4_096, 32_768, 262_144):
@@ -701,12 +721,14 @@ for key, value in {
 # 16 tokens: a 16×16 linear-attention state next to the key/value rows of a softmax layer of
 # the same width.
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 STEPS = 16
 xs = inputs(STEPS, heads=1, dim=16, seed=5)
 with torch.no_grad():
     states = [
-        recurrent_linear_attention(*(xs[n][:, : t + 1] for n in "qkv"), None, True)[1]
+        recurrent_linear_attention(
+            *(xs[n][:, : t + 1] for n in "qkv"), None, True
+        )[1]
         for t in range(STEPS)
     ]
     kv_rows = torch.cat([xs["k"], xs["v"]], dim=-1)[0, :, 0].numpy()  # (T, 2 D)
@@ -845,7 +867,7 @@ glue("ch11-decode-numbers", f"{sizes[0]}", display=False)
 # here has a single head, and a pair must survive until its query, up to $2n - 1$ tokens
 # later, so the one head starts with a slow decay.
 
-# %%
+# %% tags=["hide-input"]
 MQ = {"keys": 8, "values": 8, "d_model": 64, "layers": 2, "key_dim": 4}
 MQ |= {"pairs": (2, 4, 8), "batch": 32, "steps": 600, "lr": 3e-3, "warmup": 20}
 MQ |= {"seeds": (0, 1, 2)}
@@ -895,7 +917,8 @@ def mqar_model(mixer: str, seed: int) -> DecoderLM:
     model = DecoderLM(cfg)
     for layer in model.modules():  # slow decays to start with
         if isinstance(layer, GatedDeltaNet):
-            with torch.no_grad():  # softplus(dt_bias) = dt, log-uniform in [1e-4, 1e-2]
+            # softplus(dt_bias) = dt, log-uniform in [1e-4, 1e-2]
+            with torch.no_grad():
                 dt = (
                     torch.empty_like(layer.dt_bias).uniform_(-4, -2) * math.log(10)
                 ).exp()
@@ -910,7 +933,8 @@ def mqar_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 mq_eval = {
-    n: fused_recall(256, n, torch.Generator().manual_seed(500 + n)) for n in MQ["pairs"]
+    n: fused_recall(256, n, torch.Generator().manual_seed(500 + n))
+    for n in MQ["pairs"]
 }
 torch.set_num_threads(1)
 mq_acc = {}  # (mixer, seed) -> accuracy at each n
@@ -920,7 +944,10 @@ for seed in MQ["seeds"]:
         fit(model, mqar_batch, MQ["steps"], MQ["lr"], seed=seed, warmup=MQ["warmup"])
         mq_acc[mixer, seed] = [accuracy(model, *mq_eval[n]) for n in MQ["pairs"]]
 mq = {  # mixer -> the Spread over seeds at each n
-    m: [spread([mq_acc[m, s][i] for s in MQ["seeds"]]) for i in range(len(MQ["pairs"]))]
+    m: [
+        spread([mq_acc[m, s][i] for s in MQ["seeds"]])
+        for i in range(len(MQ["pairs"]))
+    ]
     for m in MIXERS
 }
 
@@ -942,7 +969,7 @@ for m in MIXERS:
 print(f"{'no binding':>16} " + "".join(f"{a:>13.2f}" for a in shortcut))
 print(f"chance: {chance:.3f}; each linear state: {MQ['key_dim']} x 16 per layer")
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 fig, ax = plt.subplots(figsize=(7, 4))
 for j, ((m, sp), color) in enumerate(zip(mq.items(), PALETTE, strict=False)):
     xs = [n * 2 ** (0.04 * (j - 1)) for n in MQ["pairs"]]  # side by side at each n
@@ -1093,37 +1120,25 @@ for key, value in {
 # {cite}`sun2023retentive` and selective state spaces {cite}`gu2023mamba`, which Gated
 # DeltaNet's gate generalises.
 #
-# ## Summary
+# ## What we learned
 #
-# - Without the softmax, causal attention is an RNN: $S_t = S_{t-1} + k_t v_t^\top$,
-#   $o_t = S_t^\top q_t$. Recurrent, parallel (masked $q k^\top$) and chunked forms agree to
-#   {glue:text}`ch11-forms-worst` in fp64, outputs and gradients. The state is $D_k D_v$
-#   numbers per head at any length: {glue:text}`ch11-llama-state` MiB for Llama 3 8B's
-#   heads, against a {glue:text}`ch11-llama-kv` GiB KV cache at 131,072 tokens.
-# - The delta rule writes $\beta_t k_t (v_t - S_{t-1}^\top k_t)^\top$: one SGD step on
-#   $\lVert S^\top k_t - v_t\rVert^2$. With a unit key and $\beta = 1$ a second write to the
-#   same key replaces the first, exactly; linear attention adds them. Gated DeltaNet adds a
-#   decay $\alpha_t = e^{g_t}$ on the whole old state, erase term included:
-#   $S_t = S_{t-1}\alpha_t(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$. The chunked
-#   form matches the loop for {glue:text}`ch11-gated-pairs` combinations of $T$ and $C$.
-# - Chunking (UT / WY) turns $T$ sequential steps into $\lceil T/C \rceil$: the autograd
-#   graph is $13T + 6$ operations deep for the loop, $10\lceil T/C\rceil + 13$ for chunks.
-# - On untrained recall with $D_k = 64$: softmax recalls everything; linear attention's
-#   error is crosstalk, $\sqrt{(N-1)/D_k}$ within {glue:text}`ch11-recall-crosstalk-fit`;
-#   the delta rule's error is lower but
-#   concentrated on old pairs, which it overwrites. Both lose pairs past $D_k$.
-# - Qwen3-Next's 36 Gated DeltaNet layers hold {glue:text}`ch11-qwen-fixed-bytes` bytes at
-#   any length; its 12 full layers add {glue:text}`ch11-qwen-per-token` bytes per token.
-#   Break-even with all-full attention at exactly {glue:text}`ch11-qwen-break-even` tokens;
-#   {glue:text}`ch11-qwen-ratio-262k` times smaller at 262,144. A small 3:1 `DecoderLM`
-#   decodes like its forward pass, to fp32 precision.
-# - Trained on associative recall with each key-value pair fused into one token (width
-#   64, two layers, {glue:text}`ch11-mqar-steps` steps, three paired seeds), softmax
-#   attention recalls at $n = 2, 4, 8$ (every seed at least
-#   {glue:text}`ch11-mqar-soft-min`). Linear attention and Gated DeltaNet with $D_k = 4$
-#   recall less at $n = 8$ than at $n = 2$, beyond their paired 95 % intervals, but only
-#   one seed of each learned the task; softmax's lead over them is not established at
-#   three seeds, and the untrained experiment remains the measurement of the room.
+# Dropping the softmax turns attention into a recurrent network whose whole memory is
+# one fixed-size matrix per head; the delta rule and its gate change only how that matrix
+# is written, correcting its own prediction for each key and fading the rest. Chunking
+# computes the same thing with a short chain of matrix products instead of one step per
+# token, and the token-by-token loop, the masked product and the chunked forms agreed to
+# rounding, outputs and gradients. What a fixed state costs is room: untrained, it holds
+# about as many pairs as its key width, linear attention blurring the rest and the delta
+# rule overwriting the oldest, which is why Qwen3-Next keeps softmax attention in one
+# layer of four and pays for a growing cache only there. Trained on a small recall task,
+# the fixed states recalled less as the pairs outnumbered their key dimensions while
+# softmax recalled them all, but only one seed of each fixed state learned the task and
+# three seeds did not establish softmax's lead. Whether such hybrids match full attention
+# at scale is open, and nothing on this page settles it.
+#
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | Token mixer | Softmax attention in every layer | Gated DeltaNet (fixed state) in three layers of four, softmax in the fourth | None on recall: fixed states lose pairs past their key width (untrained) and recall less as pairs grow (trained, 3 seeds); softmax's lead not established at 3 seeds | KV-cache growth |
 #
 # ## Exercises
 #

@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 12 · Small changes that aren't small
 #
+# ```{admonition} The question
+# :class: tip
+# Which of the one-line configuration changes since 2017, from a larger vocabulary to multi-token prediction, are bigger than they look, and what does each of them buy?
+# Mostly memory, parameters and decoding, not measured quality: chunked cross-entropy gave the same loss and gradients with roughly a tenth of the loss's memory peak in our test, tying pays only in small models, the key bias provably does nothing without RoPE, sinks and output gates let a head fall silent, and a multi-token module learned to draft the trunk's own next pick about three times in four without measurably improving its next-token loss over five seeds, while dropout and width against depth are argued from configurations and published evidence, not measured here.
+# ```
+#
 # Some of the changes between 2017 and 2026 fill a chapter each: RoPE, RMSNorm, SwiGLU,
 # grouped heads, experts. Others take one line of a config file: a bigger vocabulary,
 # `tie_word_embeddings: false`, `attention_bias: false`, `dropout: 0.0`, a `sinks`
@@ -35,7 +41,7 @@
 # 6. multi-token prediction trains a built-in draft model;
 # 7. two models of the same size can have opposite shapes.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -53,7 +59,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import dataclasses
 import inspect
 
@@ -97,11 +103,13 @@ from companion.tasks.text import (
 )
 from companion.training import cosine_lr, make_adamw, seed_everything
 
-FULL = False  # True: a bigger loss experiment and a longer multi-token run (use a GPU)
+# True: a bigger loss experiment and a longer multi-token run (use a GPU)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
-torch.set_num_threads(1)  # tiny tensors: one thread, whatever else runs on the machine
+# tiny tensors: one thread, whatever else runs on the machine
+torch.set_num_threads(1)
 print(describe(DEVICE))
 GiB, MiB = 2**30, 2**20
 
@@ -166,7 +174,7 @@ Code(inspect.getsource(ChunkedCrossEntropy), language="python")
 # of every tensor created inside its block, deterministically, so its figures can be
 # compared with the arithmetic.
 
-# %%
+# %% tags=["hide-input"]
 N, D, V, C = (8192, 256, 65_536, 512) if FULL else (1024, 64, 16_384, 128)
 gen = torch.Generator().manual_seed(0)
 hidden = torch.randn(N, D, generator=gen)
@@ -192,7 +200,7 @@ for name, a, b in (("hidden", ref[1], chunk[1]), ("head", ref[2], chunk[2])):
     print(f"grad of {name}: max |difference| / max |grad| < 1e-5: {rel < 1e-5}")
     assert rel < 1e-5
 print(
-    f"full logits {full_logits / MiB:.0f} MiB, one chunk's {chunk_logits / MiB:.0f} MiB"
+ f"full logits {full_logits / MiB:.0f} MiB, one chunk's {chunk_logits / MiB:.0f} MiB"
 )
 print(f"peak: reference {ref[3] / MiB:.1f} MiB, chunked {chunk[3] / MiB:.1f} MiB")
 assert abs(ref[0] - chunk[0]) < 1e-5
@@ -220,12 +228,13 @@ glue("ch12-chunk-peak", f"{chunk[3] / MiB:.0f} MiB", display=False)
 # not with
 # the batch:
 
-# %%
+# %% tags=["hide-input"]
 sizes = [32, 64, 128, 256, 512, 1024]
 peaks = [loss_and_grads(chunked_cross_entropy, chunk_size=c)[3] for c in sizes]
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
 ax.plot(
-    sizes, [p / MiB for p in peaks], "o-", color=PALETTE[0], label="chunked, measured"
+    sizes, [p / MiB for p in peaks], "o-", color=PALETTE[0],
+    label="chunked, measured"
 )
 ax.plot(
     sizes,
@@ -249,7 +258,8 @@ peak_cn = (
     if N in sizes
     else loss_and_grads(chunked_cross_entropy, chunk_size=N)[3]
 )
-assert peak_cn < ref[3]  # one chunk of all N rows still holds less than the reference
+# one chunk of all N rows still holds less than the reference
+assert peak_cn < ref[3]
 glue("ch12-c-eq-n-saving", f"{1 - peak_cn / ref[3]:.0%}", display=False)
 
 # %% [markdown]
@@ -269,7 +279,7 @@ glue("ch12-c-eq-n-saving", f"{1 - peak_cn / ref[3]:.0%}", display=False)
 # is. `count_params` ({doc}`chapter 13 <13_build_a_model>`) counts the released
 # configurations exactly:
 
-# %%
+# %% tags=["hide-input"]
 rows = {}
 for name in ("smollm2-135m", "llama3-8b", "deepseek-v3"):
     cfg = preset(name)
@@ -289,7 +299,8 @@ print(
     f"(+{untied_smol / rows['smollm2-135m'][0] - 1:.0%})"
 )
 # untying adds exactly one (V, d) output matrix
-assert untied_smol - rows["smollm2-135m"][0] == smol_cfg.vocab_size * smol_cfg.d_model
+assert untied_smol - rows["smollm2-135m"][0] == \
+    smol_cfg.vocab_size * smol_cfg.d_model
 ds_cfg = preset("deepseek-v3")
 ds_saving = ds_cfg.vocab_size * ds_cfg.d_model / rows["deepseek-v3"][0]
 gemma = count_params(preset("gemma3-27b"))
@@ -426,7 +437,7 @@ assert with_biases == ["gpt2", "gpt2-xl", "gpt-oss-120b"]
 # of released models carry 0 as well. Dropout comes back when data does repeat, in
 # fine-tuning on small sets.
 
-# %%
+# %% tags=["hide-input"]
 default_dropout = {
     f.name: f.default
     for f in dataclasses.fields(ModelConfig)
@@ -494,7 +505,7 @@ assert (
 # {glue:text}`ch12-sink-real`, since seven scores near 0 together outweigh one sink logit
 # of 1.
 
-# %%
+# %% tags=["hide-input"]
 base = torch.tensor(
     [0.3, -0.2, 0.1, 0.0, -0.1, 0.2, -0.3, 0.0]
 )  # irrelevant keys: scores near 0
@@ -524,14 +535,17 @@ glue("ch12-sink-gone", f"{last_sink[8]:.0%}", display=False)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
 labels = [f"k{j}" for j in range(8)]
 bars_no = axes[0].bar(
-    labels, frames_no[0], color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)]
+    labels, frames_no[0],
+    color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)]
 )
 bars_sink = axes[1].bar(
     labels + ["sink"],
     frames_sink[0],
     color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)] + [PALETTE[7]],
 )
-axes[0].set(ylim=(0, 1), ylabel="attention weight", title="softmax: weights sum to 1")
+axes[0].set(
+    ylim=(0, 1), ylabel="attention weight", title="softmax: weights sum to 1"
+)
 axes[1].set(title="with a sink logit s = 1")
 fig.suptitle("When the relevant key (orange) fades, where does the weight go?")
 
@@ -542,7 +556,7 @@ def draw_sink(i: int) -> None:
     for bar, h in zip(bars_sink, frames_sink[i], strict=True):
         bar.set_height(float(h))
     axes[0].set_xlabel(
-        f"score of k3 = {relevant[i]:+.0f}; real keys sum to {frames_no[i].sum():.2f}"
+      f"score of k3 = {relevant[i]:+.0f}; real keys sum to {frames_no[i].sum():.2f}"
     )
     axes[1].set_xlabel(f"real keys sum to {frames_sink[i][:8].sum():.2f}")
 
@@ -565,7 +579,7 @@ HTML(animate(fig, draw_sink, len(relevant), interval_ms=500))
 # every gate, +30 opens it, and the open module must equal one without a gate that has the
 # same query, key, value and output weights:
 
-# %%
+# %% tags=["hide-input"]
 torch.manual_seed(0)
 d, H, Dh = 32, 4, 8
 kw = {"bias": False, "qkv_bias": True, "impl": "reference", "causal": True}
@@ -608,7 +622,8 @@ gate_params = (
 print(f"Qwen3-Next-80B's output gates: {gate_params:,} parameters")
 n_full = next_cfg.layer_types.count("full")
 # one (d, H·D) gate block per softmax layer, counted by hand from the config
-assert gate_params == n_full * next_cfg.d_model * next_cfg.n_heads * next_cfg.head_dim
+assert gate_params == \
+    n_full * next_cfg.d_model * next_cfg.n_heads * next_cfg.head_dim
 glue("ch12-gate-layers", f"{n_full}", display=False)
 glue("ch12-gate-params", f"{gate_params / 1e6:.0f} million", display=False)
 
@@ -650,7 +665,7 @@ Code(
 # Shakespeare, where the module is given the true next token, and on continuations the
 # trunk writes greedily from 16 held-out prompts.
 
-# %%
+# %% tags=["hide-input"]
 text = load_shakespeare()
 chars = CharTokenizer(text)
 train_ids, val_ids = split_tokens(torch.tensor(chars.encode(text)), 0.1)
@@ -702,15 +717,16 @@ def repeat_share(rows: torch.Tensor, n: int = 8) -> float:
 
 
 def draft_scores(model: DecoderLM, mtp: MTPModule) -> dict[str, float]:
-    """Held-out losses, and how often the module's draft of t_{i+2} is the trunk's own
-    pick: on held-out text given the true t_{i+1} ("real"), and on the trunk's greedy
-    continuations of 16 held-out prompts ("greedy")."""
+    """Held-out losses, and how often the module's draft of t_{i+2} is the
+    trunk's own pick: on held-out text given the true t_{i+1} ("real"), and on the
+    trunk's greedy continuations of 16 held-out prompts ("greedy")."""
     with torch.no_grad():
         l1, l2 = mtp_losses(model, mtp, x_val, y_val)
         h, logits = trunk_forward(model, x_val)
         pick = logits.argmax(-1)  # (B, S): the trunk's pick for t_{i+1}
         draft = mtp(model, h[:, :-1], y_val[:, :-1]).argmax(-1)  # t_{i+2} | t_{i+1}
-        seq = model.generate(x_val[:16, :16], 48)  # greedy: 16 prompt + 48 new tokens
+        # greedy: 16 prompt + 48 new tokens
+        seq = model.generate(x_val[:16, :16], 48)
         h_g, _ = trunk_forward(model, seq)
         draft_g = mtp(model, h_g[:, :-1], seq[:, 1:]).argmax(-1)
     return {
@@ -746,9 +762,9 @@ for label, key in (("MTP module", "mtp right"), ("trunk", "trunk right")):
     print(f"  {label:<12}{spread(mtp_on[key]).format(3)}")
 
 # %% tags=["hide-input"]
-# Bookkeeping: the module's size, the paired differences over seeds (the same weights
-# and batches for both runs of a seed) with their 95 % Student-t intervals, the asserts
-# that pin what the text claims, and the glue.
+# Bookkeeping: the module's size, the paired differences over seeds (the same
+# weights and batches for both runs of a seed) with their 95 % Student-t intervals,
+# the asserts that pin what the text claims, and the glue.
 trunk, module = DecoderLM(cfg), MTPModule(cfg)
 n_mtp = sum(p.numel() for p in module.parameters())
 block_params = sum(p.numel() for p in trunk.blocks[0].parameters())
@@ -756,7 +772,8 @@ assert n_mtp == 2 * cfg.d_model**2 + block_params + 3 * cfg.d_model
 assert max(plain["L1"] + mtp_on["L1"]) < unigram - 0.8  # both trunks learn
 # only the trained module predicts the token after next
 assert max(mtp_on["L2"]) < unigram - 0.8 < min(plain["L2"])
-# on held-out text its drafts agree with the trunk, the untrained module's hardly ever
+# on held-out text its drafts agree with the trunk, the untrained module's
+# hardly ever
 agree_gain = difference(mtp_on["real"], plain["real"])
 assert agree_gain.low > 0.5 and max(plain["real"]) < 0.05
 # greedy text flatters the drafts: it repeats itself, and held-out text does not
@@ -823,9 +840,10 @@ glue(
 # {glue:text}`ch12-mtp-verdict`. At 100 steps of a 64-wide model that is all this page
 # can say; the gains DeepSeek-V3 reports come from ablations at far larger scale.
 #
-# The trained module predicts the token after next with a loss of
-# {glue:text}`ch12-l2-mtp`, about as well as the trunk predicts the next one, and the
-# untrained one ({glue:text}`ch12-l2-plain`) does worse than the unigram baseline. That is
+# The trained module ({glue:text}`ch12-mtp-params` parameters next to a
+# {glue:text}`ch12-trunk-params`-parameter trunk) predicts the token after next with a
+# loss of {glue:text}`ch12-l2-mtp`, about as well as the trunk predicts the next one, and
+# the untrained one ({glue:text}`ch12-l2-plain`) does worse than the unigram baseline. That is
 # less surprising than it looks: the module is given the true $t_{i+1}$, so it has read
 # exactly what the trunk has read when it predicts $t_{i+2}$ at the next position. It is a
 # second next-token predictor with one block of its own, not a look-ahead. Scored on the
@@ -860,7 +878,7 @@ glue(
 # so we change the fields that differ) and let the calculator of
 # {doc}`chapter 13 <13_build_a_model>` count them:
 
-# %%
+# %% tags=["hide-input"]
 gpt_oss_120b = preset("gpt-oss-120b")
 gpt_oss_20b = gpt_oss_120b.replace(
     n_layers=24,
@@ -965,38 +983,25 @@ glue("ch12-qwen-gflop", f"{qw_f / 1e9:.1f}", display=False)
 # neither the two shapes nor the benchmarks; in practice width against depth is set by
 # serving constraints at least as much as by quality.
 #
-# ## Summary
+# ## What we learned
 #
-# - Vocabularies grew from 50,257 (GPT-2) to 262,144 entries (Gemma 3). The fp32 logits of
-#   8 × 8,192 tokens over Qwen3's 151,936 entries take {glue:text}`ch12-qwen-logits`.
-#   Chunked cross-entropy with a recomputing backward gives the same loss and gradients
-#   while holding two $(C, V)$ chunks and the head's gradient:
-#   {glue:text}`ch12-chunk-peak` instead of {glue:text}`ch12-ref-peak` in our test, as the
-#   arithmetic predicts.
-# - Tying the head to the embedding saves $Vd$ parameters: {glue:text}`ch12-smol-table` of
-#   SmolLM2-135M, {glue:text}`ch12-dsv3-table` of DeepSeek-V3. Small models tie, most large
-#   ones do not; Gemma 3 ties at every size.
-# - The key bias is provably redundant without RoPE (the output moved by
-#   {glue:text}`ch12-key-bias-gap`), the value bias is the constant $W_o b_v$, the query
-#   bias matters; with RoPE the key bias becomes a position-dependent score.
-# - Dropout guards against repetition, and single-pass pretraining has none; the evidence
-#   for dropping it is the published one, not an experiment run here.
-# - A sink logit lets a head's weights sum to $\sigma(\mathrm{LSE} - s_h) < 1$; as an extra
-#   zero-valued key it runs on SDPA unchanged. A sigmoid output gate can close a head
-#   entirely, per token.
-# - A DeepSeek-V3-style MTP module ({glue:text}`ch12-mtp-params` parameters next to a
-#   {glue:text}`ch12-trunk-params`-parameter trunk) learned to predict the token after
-#   next. On held-out text its drafts were the trunk's own pick
-#   {glue:text}`ch12-accept-real` of the time (mean ± sd over
-#   {glue:text}`ch12-n-seeds` seeds); on the trunk's greedy text, which repeats itself,
-#   {glue:text}`ch12-accept-greedy`. Whether the extra loss helped the trunk's
-#   next-token loss: {glue:text}`ch12-mtp-verdict`.
-# - gpt-oss-20b (24 × 2,880) and Qwen3-30B-A3B (48 × 2,048): {glue:text}`ch12-oss-total`
-#   and {glue:text}`ch12-qwen-total` billion parameters, {glue:text}`ch12-oss-per-layer`
-#   and {glue:text}`ch12-qwen-per-layer` million active per layer, a KV cache of
-#   {glue:text}`ch12-oss-kv` and {glue:text}`ch12-qwen-kv` KiB per token. Which shape
-#   trains better is not measured here; Gemma 2's one controlled pair of 9B models put
-#   the deeper one 1.2 points ahead on a four-benchmark average.
+# None of these one-line changes is mainly about next-token quality: each answers a
+# pressure of memory, parameter count or decoding. A larger vocabulary moves training's
+# memory peak to the logits, and chunked cross-entropy removes it at the price of
+# computing them twice, with the same loss and gradients; tying the head to the embedding
+# saves a sizeable share of the parameters only in small models; the key bias is provably
+# inert without RoPE; sinks and output gates give a head a way to say nothing. The
+# multi-token module learned to draft the trunk's own next pick most of the time on
+# held-out text, but its extra loss did not measurably change the trunk's next-token loss
+# over five paired seeds at our tiny scale. Dropout and width against depth we only
+# checked against configurations and published evidence, because the experiments that
+# would settle them are pretraining runs far beyond this page's budget.
+#
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | Vocabulary and loss | Tens of thousands of tokens, full logits in the loss | 128k–262k tokens, chunked or fused cross-entropy | None by construction: same loss and gradients, about a tenth of the loss's memory peak (one test) | Coverage of more languages; the logits' memory |
+# | Attention sinks | Softmax weights sum to one | A learned sink logit per head (gpt-oss) or a sigmoid output gate (Qwen3-Next) | Not measured: exact checks only (a sink runs on SDPA as a zero-valued key, a closed gate silences its head) | Streaming with evicted first tokens; heads with nothing to say |
+# | Multi-token prediction | Next-token loss only | One extra module predicting the token after next (DeepSeek-V3) | Null on the trunk's next-token loss (5 paired seeds); its drafts matched the trunk's pick about three times in four | A built-in draft model for faster decoding |
 #
 # ## Exercises
 #
