@@ -16,6 +16,17 @@
 # %% [markdown]
 # # 10 · One FFN became hundreds: mixture of experts
 #
+# ```{admonition} The question
+# :class: tip
+# How can a model hold many times more parameters than it spends compute on per token,
+# and what do the extra parameters buy?
+# A router sends each token to $k$ of $E$ experts, so DeepSeek-V3 runs only 5.6% of its
+# 671B parameters per token; on a memorisation probe our small MoE stored more facts than
+# a dense FFN of its active size but fewer than one of its total size, and in short
+# Shakespeare runs balancing the router evened the load at no loss cost our seeds could
+# detect.
+# ```
+#
 # Every change in the last few chapters refined a part of the block. The mixture of experts
 # (MoE) changes what a block *is*. In a dense model every parameter takes part in every
 # token, so parameters and compute grow together: a model twice as large costs twice as
@@ -50,7 +61,7 @@
 # extra parameters buy, and ends with the cost that the table does not show: moving tokens
 # to their experts.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -68,7 +79,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 import itertools
 import math
@@ -141,7 +152,7 @@ Code(inspect.getsource(MoEFeedForward.forward), language="python")
 # token's forward pass touches: everything except the routed experts it was not sent to.
 # All four models come from `companion.models.presets`, which copies their released configs.
 
-# %%
+# %% tags=["hide-input"]
 MODELS = {
     "Mixtral 8×7B": preset("mixtral-8x7b"),
     "Qwen3-235B-A22B": preset("qwen3-235b-a22b"),
@@ -157,7 +168,8 @@ for name, cfg in MODELS.items():
     c, moe = counts[name], cfg.moe
     print(
         f"{name:<16} {c.total:>17,} {c.active:>16,} {c.active / c.total:>6.1%} "
-        f"{moe.n_experts:>4} {moe.experts_per_token:>3} {int(moe.shared_d_ff > 0):>6} "
+        f"{moe.n_experts:>4} {moe.experts_per_token:>3} "
+        f"{int(moe.shared_d_ff > 0):>6} "
         f"{c.breakdown['experts'] / c.total:>13.1%}"
     )
 gpt_oss = counts["gpt-oss-120b"]
@@ -177,7 +189,10 @@ assert (
 assert counts["DeepSeek-V3"].total == 671_026_419_200
 assert counts["DeepSeek-V3"].active == 37_552_297_472
 shares = {name: c.active / c.total for name, c in counts.items()}
-assert 0.27 < shares["Mixtral 8×7B"] < 0.28 and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
+assert (
+    0.27 < shares["Mixtral 8×7B"] < 0.28
+    and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
+)
 assert 0.05 < shares["DeepSeek-V3"] < 0.06
 assert all(c.breakdown["experts"] / c.total > 0.95 for c in counts.values())
 glue("ch10-share-v3", f"{shares['DeepSeek-V3']:.1%}", display=False)
@@ -351,7 +366,7 @@ assert diff_out < 1e-12 and diff_grad < 1e-10
 # number of distinct sets of experts a token can use, $\binom{E}{k}$, explodes. Widths in
 # units of $F/32$, so that every size is an integer:
 
-# %%
+# %% tags=["hide-input"]
 LAYOUTS = [  # (label, experts, top-k, expert width in units of F/32)
     ("8 experts, top-2 (Mixtral)", 8, 2, 32),
     ("64 experts, top-16, m = 8", 64, 16, 4),
@@ -365,14 +380,18 @@ for label, e, k, width in LAYOUTS:
     combos[label] = math.comb(e, k)
     size = f"{combos[label]:,}" if combos[label] < 1e18 else f"{combos[label]:.2e}"
     print(f"{label:<32} {e * width:>6} {k * width:>6} {size:>40}")
-# the counts by two other routes: enumerating the small one, the Gamma function for all
+# the counts by two other routes: enumerating the small one, the Gamma function
+# for all
 assert sum(1 for _ in itertools.combinations(range(8), 2)) == combos[LAYOUTS[0][0]]
 for label, e, k, _ in LAYOUTS:
     log_count = math.lgamma(e + 1) - math.lgamma(k + 1) - math.lgamma(e - k + 1)
     assert abs(log_count - math.log(combos[label])) < 1e-9
 # at the same active width, finer experts give more sets, each step by > 10^10
 same_active = [combos[label] for label, *_ in LAYOUTS[:3]]
-assert same_active[1] > 1e10 * same_active[0] and same_active[2] > 1e10 * same_active[1]
+assert (
+    same_active[1] > 1e10 * same_active[0]
+    and same_active[2] > 1e10 * same_active[1]
+)
 assert all(e * w == 256 for _, e, _, w in LAYOUTS)  # every layout: the same total
 assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -447,7 +466,7 @@ Code(
 # every expert's load at every step and measure imbalance as the busiest expert's load
 # over the mean load: 1 is perfect balance, $E/k = 4$ is total collapse onto two experts.
 
-# %%
+# %% tags=["hide-input"]
 text = load_shakespeare()
 chars = CharTokenizer(text)
 ids = torch.tensor(chars.encode(text))
@@ -482,7 +501,8 @@ def moe_config(selection_bias: bool) -> ModelConfig:
     )
 
 
-Probe = tuple[torch.Tensor, torch.Tensor]  # scores (n, T, E), chosen experts (n, T, K)
+# scores (n, T, E), chosen experts (n, T, K)
+Probe = tuple[torch.Tensor, torch.Tensor]
 
 
 def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
@@ -493,8 +513,11 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
     moe = model.blocks[0].ffn
     loads, lm, probed = [], [], []
 
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if len(loads) % PROBE_EVERY == PROBE_EVERY - 1:  # the probe, before this step
+    def loss_fn(
+        m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        # the probe, before this step
+        if len(loads) % PROBE_EVERY == PROBE_EVERY - 1:
             with torch.no_grad():
                 m(probe_ids)
             routing = moe.last_routing  # (T, E) and (T, K): the line's T characters
@@ -534,7 +557,8 @@ for seed in SEEDS:
 
 
 def imbalance(load: torch.Tensor) -> torch.Tensor:
-    """max load / mean load, per step: 1 is balanced, E/k is collapse onto k experts."""
+    """max load / mean load, per step: 1 is balanced, E/k is collapse onto k
+    experts."""
     return load.max(-1).values / load.mean(-1)
 
 
@@ -549,13 +573,16 @@ print(
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{final[m, seed]:>16.2f}" for m in MODES))
 print(
-    f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)"
+    f"{'seed':>4} "
+    + "".join(f"{m:>16}" for m in MODES)
+    + "   (LM loss, last 50 steps)"
 )
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
 
 # %% tags=["hide-input"]
-# the seeds share weights and batches across modes: paired differences, 95 % intervals
+# the seeds share weights and batches across modes: paired differences,
+# 95 % intervals
 start = {key: imbalance(load[:10]).mean().item() for key, load in loads.items()}
 by_seed = {
     name: {m: [table[m, seed] for seed in SEEDS] for m in MODES}
@@ -607,9 +634,10 @@ for key, value in {
 # outlined. Below, the load: each expert's share of all the assignments of the batches,
 # averaged over ten steps.
 
-# %%
+# %% tags=["hide-input"]
 SHOW_SEED, EVERY, SMOOTH = 0, PROBE_EVERY, PROBE_EVERY
-shares = {}  # mode -> (steps, E): each expert's share of the assignments, 10-step mean
+# mode -> (steps, E): each expert's share of the assignments, 10-step mean
+shares = {}
 for mode in MODES:
     load = loads[mode, SHOW_SEED]
     share = load / load.sum(-1, keepdim=True)
@@ -625,15 +653,22 @@ print("largest expert share over the last 10 steps:")
 print("  " + ", ".join(f"{mode} {v:.2f}" for mode, v in top_share.items()))
 # the busiest expert of the unbalanced run holds far more than either remedy's
 assert all(top_share["no balancing"] > top_share[m] + 0.1 for m in MODES[1:])
-starved = shares["no balancing"][LAST].min()  # the idlest expert of the unbalanced run
-print(f"smallest expert share without balancing: {starved:.3f} (uniform: {1 / E:.3f})")
+# the idlest expert of the unbalanced run
+starved = shares["no balancing"][LAST].min()
+print(
+    f"smallest expert share without balancing: {starved:.3f}"
+    f" (uniform: {1 / E:.3f})"
+)
 glue("ch10-starved", f"{starved:.3f}", display=False)
 for key, row in (("first", 0), ("last", LAST)):  # the figure's first and last frame
     busiest = shares["no balancing"][row].max() * E
     glue(f"ch10-seed0-{key}", f"{busiest:.1f}", display=False)
 glue("ch10-uniform", f"{1 / E:.3f}", display=False)
-for seed in SEEDS:  # step 1: the same weights and batch, so the same load in every mode
-    assert all(torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES)
+# step 1: the same weights and batch, so the same load in every mode
+for seed in SEEDS:
+    assert all(
+        torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES
+    )
 # the outlined experts are the k most probable ones, except where the selection bias
 # chooses: there at least one character of the line goes elsewhere at the last probe
 is_top = {
@@ -643,7 +678,7 @@ is_top = {
 assert is_top["no balancing"].all() and is_top["auxiliary loss"].all()
 assert not is_top["selection bias"][-1].all()
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 MOE = COLORS["moe"]
 score_cmap = LinearSegmentedColormap.from_list("router", ["white", MOE])
 labels = ["sp" if c == " " else c for c in PROBE]
@@ -767,7 +802,7 @@ glue("fig-moe", HTML(animate(fig, draw_moe, n_frames, interval_ms=400)))
 # ($\alpha = 0.01$) and without balancing. Every run sees the same batches for a seed, and
 # each model's initial weights come from that seed.
 
-# %%
+# %% tags=["hide-input"]
 MEM_FACTS, MEM_BASE, MEM_VALUES = 2048, 64, 64
 MEM_E, MEM_K, MEM_F, MEM_D = 8, 2, 8, 16
 MEM_STEPS = 2400 if FULL else 800
@@ -792,13 +827,15 @@ MEM_VARIANTS = {  # name: (config, auxiliary-loss weight)
 
 
 def memorise(cfg: ModelConfig, alpha: float, seed: int, lr: float) -> DecoderLM:
-    """`probes.fit` on the table, plus alpha times the auxiliary loss for an MoE: AdamW,
-    cosine schedule, batches seeded by `seed` (the same for every variant)."""
+    """`probes.fit` on the table, plus alpha times the auxiliary loss for an MoE:
+    AdamW, cosine schedule, batches seeded by `seed` (the same for every variant)."""
     seed_everything(seed)
     model = DecoderLM(cfg).to(DEVICE)
     ffn = model.blocks[0].ffn
 
-    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_fn(
+        m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
         loss = scored_loss(m, x, y)
         if alpha:
             r = ffn.last_routing
@@ -847,7 +884,9 @@ print(
     f"{MEM_FACTS} facts, {MEM_STEPS} steps of {MEM_BATCH}, seeds {list(MEM_SEEDS)}; "
     f"chance {1 / MEM_VALUES:.3f}"
 )
-print(f"{'variant':<20} {'total':>6} {'active':>6} {'lr':>6} {'accuracy':>12}  seeds")
+print(
+    f"{'variant':<20} {'total':>6} {'active':>6} {'lr':>6} {'accuracy':>12}  seeds"
+)
 for name, acc in mem_acc.items():
     c = mem_counts[name]
     print(
@@ -860,7 +899,7 @@ for name, imbs in mem_imb.items():
         print(f"  {name:<20} " + " ".join(f"{v:.2f}" for v in imbs))
 
 
-# %%
+# %% tags=["hide-input"]
 mem_vals = {name: acc.values for name, acc in mem_acc.items()}
 dense_active, moe_free, moe_aux, dense_total = mem_vals.values()
 PAIRS = {  # (a, b): a − b over the paired seeds, with its 95 % Student-t interval
@@ -897,7 +936,9 @@ glue("ch10-mem-gained", f"{gained:.0%}", display=False)
 KEYS = ("aux-active", "free-active", "aux-free", "total-aux")
 for key, d in zip(KEYS, PAIRS.values(), strict=True):
     glue(f"ch10-mem-d-{key}", d.format(2), display=False)
-glue("ch10-mem-presentations", f"{MEM_STEPS * MEM_BATCH // MEM_FACTS}", display=False)
+glue(
+    "ch10-mem-presentations", f"{MEM_STEPS * MEM_BATCH // MEM_FACTS}", display=False
+)
 glue("ch10-mem-steps", f"{MEM_STEPS}", display=False)
 glue("ch10-mem-facts", f"{MEM_FACTS:,}", display=False)
 glue("ch10-mem-lr", f"{MEM_LR:g}", display=False)
@@ -909,7 +950,7 @@ glue("ch10-mem-imb-free", mem_imb_range["MoE, no balancing"], display=False)
 glue("ch10-mem-imb-aux", mem_imb_range["MoE, auxiliary loss"], display=False)
 
 
-# %% tags=["remove-output"]
+# %% tags=["remove-output", "hide-input"]
 fig, ax = plt.subplots(figsize=(7.5, 3.4))
 for i, (name, acc) in enumerate(mem_acc.items()):
     xs = i + np.linspace(-0.12, 0.12, len(acc.values))
@@ -921,7 +962,8 @@ ax.axhline(1 / MEM_VALUES, color="black", lw=1, ls=":", label="chance 1/64")
 ax.set_xticks(
     range(len(mem_acc)),
     [
-        f"{name}\ntotal {mem_counts[name].total:,}\nactive {mem_counts[name].active:,}"
+        f"{name}\ntotal {mem_counts[name].total:,}"
+        f"\nactive {mem_counts[name].active:,}"
         for name in mem_acc
     ],
     fontsize=8,
@@ -1005,7 +1047,7 @@ Code(inspect.getsource(experts_grouped), language="python")
 # path of transformers' `Qwen3MoeSparseMoeBlock` loaded with the same weights. A small run
 # here (times vary from machine to machine and from run to run):
 
-# %%
+# %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
 # (timings: shown, not asserted; the agreement with transformers is asserted)
 from companion.bench.moe import bench_moe  # noqa: E402
@@ -1051,42 +1093,28 @@ assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 # (`router_groups=8, router_topk_groups=4` in its preset's `moe`, `TopKRouter`'s `n_groups` and
 # `topk_groups`); with the experts of one node in one group, fewer groups per token means
 # fewer nodes to send it to.
+
+# %% [markdown]
+# ## What we learned
 #
-# ## Summary
+# A mixture of experts decouples parameters from compute: a router, one small matrix and
+# a top-$k$, sends each token to a few of many experts, so the released models we counted
+# hold far more weights than a token passes through, and finer experts multiply the
+# possible combinations at equal cost. The learned router is also the new problem: our
+# small model's random router started uneven and, left alone, stayed so, with no growth
+# towards collapse that our three seeds could detect, while both the auxiliary loss and
+# DeepSeek-V3's selection bias evened the load with no loss difference the seeds could
+# detect either. On a memorisation probe
+# the extra parameters did count, storing more facts than a dense FFN of the same active
+# size, though fewer than a dense FFN of the same total size, and fewer still without
+# balancing. We did not show that an MoE language model is better per FLOP, which only
+# large training runs settle, nor what dispatch costs on a GPU or across devices.
 #
-# - An MoE layer replaces the FFN with $E$ experts and a router that runs $k$ of them per
-#   token: parameters grow with $E$, compute with $k$. Counted from their configs, Mixtral
-#   8×7B, Qwen3-235B-A22B, gpt-oss-120b and DeepSeek-V3 have the published total and
-#   active counts exactly (gpt-oss-120b's without the embedding). At least
-#   {glue:text}`ch10-experts-min` of each is routed experts.
-# - Per token, DeepSeek-V3 spends {glue:text}`ch10-v3-gflops` GFLOPs at a 4,096-token
-#   context; running all its experts would cost {glue:text}`ch10-ratio-v3` times that
-#   (Mixtral {glue:text}`ch10-ratio-mixtral`×, gpt-oss-120b
-#   {glue:text}`ch10-ratio-gptoss`×).
-# - The router is a linear map, a softmax or sigmoid, and a top-$k$. Both scorings pick the
-#   same experts from the same logits; renormalised, the weights sum to 1, and a
-#   renormalised softmax equals a softmax over the chosen logits. The loop over experts
-#   and the sorted, grouped form agree exactly, forward and backward.
-# - Fine-grained experts multiply the choices at equal cost: $\binom{8}{2}$ =
-#   {glue:text}`ch10-comb-mixtral` against $\binom{64}{16}$, about
-#   {glue:text}`ch10-comb-m8`, for the same total and active sizes.
-# - A random router starts uneven, and without balancing our one-layer model stayed so:
-#   over the last 50 of 160 steps the busiest expert took
-#   {glue:text}`ch10-collapse-min` to {glue:text}`ch10-collapse-max` times its share (it
-#   did not grow into a collapse). The Switch/GShard auxiliary loss and DeepSeek-V3's
-#   selection bias both brought it down to {glue:text}`ch10-balanced-min` to
-#   {glue:text}`ch10-balanced-max`; the seeds could not tell their loss from the
-#   unbalanced run's (any difference below {glue:text}`ch10-loss-bound` nats).
-# - What the extra parameters buy, on a memorisation probe ({glue:text}`ch10-mem-facts`
-#   random facts, {glue:text}`ch10-mem-seeds` seeds): 8 experts, top-2, recalled
-#   {glue:text}`ch10-mem-moe-aux` of the table, a dense FFN with the same active
-#   parameters {glue:text}`ch10-mem-dense-active` and one with the same total
-#   {glue:text}`ch10-mem-dense-total`, both gaps beyond their paired 95 % intervals. The experts a token
-#   skips store facts, but less per parameter than a dense FFN that every token trains;
-#   without balancing the MoE stored fewer ({glue:text}`ch10-mem-moe-free`).
-# - The hidden cost is dispatch: sorting tokens by expert, grouped matmuls, and across
-#   devices two all-to-alls per layer.
-#
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | Capacity | One dense FFN | Sparse experts at scale | Memorisation probe (5 seeds): above a dense FFN of equal active size, below one of equal total size; no language-model comparison with dense | More parameters without equal FLOPs |
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Qwen3-Next-80B-A3B, the last row of the opening table, is a preset. Count its total
