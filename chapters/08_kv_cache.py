@@ -16,6 +16,12 @@
 # %% [markdown]
 # # 8 · The KV cache: MQA, GQA and MLA
 #
+# ```{admonition} The question
+# :class: tip
+# Why did attention stop giving every query head its own keys and values, and what do MQA, GQA and MLA each save?
+# Not quality but decoding: under multi-head attention every generated token reads the whole cache for one FLOP per byte, and sharing K/V heads (GQA keeps a quarter of the cache at Llama 3 8B's shape, MQA a thirty-second) or caching one compressed latent per token (MLA, about seventy times smaller than DeepSeek-V3's equivalent MHA) cuts the bytes a step must read by the factors the cache formula gives, checked against the caches the modules allocate; the chapter measures no quality, and its CPU timings neither confirm nor refute that decode time follows the bytes.
+# ```
+#
 # In the 2017 Transformer every attention head had its own keys and values
 # {cite}`vaswani2017attention`. In Llama 3 eight key/value heads serve thirty-two query
 # heads {cite}`grattafiori2024llama`; in DeepSeek-V3 there are no per-head keys in memory at
@@ -34,11 +40,8 @@
 # attention (GQA) {cite}`ainslie2023gqa`, and multi-head latent attention (MLA)
 # {cite}`deepseekai2024deepseekv2`, each run, compared with its reference, and measured in
 # bytes. At the end: the decode path that `companion` uses for speed.
-#
-# As everywhere in this book, the claims are `assert`s that run in CI; timings, which
-# belong to the machine and not to the model, are shown and never asserted.
 
-# %%
+# %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
 import subprocess
 import sys
@@ -56,7 +59,7 @@ from companion.numerics import pin_cpu_path
 
 pin_cpu_path()
 
-# %%
+# %% tags=["hide-input"]
 import inspect
 
 import matplotlib.pyplot as plt
@@ -99,7 +102,8 @@ from companion.ops.rope import apply_rope, rope_frequencies
 from companion.plotting import PALETTE, animate, glue, loglog_fit, use_style
 from companion.training import seed_everything
 
-FULL = False  # True: longer generations and caches (use a GPU for the timing section)
+# True: longer generations and caches (use a GPU for the timing section)
+FULL = False
 DEVICE = default_device() if FULL else torch.device("cpu")
 use_style()
 seed_everything(0)
@@ -125,7 +129,7 @@ KIB, MIB, GIB = 2**10, 2**20, 2**30
 # attention records, for every forward pass, how many tokens go through its projections
 # and how many (query, key) pairs its causal attention scores.
 
-# %%
+# %% tags=["hide-input"]
 tiny_cfg = tiny(
     vocab_size=96,
     d_model=64,
@@ -143,7 +147,9 @@ prompt = torch.randint(
 prompt = prompt.to(DEVICE)
 
 
-def generate_counting(model: DecoderLM, ids: torch.Tensor, new: int, use_cache: bool):
+def generate_counting(
+    model: DecoderLM, ids: torch.Tensor, new: int, use_cache: bool
+):  # fmt: skip
     """Greedy generation; per forward pass, the tokens layer 0's attention projects
     and the causal (query, key) pairs it scores, read by a pre-hook from its input
     and positions."""
@@ -165,8 +171,9 @@ with_cache, work_cached = generate_counting(tiny_lm, prompt, NEW, use_cache=True
 without, work_recomputed = generate_counting(tiny_lm, prompt, NEW, use_cache=False)
 print("first generated ids:", with_cache[0, PROMPT : PROMPT + 12].tolist())
 print(
-    f"identical tokens with and without the cache: {torch.equal(with_cache, without)}"
-)
+    f"identical tokens with and without the cache: "
+    f"{torch.equal(with_cache, without)}"
+)  # fmt: skip
 assert torch.equal(with_cache, without)
 
 # the cached logits are the full forward's logits, position by position
@@ -180,9 +187,10 @@ with torch.no_grad():
     ]
 gap = (torch.cat(steps, dim=1) - full).abs().max().item()
 print(
-    f"max |cached logits − full-forward logits| over {with_cache.shape[1]} positions "
+    f"max |cached logits − full-forward logits| "
+    f"over {with_cache.shape[1]} positions "
     f"< 1e-5: {gap < 1e-5}"
-)
+)  # fmt: skip
 assert gap < 1e-5
 
 for name, work, cached in (
@@ -216,9 +224,10 @@ glue("ch08-new", f"{NEW}", display=False)
 # $4 L H D\, s$ for scores and weighted values. Summing it over the positions each step
 # must process gives the cost of generating $n$ tokens, here for Llama 3 8B.
 
-# %%
+# %% tags=["hide-input"]
 llama3 = preset("llama3-8b")
-a = flops_per_token(llama3, 0)  # the weights: 2 FLOPs per active weight (head included)
+# the weights: 2 FLOPs per active weight (head included)
+a = flops_per_token(llama3, 0)
 b = flops_per_token(llama3, 1) - a  # attention: 4·L·H·D per key
 assert b == 4 * llama3.n_layers * llama3.n_heads * llama3.head_dim
 assert all(flops_per_token(llama3, s) == a + b * s for s in (1, 1000, 8192))
@@ -254,7 +263,7 @@ glue("ch08-ratio-8k", f"{ratio_8k:,.0f}", display=False)
 glue("ch08-slope-r", f"{slope_r:.2f}", display=False)
 glue("ch08-slope-c", f"{slope_c:.2f}", display=False)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
 for j, (name, work) in enumerate(
     (("recompute", work_recomputed), ("cache", work_cached))
@@ -372,7 +381,7 @@ assert weights_8b == 2 * 8_030_261_248  # the released model's parameter count
 # layers a fixed state ({doc}`chapter 11 <11_linear_attention>`), and an MLA layer one
 # latent and one RoPE key per position (below).
 
-# %%
+# %% tags=["hide-input"]
 print("cache: at the model's full context; weights: bf16; both in GiB")
 print(
     f"{'model':<20}{'attention':<38}{'KiB/tok':>7}{'context':>8}"
@@ -397,7 +406,9 @@ assert (
     rows["deepseek-v3"][0] == 70_272 / KIB
 )  # 68.6 KiB, the smallest of the large models
 assert rows["mistral-7b"][1] == 0.5  # a 4096-token window caps the whole cache
-assert rows["llama3.1-8b"][1] == 16 and rows["llama3.1-8b"][1] > rows["llama3.1-8b"][2]
+assert (
+    rows["llama3.1-8b"][1] == 16 and rows["llama3.1-8b"][1] > rows["llama3.1-8b"][2]
+)  # fmt: skip
 mha_presets = [
     name
     for name, cfg in PRESETS.items()
@@ -405,7 +416,8 @@ mha_presets = [
 ]
 assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
 assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
-big = {name: r for name, r in rows.items() if r[2] > 10}  # over 10 GiB of bf16 weights
+# over 10 GiB of bf16 weights
+big = {name: r for name, r in rows.items() if r[2] > 10}
 lower = {name for name, r in big.items() if r[0] < big["deepseek-v3"][0]}
 hybrids = {name for name in big if "linear" in PRESETS[name].layer_types}
 assert hybrids <= lower  # every large hybrid caches less per token than DeepSeek-V3
@@ -512,7 +524,7 @@ for name, cfg in (("MHA", mha_8b), ("GQA", gqa_8b)):
 # about {glue:text}`ch08-mla-intensity`, close to the ridge (counted on a real step below). The roofline puts each on the
 # chip's curve:
 
-# %%
+# %% tags=["hide-input"]
 # name: (FLOPs, bytes) of one layer's decode-step attention at any s (here 4096)
 kinds = {
     "MHA 32:32": (
@@ -536,34 +548,42 @@ intensity = {name: arithmetic_intensity(*fb) for name, fb in kinds.items()}
 for name, i in intensity.items():
     share = attainable_flops(i, H100_FLOPS, H100_BW) / H100_FLOPS
     print(
-        f"{name:<15} I = {i:6.1f} FLOPs/byte -> at most {share:6.1%} of the H100's peak"
-    )
-# the same ratios counted on real steps: the loop above for MHA, GQA and MQA; for MLA,
-# 128 heads of the absorbed form reading a bf16 latent cache (keys 576 wide, values its
-# first 512 numbers)
+        f"{name:<15} I = {i:6.1f} FLOPs/byte "
+        f"-> at most {share:6.1%} of the H100's peak"
+    )  # fmt: skip
+# the same ratios counted on real steps: the loop above for MHA, GQA and MQA; for
+# MLA, 128 heads of the absorbed form reading a bf16 latent cache (keys 576 wide,
+# values its first 512 numbers)
 latent = LatentCache(1, 256, 512, 64, dtype=torch.bfloat16)
 with FlopCounterMode(display=False) as counter:
     rows_kv = latent.kv[:, None]  # (1, 1, S, 576): one "head" shared by all 128
     grouped_attention(
-        torch.zeros(1, 128, 1, 576, dtype=torch.bfloat16), rows_kv, rows_kv[..., :512]
-    )
+        torch.zeros(1, 128, 1, 576, dtype=torch.bfloat16),
+        rows_kv,
+        rows_kv[..., :512]
+    )  # fmt: skip
 counted = {f"{q}:{k}": i for q, k, i in measured}
 counted["MLA"] = arithmetic_intensity(counter.get_total_flops(), latent.kv.nbytes)
 for name, i in intensity.items():  # the formula's intensity = the counted one
     assert i == counted["MLA" if name.startswith("MLA") else name.split()[1]], name
 assert intensity["MLA, 128 heads"] < ridge  # near the ridge, still below it
-for name, key in (("GQA 32:8", "gqa"), ("MQA 32:1", "mqa"), ("MLA, 128 heads", "mla")):
+for name, key in (
+    ("GQA 32:8", "gqa"), ("MQA 32:1", "mqa"), ("MLA, 128 heads", "mla")
+):  # fmt: skip
     glue(f"ch08-{key}-intensity", f"{intensity[name]:.0f}", display=False)
 
 fig, ax = plt.subplots(figsize=(7, 3.6))
 grid = np.logspace(-0.3, 3.3, 200)
 ax.loglog(
-    grid, [attainable_flops(i, H100_FLOPS, H100_BW) / 1e12 for i in grid], color="grey"
-)
+    grid,
+    [attainable_flops(i, H100_FLOPS, H100_BW) / 1e12 for i in grid],
+    color="grey"
+)  # fmt: skip
 ax.axvline(ridge, color="grey", ls=":", lw=1)
 ax.text(
-    ridge * 1.08, 1.5, f"ridge point\n{ridge:.0f} FLOPs/byte", fontsize=8, color="grey"
-)
+    ridge * 1.08, 1.5, f"ridge point\n{ridge:.0f} FLOPs/byte",
+    fontsize=8, color="grey"
+)  # fmt: skip
 for j, (name, i) in enumerate(intensity.items()):
     ax.plot(
         i,
@@ -640,7 +660,7 @@ for h_kv in (8, 4, 2, 1):
 # cross the memory bus or how long that takes (the next cell times it). `expand_kv`
 # would also write, and then read, a copy $G$ times larger.
 
-# %%
+# %% tags=["hide-input"]
 S_STEP, D_STEP = 4096, 128
 step_bytes = {}
 for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
@@ -651,9 +671,10 @@ for name, h_kv in (("MHA", 32), ("GQA", 8), ("MQA", 1)):
     )
     copy = expand_kv(cache_v.k, 32).nbytes + expand_kv(cache_v.v, 32).nbytes
     print(
-        f"{name}: cache allocated {step_bytes[name] / MIB:5.0f} MiB = the formula's; "
+        f"{name}: cache allocated {step_bytes[name] / MIB:5.0f} MiB "
+        f"= the formula's; "
         f"repeated to 32 heads: {copy / MIB:.0f} MiB"
-    )
+    )  # fmt: skip
 assert step_bytes["MHA"] == 4 * step_bytes["GQA"] == 32 * step_bytes["MQA"]
 for name, nbytes in step_bytes.items():
     glue(f"ch08-step-mib-{name.lower()}", f"{nbytes / MIB:.0f}", display=False)
@@ -698,7 +719,9 @@ for j, name in enumerate(LAYOUTS):
             alpha=alpha,
         )
 span = np.array([min(r["mib"] for r in kv_rows), max(r["mib"] for r in kv_rows)])
-axes[0].loglog(span, span * MIB / copy_bps * 1e3, ":", color="grey", label="copy rate")
+axes[0].loglog(
+    span, span * MIB / copy_bps * 1e3, ":", color="grey", label="copy rate"
+)  # fmt: skip
 axes[1].axhline(copy_bps / 1e9, color="grey", ls=":", label="copy rate")
 axes[0].set(
     xlabel="bytes moved (MiB)",
@@ -710,7 +733,9 @@ axes[1].set(
     title=f"Achieved rate; bars: K/V caches of {', '.join(map(str, CACHE_MIB))} MiB",
     ylim=(0, None),
 )
-axes[1].set_xticks(range(len(LAYOUTS)), [n.replace(" rep", "\nrep") for n in LAYOUTS])
+axes[1].set_xticks(
+    range(len(LAYOUTS)), [n.replace(" rep", "\nrep") for n in LAYOUTS]
+)  # fmt: skip
 axes[1].legend(fontsize=8)
 axes[0].legend(fontsize=8)
 fig.suptitle(
@@ -869,7 +894,7 @@ Code(inspect.getsource(MultiHeadLatentAttention.absorbed_qkv), language="python"
 # an absorbed twin, and compare: a causal forward over 12 tokens, then the absorbed form
 # decoding the same tokens one at a time from its `LatentCache`.
 
-# %%
+# %% tags=["hide-input"]
 MLA_DIMS = {
     "kv_lora_rank": 16,
     "q_lora_rank": 12,
@@ -884,8 +909,10 @@ fixed = {
 }
 torch.manual_seed(4)
 naive_mla = (
-    MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="naive").double().eval()
-)
+    MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="naive")
+    .double()
+    .eval()
+)  # fmt: skip
 absorbed_mla = (
     MultiHeadLatentAttention(64, 4, **MLA_DIMS, **fixed, form="absorbed")
     .double()
@@ -913,12 +940,13 @@ assert torch.allclose(y_naive, y_absorbed, atol=1e-12, rtol=0)
 assert torch.allclose(y_naive, y_steps, atol=1e-12, rtol=0)
 
 width = latent_cache.kv.shape[-1]
-# the per-head keys and values the naive form rebuilds from those cached rows: what an
-# MHA layer of the same widths would have to cache
+# the per-head keys and values the naive form rebuilds from those cached rows: what
+# an MHA layer of the same widths would have to cache
 with torch.no_grad():
     q_nope, q_rope, _ = naive_mla.project(x)
     _, k_heads, v_heads = naive_mla.naive_qkv(q_nope, q_rope, latent_cache.kv)
-mha_width = k_heads[0, :, 0].numel() + v_heads[0, :, 0].numel()  # one token, all heads
+# one token, all heads
+mha_width = k_heads[0, :, 0].numel() + v_heads[0, :, 0].numel()
 print(
     f"latent cache: {tuple(latent_cache.kv.shape)} = {width} numbers per token "
     "and layer (r + d_R = 16 + 4)"
@@ -929,7 +957,8 @@ print(
 )
 assert latent_cache.kv.shape == (1, T_MLA, 16 + 4)
 assert torch.equal(latent_cache.pos, torch.arange(T_MLA))  # row t holds position t
-assert mha_width == 4 * (8 + 4) + 4 * 8  # H (D_nope + D_rope) + H D_v, from the config
+# H (D_nope + D_rope) + H D_v, from the config
+assert mha_width == 4 * (8 + 4) + 4 * 8
 glue("ch08-latent-width", f"{width}", display=False)
 glue("ch08-heads-width", f"{mha_width}", display=False)
 
@@ -942,7 +971,7 @@ glue("ch08-heads-width", f"{mha_width}", display=False)
 # `q_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` and `form`), and a
 # model switched to the absorbed form on the same weights generates the same tokens:
 
-# %%
+# %% tags=["hide-input"]
 mla_cfg = tiny_cfg.replace(n_kv_heads=None, mla=MLAConfig(**MLA_DIMS, form="naive"))
 seed_everything(5)
 mla_naive_lm = DecoderLM(mla_cfg).eval()
@@ -954,9 +983,10 @@ tokens_naive = mla_naive_lm.generate(prompt.cpu(), 24)
 tokens_absorbed = mla_absorbed_lm.generate(prompt.cpu(), 24)
 mla_cache = mla_absorbed_lm.new_cache(1, 32)
 print(
-    f"same 24 tokens: {torch.equal(tokens_naive, tokens_absorbed)}; cache per layer: "
+    f"same 24 tokens: {torch.equal(tokens_naive, tokens_absorbed)}; "
+    f"cache per layer: "
     f"{[tuple(layer.kv.shape) for layer in mla_cache.layers]}"
-)
+)  # fmt: skip
 assert torch.equal(tokens_naive, tokens_absorbed)
 # per token: one (r + d_R)-row per layer, as the calculator counts it
 assert (
@@ -969,7 +999,7 @@ assert (
 # Now DeepSeek-V3's real sizes: $r = 512$, $d_R = 64$, 61 layers, bf16. The "equivalent
 # MHA" keeps 128 heads with keys of width $128 + 64 = 192$ and values of width 128.
 
-# %%
+# %% tags=["hide-input"]
 v3 = preset("deepseek-v3")
 assert (v3.d_model, v3.n_layers, v3.n_heads) == (7168, 61, 128)
 assert (v3.mla.kv_lora_rank, v3.mla.qk_rope_head_dim) == (512, 64)
@@ -978,8 +1008,9 @@ mla_bytes = bytes_per_token(512, 64, 61)  # (r + d_R) · L · 2 bytes
 mha_bytes = 61 * 128 * (192 + 128) * 2  # L · heads · (key + value widths) · 2 bytes
 print(
     f"MLA: {mla_bytes:,} B/token = {mla_bytes / KIB:.1f} KiB; equivalent MHA: "
-    f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; {mha_bytes / mla_bytes:.1f}× smaller"
-)
+    f"{mha_bytes:,} B = {mha_bytes / MIB:.2f} MiB; "
+    f"{mha_bytes / mla_bytes:.1f}× smaller"
+)  # fmt: skip
 print(
     f"at 128k tokens: {mla_bytes * S128K / GIB:.1f} GiB "
     f"against {mha_bytes * S128K / GIB:.0f} GiB"
@@ -1016,8 +1047,9 @@ glue("ch08-v3-mha-128k", f"{mha_bytes * S128K / GIB:.0f}", display=False)
 # layer is checked against the cache that one layer of the real module allocates
 # (`build_mixer(cfg).new_cache`, on the meta device, so nothing is allocated):
 
-# %%
-# the four layouts at Llama 3 8B's shape; MLA with DeepSeek's latent and RoPE-key widths
+# %% tags=["hide-input"]
+# the four layouts at Llama 3 8B's shape; MLA with DeepSeek's latent and RoPE-key
+# widths
 mla_8b = gqa_8b.replace(
     n_kv_heads=None,
     head_dim=None,
@@ -1056,7 +1088,8 @@ total = {
     name: np.array([kv_cache_bytes(cfg, s) for s in CONTEXTS])
     for name, cfg in SCHEMES.items()
 }
-ROOM = 80 * GIB - weights_8b  # what an 80 GiB GPU has left beside Llama 3 8B's weights
+# what an 80 GiB GPU has left beside Llama 3 8B's weights
+ROOM = 80 * GIB - weights_8b
 overflow = {  # the first context whose cache no longer fits in that room
     name: next((s for s, b in zip(CONTEXTS, t, strict=True) if b > ROOM), None)
     for name, t in total.items()
@@ -1069,7 +1102,10 @@ for name in SCHEMES:
         + "".join(f"{t / GIB:>8.2f}" for t in total[name][::2])
     )
 print("first context that does not fit beside the weights on an 80 GiB GPU:")
-print("  " + ", ".join(f"{k} {f'{s:,}' if s else 'none'}" for k, s in overflow.items()))
+print(
+    "  "
+    + ", ".join(f"{k} {f'{s:,}' if s else 'none'}" for k, s in overflow.items())
+)  # fmt: skip
 p = per_tok
 assert p["MHA"] > p["GQA"] > p["MQA"] and p["MQA"] < p["MLA"] < p["GQA"]
 # no windows here: every doubling of the context doubles every cache
@@ -1083,9 +1119,13 @@ for name in SCHEMES:
          display=False)  # fmt: skip
     glue(f"ch08-1m-{key}", f"{total[name][-1] / GIB:.3g}", display=False)
 glue("ch08-layer-kib-mha", f"{per_layer['MHA'] / KIB:.0f}", display=False)
-glue("ch08-mla-over-mqa", f"{per_layer['MLA'] / per_layer['MQA']:.2f}", display=False)
+glue(
+    "ch08-mla-over-mqa",
+    f"{per_layer['MLA'] / per_layer['MQA']:.2f}",
+    display=False
+)  # fmt: skip
 
-# %% tags=["remove-output"]
+# %% tags=["hide-input", "remove-output"]
 PART_COLORS = {
     "K": COLORS["full"], "V": PALETTE[5],
     "latent c": COLORS["latent"], "RoPE key": PALETTE[1],
@@ -1106,15 +1146,16 @@ fig.legend(
     handles=[Patch(color=c, label=p) for p, c in PART_COLORS.items()],
     loc="outside lower center", ncol=4, fontsize=8,
 )  # fmt: skip
-for j, (name, parts) in enumerate(STACKS.items()):  # the stacks: the same every frame
+# the stacks: the same every frame
+for j, (name, parts) in enumerate(STACKS.items()):
     bottom = 0.0
     for part, each, copies in parts:
         ax_s.bar(
             j, copies * each / KIB, bottom=bottom, width=0.7, color=PART_COLORS[part]
         )
         if copies > 1:  # one white line between two heads
-            ax_s.hlines(bottom + each / KIB * np.arange(1, copies), j - 0.35, j + 0.35,
-                        color="white", lw=0.4)  # fmt: skip
+            ax_s.hlines(bottom + each / KIB * np.arange(1, copies),
+                        j - 0.35, j + 0.35, color="white", lw=0.4)  # fmt: skip
         bottom += copies * each / KIB
     what = (
         f"{parts[0][2]} K + {parts[0][2]} V\n× {parts[0][1]:,.0f} B"
@@ -1129,7 +1170,9 @@ for tick, name in zip(ax_s.get_xticklabels(), STACKS, strict=True):
 ax_s.set(ylim=(0, 23), ylabel="KiB per token and layer",
          title=f"One token, one layer (× {L8} layers)")  # fmt: skip
 ax_s.grid(False, axis="x")
-lines = {name: ax_t.loglog([], [], "o-", ms=3, color=LINE[name])[0] for name in SCHEMES}
+lines = {
+    name: ax_t.loglog([], [], "o-", ms=3, color=LINE[name])[0] for name in SCHEMES
+}  # fmt: skip
 ax_t.axhline(ROOM, color="grey", ls="--", lw=1)
 ax_t.text(CONTEXTS[0], ROOM * 1.3,
           f"80 GiB GPU minus the {weights_8b / GIB:.0f} GiB of weights",
@@ -1230,43 +1273,29 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 # arithmetic outruns its memory a decode step is memory-bound, and a fast path should win
 # by doing little besides the reads it must do. Whether a given machine is such a chip is
 # what the bench's fraction of the bound, like the table above, shows.
+
+# %% [markdown]
+# ## What we learned
 #
-# ## Summary
+# Between 2017 and now the attention layer changed what it keeps in memory, not what it
+# computes: MQA and GQA let groups of query heads share one key and one value head, and
+# MLA caches one low-rank latent and one rotated key per token, from which every head's
+# keys and values are rebuilt or, with the up-projections absorbed, never built at all.
+# The pressure was decoding: a cache turns quadratic work into linear work, but every step
+# must then read the whole cache and does only as many FLOPs per byte as there are query
+# heads per K/V head, far below what a GPU's arithmetic could use. Our checks of sizes and
+# forms are exact: cached and uncached decoding agree, grouped attention equals attention
+# on repeated heads, the naive and absorbed MLA forms agree to float64 rounding, and every
+# byte count matches the cache the modules allocate. What the chapter does not show is
+# speed or quality: our CPU timings neither confirm nor refute that decode time follows
+# the bytes, and what sharing or compressing K/V heads costs in quality we took from the
+# papers rather than measured.
 #
-# - A cache turns generation's work from quadratic into linear: on a small random model
-#   the cached and uncached runs write the same tokens (logits within $10^{-5}$), with
-#   {glue:text}`ch08-rows-cache` against {glue:text}`ch08-rows-recompute` tokens through
-#   the projections for {glue:text}`ch08-new` new tokens; for Llama 3 8B, 8,192 tokens
-#   cost {glue:text}`ch08-ratio-8k` times fewer FLOPs.
-# - $\text{bytes}_\mathrm{KV} = 2 L n_\mathrm{kv} d_h s b \cdot$ bytes: Llama 3 8B with MHA
-#   would need {glue:text}`ch08-mha-kib` KiB per token and {glue:text}`ch08-mha-128k-gib`
-#   GiB at 128k tokens ({glue:text}`ch08-mha-over-weights` times its
-#   {glue:text}`ch08-weights-gib` GiB of weights); its GQA needs
-#   {glue:text}`ch08-gqa-kib` KiB and {glue:text}`ch08-gqa-128k-gib` GiB.
-# - Decode attention does $I = n_q / n_\mathrm{kv}$ FLOPs per byte in bf16, whatever the
-#   context, head width or batch (counted on real steps); an H100's ridge point is
-#   {glue:text}`ch08-ridge`. MHA sits at 1, GQA 32:8 at {glue:text}`ch08-gqa-intensity`,
-#   MQA at {glue:text}`ch08-mqa-intensity`, DeepSeek's absorbed MLA at
-#   {glue:text}`ch08-mla-intensity`.
-# - `grouped_attention` equals attention on repeated heads without the copy. One step
-#   must read at least its whole cache: per layer at 4096 positions
-#   {glue:text}`ch08-step-mib-mha`, {glue:text}`ch08-step-mib-gqa` and
-#   {glue:text}`ch08-step-mib-mqa` MiB (fp32) for MHA, GQA, MQA, the formula's bytes and
-#   the allocated cache's (a bookkeeping check, not a measured traffic).
-# - Whether time follows those bytes is a property of the machine, timed and not
-#   asserted: on the one that built this page the grouped steps reached at most
-#   {glue:text}`ch08-read-share` of a plain copy's rate. `python -m companion.bench
-#   bandwidth` measures it anywhere.
-# - MLA caches a latent of rank $r$ plus a decoupled RoPE key; $W^{UK}$ and $W^{UV}$ fold
-#   into the query and output, but RoPE does not ($R_n W \neq W R_n$). Naive and absorbed
-#   forms agree to $10^{-12}$, the cache holds $r + d_R$ numbers per token and layer.
-#   DeepSeek-V3: {glue:text}`ch08-v3-mla-bytes` bytes per token against
-#   {glue:text}`ch08-v3-mha-mib` MiB for the equivalent MHA, {glue:text}`ch08-v3-ratio`×
-#   less.
-# - A position-indexed cache gives every decode step the same shapes, so
-#   `generate(..., compile=True)` compiles the model's own blocks once; it writes the same
-#   tokens as the eager loop.
-#
+# | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
+# |---|---|---|---|---|
+# | KV heads | One pair per query head | Grouped or latent KV | Not measured (nothing trained here); what we measured is bytes: GQA 32:8 caches a quarter of MHA, DeepSeek-V3's MLA about 70× less than its equivalent MHA | Decode memory bandwidth |
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. GQA's uptraining recipe starts from an MHA checkpoint and mean-pools the K/V heads of
