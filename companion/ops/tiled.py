@@ -89,7 +89,7 @@ def tile_scores(
     """Scaled scores of one tile, ``-inf`` where masked: ``(B, H, bq, bk)``."""
     bq, bk = q_blk.shape[2], k_blk.shape[2]
     scores = (q_blk @ k_blk.transpose(-2, -1)) * scale  # (B, H, bq, bk)
-    if mask is not None:  # a mask dim of size 1 broadcasts, so slice only the full ones
+    if mask is not None:  # a mask dim of size 1 broadcasts: slice only the full ones
         rows = slice(i0, i0 + bq) if mask.shape[2] != 1 else slice(None)
         cols = slice(j0, j0 + bk) if mask.shape[3] != 1 else slice(None)
         scores = scores.masked_fill(~mask[:, :, rows, cols], float("-inf"))
@@ -131,21 +131,19 @@ def tiled_attention_forward(
     for i0 in range(0, t, block_q):
         i1 = min(i0 + block_q, t)
         q_blk = q[:, :, i0:i1].to(acc)  # (B, H, bq, D)
-        m = q.new_full((b, h, i1 - i0), float("-inf"), dtype=acc)  # running row max
-        denom = q.new_zeros((b, h, i1 - i0), dtype=acc)  # running sum of exp(score - m)
-        o = q.new_zeros((b, h, i1 - i0, dv), dtype=acc)  # running unnormalised output
+        # per query row: the running max, sum of exp(score - m), unnormalised output
+        m = q.new_full((b, h, i1 - i0), float("-inf"), dtype=acc)
+        denom = q.new_zeros((b, h, i1 - i0), dtype=acc)
+        o = q.new_zeros((b, h, i1 - i0, dv), dtype=acc)
         for j0, j1 in key_tiles(i1, s, block_k, offset):
             scores = tile_scores(
                 q_blk, k[:, :, j0:j1].to(acc), mask, scale, i0, j0, offset
             )
             m_new = torch.maximum(m, scores.amax(dim=-1))  # (B, H, bq)
-            m_safe = m_new.masked_fill(
-                m_new == float("-inf"), 0.0
-            )  # rows with no key so far
-            p = torch.exp(
-                scores - m_safe.unsqueeze(-1)
-            )  # (B, H, bq, bk), 0 where masked
-            alpha = torch.exp(m - m_safe)  # (B, H, bq): rescales what was summed so far
+            # rows with no key so far keep m = -inf; subtract 0 from them instead
+            m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+            p = torch.exp(scores - m_safe.unsqueeze(-1))  # (B, H, bq, bk), 0 if masked
+            alpha = torch.exp(m - m_safe)  # (B, H, bq): rescales the sums so far
             denom = denom * alpha + p.sum(dim=-1)
             o = o * alpha.unsqueeze(-1) + p @ v[:, :, j0:j1].to(acc)  # (B, H, bq, Dv)
             m = m_new

@@ -299,6 +299,21 @@ _OVERFLOW_JS = """() => Array.from(document.querySelectorAll(".bd-article pre"))
     return `${widest.length} chars, ${p.clientWidth}px: ${widest.trim().slice(0, 50)}`;
   })"""
 
+# code a reader sees without unfolding anything: cell inputs and displayed listings that
+# are not inside a folded cell's closed <details> (which keeps its layout, so it is the
+# open attribute that tells)
+_VISIBLE_CODE_JS = """() => {
+  const shown = Array.from(document.querySelectorAll(
+    ".bd-article .cell_input pre, .bd-article .cell_output .text_html .highlight pre"))
+    .filter(p => p.closest("details:not([open])") === null);
+  const text = shown.map(p => p.textContent.replace(/\\n$/, ""));
+  const box = Array.from(document.querySelectorAll(".bd-article .admonition-title"))
+    .map(t => t.textContent.trim());
+  return {lines: text.reduce((n, t) => n + t.split("\\n").length, 0),
+          setup: text.some(t => t.includes("pin_cpu_path()")),
+          first_box: box.length ? box[0] : null};
+}"""
+
 _MATHJAX_READY_JS = """async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
     await MathJax.startup.promise;
@@ -407,6 +422,13 @@ def test_page(browser, base_url: str, doc: str) -> None:
         # Code fits its column: no code block or printed output scrolls sideways.
         wide = page.evaluate(_OVERFLOW_JS)
         assert not wide, f"{doc}: {len(wide)} code blocks overflow: {wide[:5]}"
+
+        # A chapter page: its question first, no setup cell, at most 250 lines of code.
+        if doc.startswith("chapters/"):
+            code = page.evaluate(_VISIBLE_CODE_JS)
+            assert code["first_box"] == "The question", f"{doc}: {code}"
+            assert not code["setup"], f"{doc}: the setup cell shows"
+            assert code["lines"] <= 250, f"{doc}: {code['lines']} lines of code show"
 
         # Nothing fetched from elsewhere, no JavaScript errors beyond the allowlist.
         unexpected_ext = [

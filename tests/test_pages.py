@@ -1,0 +1,83 @@
+"""Each chapter page opens with its question, closes with what was learned, hides its setup
+cell and shows at most 250 lines of code (tools/visible_code.py counts them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location(
+    "visible_code", ROOT / "tools" / "visible_code.py"
+)
+visible_code = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(visible_code)
+CHAPTERS = visible_code.chapters()
+
+
+def _cells(nb: Path) -> list[dict]:
+    return json.loads(nb.read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_page_shows_at_most_the_budget_of_code(nb: Path) -> None:
+    lines = visible_code.visible_lines(nb)
+    assert lines["total"] <= visible_code.BUDGET, lines
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_page_opens_with_its_question_and_hides_its_setup(nb: Path) -> None:
+    cells = _cells(nb)
+    first = _source(cells[0])
+    assert cells[0]["cell_type"] == "markdown" and first.startswith("# ")
+    assert "```{admonition} The question" in first
+    box = first.split("```{admonition} The question", 1)[1].split("```", 1)[0]
+    assert box.count("?") >= 1  # the question itself, as a sentence
+    setup = next(c for c in cells if c["cell_type"] == "code")
+    assert "pin_cpu_path()" in _source(setup)
+    assert "remove-input" in setup["metadata"].get("tags", [])
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_page_closes_with_what_was_learned(nb: Path) -> None:
+    headings = [
+        line
+        for cell in _cells(nb)
+        if cell["cell_type"] == "markdown"
+        for line in _source(cell).splitlines()
+        if line.startswith("## ")
+    ]
+    assert "## What we learned" in headings
+    learned = headings.index("## What we learned")
+    assert all("Exercise" in h for h in headings[learned + 1 :])  # only exercises after
+
+
+def test_the_counter_counts_unfolded_code_and_listings(tmp_path: Path) -> None:
+    """A notebook with one shown cell (3 lines), one folded (5) and a shown listing
+    (2 lines) counts 5."""
+    listing = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "text/plain": "def f():\n    return 1",
+            "text/html": '<div class="highlight">',
+        },
+    }
+    cell = {"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": []}
+    cells = [
+        cell | {"source": "a = 1\nb = 2\nc = 3"},
+        cell | {"source": "1\n2\n3\n4\n5", "metadata": {"tags": ["hide-input"]}},
+        cell | {"source": "", "outputs": [listing]},
+        cell
+        | {"source": "", "outputs": [listing], "metadata": {"tags": ["hide-output"]}},
+    ]
+    nb = tmp_path / "01_x.ipynb"
+    nb.write_text(json.dumps({"cells": cells}))
+    assert visible_code.visible_lines(nb) == {"input": 3, "listings": 2, "total": 5}
