@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_the_counter_counts_unfolded_code_and_listings(tmp_path: Path) -> None:
     nb = tmp_path / "01_x.ipynb"
     nb.write_text(json.dumps({"cells": cells}))
     assert visible_code.visible_lines(nb) == {"input": 3, "listings": 2, "total": 5}
+
+
+def _question(nb: Path) -> str:
+    """The question sentence of a chapter's box, roles reduced to their text."""
+    box = _source(_cells(nb)[0]).split("```{admonition} The question", 1)[1]
+    lines = box.split("```", 1)[0].splitlines()
+    text = " ".join(ln.strip() for ln in lines if ln.strip() and ln[0] != ":")
+    return re.sub(r"\{doc\}`([^<`]+?) <[^>]+>`", r"\1", text[: text.index("?") + 1])
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_intro_table_asks_the_chapters_question(nb: Path) -> None:
+    intro = (ROOT / "book" / "intro.md").read_text()
+    rows = [ln for ln in intro.splitlines() if ln.startswith("|")]
+    row = next(ln for ln in rows if f"../chapters/{nb.stem}>" in ln)
+    assert f" | {_question(nb)} | " in row
