@@ -77,7 +77,7 @@ from companion.device import default_device, describe
 from companion.models.config import ModelConfig
 from companion.models.presets import PRESETS, preset, spec_row
 from companion.models.validation import ConfigError
-from companion.plotting import PALETTE, animate, glue, use_style
+from companion.plotting import PALETTE, glue, use_style
 from companion.training import seed_everything
 
 # nothing here trains: the switch only picks the device (all arithmetic)
@@ -353,10 +353,10 @@ assert (
 
 # %% [markdown]
 # The same presets through the calculator: total and active parameters, and the KV cache
-# one token adds (bf16, while the context is shorter than every window). Plotted by
-# release date, they show the **sparse turn**: from Mixtral on, the total and the active
-# count part ways, and from DeepSeek-V3 on, the per-token cache of the largest models
-# *falls*.
+# one token adds (bf16, while the context is shorter than every window). In order of
+# release ({numref}`fig-sparse-turn`) they show the **sparse turn**: from Mixtral on, the
+# total and the active count part ways, and from DeepSeek-V3 on, the per-token cache of
+# the largest models *falls*.
 
 # %% tags=["hide-input"]
 names = list(RELEASED)
@@ -367,47 +367,6 @@ kv = np.array([kv_cache_bytes_per_token(preset(n)) for n in names], dtype=float)
 print(f"{'model':<20}{'total':>10}{'active':>10}{'KV KiB/token':>14}")
 for n, t, a, c in zip(names, totals, actives, kv, strict=True):
     print(f"{RELEASED[n][0]:<20}{t / 1e9:>9.2f}B{a / 1e9:>9.2f}B{c / 1024:>14.1f}")
-
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-sparse = totals > actives
-ax1.scatter(years, totals, color=PALETTE[0], label="total", zorder=3)
-ax1.scatter(
-    years[sparse],
-    actives[sparse],
-    color=PALETTE[1],
-    marker="s",
-    label="active (MoE)",
-    zorder=3,
-)
-for x, t, a in zip(years[sparse], totals[sparse], actives[sparse], strict=True):
-    ax1.plot([x, x], [a, t], color="0.6", lw=1)
-for n, x, t in zip(names, years, totals, strict=True):
-    ax1.annotate(
-        RELEASED[n][0], (x, t), fontsize=7, xytext=(3, 3), textcoords="offset points"
-    )
-ax1.set(
-    yscale="log",
-    xlabel="release",
-    ylabel="parameters",
-    title="stored vs used per token",
-)
-ax1.legend(loc="upper left")
-ax2.scatter(years, kv / 1024, color=PALETTE[2], zorder=3)
-for n, x, c in zip(names, years, kv, strict=True):
-    ax2.annotate(
-        RELEASED[n][0],
-        (x, c / 1024),
-        fontsize=7,
-        xytext=(3, 3),
-        textcoords="offset points",
-    )
-ax2.set(
-    yscale="log",
-    xlabel="release",
-    ylabel="KiB per cached token (bf16)",
-    title="KV cache per token",
-)
-plt.show()
 
 ratio = dict(zip(names, totals / actives, strict=True))
 assert all(ratio[n] == 1 for n in names if preset(n).moe is None)  # dense: equal
@@ -448,7 +407,48 @@ glue(
     display=False,
 )
 
+# %% tags=["hide-input", "remove-output"]
+order = np.argsort(years, kind="stable")  # by release date, top to bottom
+row = np.arange(len(names))
+ticks = [f"{RELEASED[names[i]][0]} ({int(years[i])})" for i in order]
+tot, act, cache = totals[order], actives[order], kv[order] / 1024
+mix = tot > act
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 7.4), sharey=True)
+ax1.hlines(row[mix], act[mix], tot[mix], color="0.6", lw=1.5)
+ax1.scatter(tot, row, color=PALETTE[0], label="total (stored)", zorder=3)
+ax1.scatter(
+    act[mix], row[mix], color=PALETTE[1], marker="s", label="active (MoE)", zorder=3
+)
+ax1.set(
+    xscale="log",
+    xlabel="parameters",
+    title="Parameters: stored vs used per token",
+)
+ax1.set_yticks(row, ticks)
+ax1.invert_yaxis()
+ax1.legend(loc="lower left")
+ax2.scatter(cache, row, color=PALETTE[2], zorder=3)
+ax2.axvline(kib["llama3-8b"], color="0.4", ls="--", lw=1)
+ax2.text(kib["llama3-8b"] * 1.08, len(row) - 0.6, "Llama 3 8B", color="0.3")
+ax2.set(
+    xscale="log",
+    xlabel="KiB per cached token (bf16)",
+    title="KV cache: bytes each token adds",
+)
+glue("fig-sparse-turn", fig)
+plt.close(fig)
+
 # %% [markdown]
+# ```{glue:figure} fig-sparse-turn
+# :name: fig-sparse-turn
+#
+# The {glue:text}`ch13-n-presets` presets in order of release, one row each. Left: the
+# parameters a model stores (circles) and, for a mixture of experts, those one token
+# uses (squares, joined to the total). Right: the bytes one token adds to the KV cache in
+# bf16, while the context is shorter than every window; the dashed line is Llama 3 8B.
+# Both axes are logarithmic.
+# ```
+#
 # DeepSeek-V3 stores {glue:text}`ch13-ratio-deepseek-v3` times the parameters it uses per
 # token, Qwen3-235B {glue:text}`ch13-ratio-qwen3-235b-a22b` times and Qwen3-Next
 # {glue:text}`ch13-ratio-qwen3-next-80b-a3b` times. Per cached token, the dense Llama 2 7B
@@ -651,38 +651,54 @@ def panel(name, layers, width, kv_heads, experts, top_k, context) -> None:
 widgets.interactive(panel, name=choice, **dials)
 
 # %% [markdown]
-# To see which numbers move together without a kernel, the animation turns one dial: the
-# number of KV heads of Llama 3 8B, from 32 (full multi-head attention, like Llama 2)
-# down to 1, at the 8k context. Each bar is relative to the 32-head model.
+# To see which numbers move together without a kernel, {numref}`fig-kv-heads` turns one
+# dial: the number of KV heads of Llama 3 8B, from 32 (full multi-head attention, like
+# Llama 2) down to 1, at the 8k context, each number relative to the 32-head model.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "remove-output"]
 steps = [32, 16, 8, 4, 2, 1]
 sweep = [build("llama3-8b", kv_heads=h) for h in steps]
-rel = np.array(
+raw = np.array(
     [
         [count_params(c).total, kv_cache_bytes(c, 8192), flops_per_token(c, 8192)]
         for c in sweep
     ],
     dtype=float,
 )
-rel /= rel[0]
-fig, ax = plt.subplots(figsize=(6.4, 3.6))
-labels = ["parameters", "KV cache", "FLOPs/token"]
+rel = raw / raw[0]
+fig, ax = plt.subplots(figsize=(7.2, 3.8))
+labels = [
+    f"parameters ({raw[0, 0] / 1e9:.2f} → {raw[-1, 0] / 1e9:.2f} B)",
+    f"KV cache, 8k tokens ({raw[0, 1] / 2**30:g} → {raw[-1, 1] / 2**30:g} GiB)",
+    f"FLOPs/token at 8k ({raw[0, 2] / 1e9:.1f} → {raw[-1, 2] / 1e9:.1f} G)",
+]
+for j, (label, marker) in enumerate(zip(labels, "os^", strict=True)):
+    ax.plot(steps, rel[:, j], marker=marker, color=PALETTE[j], label=label)
+ax.axvline(8, color="0.4", ls="--", lw=1)
+ax.text(7.6, 0.3, "Llama 3 8B\nas released", color="0.3", fontsize=9)
+ax.set_xscale("log", base=2)
+ax.set_xticks(steps, [str(h) for h in steps])
+ax.minorticks_off()
+ax.invert_xaxis()
+ax.set(
+    ylim=(0, 1.05),
+    xlabel="KV heads (of 32 query heads)",
+    ylabel="fraction of the 32-KV-head model",
+    title="What fewer KV heads save (Llama 3 8B, 8k context)",
+)
+ax.legend(loc="center right", title="32 → 1 KV heads", title_fontsize=9)
+glue("fig-kv-heads", fig)
+plt.close(fig)
 
-
-def draw(i: int) -> None:
-    ax.clear()
-    ax.bar(labels, rel[i], color=PALETTE[:3])
-    for x, v in enumerate(rel[i]):
-        ax.text(x, v + 0.02, f"{v:.3f}", ha="center")
-    ax.set(
-        ylim=(0, 1.15),
-        ylabel="relative to 32 KV heads",
-        title=f"Llama 3 8B with {steps[i]} KV heads",
-    )
-
-
-HTML(animate(fig, draw, len(steps), interval_ms=700))
+# %% [markdown]
+# ```{glue:figure} fig-kv-heads
+# :name: fig-kv-heads
+#
+# Llama 3 8B with its KV heads cut from 32 to 1 (the released model has 8, dashed),
+# everything else held: parameters, KV cache of one 8,192-token sequence in bf16, and
+# forward FLOPs per token at that context, each as a fraction of the 32-head model
+# (the legend gives the two ends). The horizontal axis halves at each step.
+# ```
 
 # %% tags=["hide-input"]
 print("KV heads:", steps)
