@@ -71,7 +71,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
-from IPython.display import HTML, Code
+from IPython.display import Code
 
 from companion.analysis.calculator import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.analysis.seeds import difference, spread
@@ -93,7 +93,7 @@ from companion.ops.linear_attention import (
     parallel_linear_attention,
     recurrent_linear_attention,
 )
-from companion.plotting import PALETTE, animate, glue, use_style
+from companion.plotting import PALETTE, glue, use_style
 from companion.tasks.probes import accuracy, fit, mqar, mqar_vocab
 from companion.tasks.recall import RULES, recall_pairs, recall_read, recall_scores
 from companion.tasks.synthetic import IGNORE
@@ -716,12 +716,14 @@ for key, value in {
 # factor {glue:text}`ch11-qwen-ratio-262k`, just under the factor 4 that the 3:1 ratio gives
 # in the limit.
 #
-# The step by step picture: every new token adds a row to each full layer's cache, while each
-# linear layer's state only changes its contents. {numref}`fig-beyond-softmax` steps through
-# 16 tokens: a 16×16 linear-attention state next to the key/value rows of a softmax layer of
-# the same width.
+# {numref}`fig-beyond-softmax` draws both kinds of memory against the number of tokens
+# read, at the two real shapes priced on this page: every new token adds a row to each
+# softmax layer's cache, while each linear layer's state only changes its contents.
 
 # %% tags=["remove-output", "hide-input"]
+# the toy case first: a linear-attention state keeps its size, changes with every
+# token, and is all the layer reads: the last token's output over the whole sequence
+# (parallel form, no state) is S^T q, with q scaled by 1/√D_k
 STEPS = 16
 xs = inputs(STEPS, heads=1, dim=16, seed=5)
 with torch.no_grad():
@@ -731,53 +733,74 @@ with torch.no_grad():
         )[1]
         for t in range(STEPS)
     ]
-    kv_rows = torch.cat([xs["k"], xs["v"]], dim=-1)[0, :, 0].numpy()  # (T, 2 D)
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), width_ratios=[1, 2])
-lim = float(np.abs(kv_rows).max())
-
-
-def draw_memory(step: int) -> None:
-    for ax in axes:
-        ax.clear()
-        ax.grid(False)
-    s = states[step][0, 0].numpy()
-    axes[0].imshow(s, cmap="RdBu", vmin=-np.abs(s).max(), vmax=np.abs(s).max())
-    axes[0].set_title("linear state: 16×16 = 256 numbers")
-    axes[0].set(xlabel="value dim", ylabel="key dim")
-    grow = np.full((STEPS, 32), np.nan)
-    grow[: step + 1] = kv_rows[: step + 1]
-    axes[1].imshow(grow, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    axes[1].set_title(f"KV cache: {step + 1} rows × 32 = {32 * (step + 1)} numbers")
-    axes[1].set(xlabel="key dims | value dims", ylabel="token")
-    fig.suptitle(f"after token {step + 1}: a fixed state vs a growing cache")
-
-
-# the state keeps its size, changes with every token, and is all the layer reads:
-# the last token's output over the whole sequence (parallel form, no state) is
-# S^T q, with q scaled by 1/√D_k
-assert all(s.shape == (1, 1, 16, 16) for s in states)
-assert all(not torch.equal(a, b) for a, b in zip(states, states[1:], strict=False))
-with torch.no_grad():
     o_all = parallel_linear_attention(*(xs[n] for n in "qkv"))[0]
     read = states[-1][0, 0].T @ xs["q"][0, -1, 0] / math.sqrt(16)
+assert all(s.shape == (1, 1, 16, 16) for s in states)
+assert all(not torch.equal(a, b) for a, b in zip(states, states[1:], strict=False))
 torch.testing.assert_close(o_all[0, -1, 0], read, rtol=1e-10, atol=1e-10)
-state_size, row_size = states[-1][0, 0].numel(), kv_rows.shape[1]
-glue("ch11-fig-state", f"{state_size}", display=False)
-glue("ch11-fig-row", f"{row_size}", display=False)
-glue("ch11-fig-even", f"{state_size // row_size}", display=False)  # cache = state
-glue("fig-beyond-softmax", HTML(animate(fig, draw_memory, STEPS, interval_ms=500)))
+
+# the figure: bytes kept after t tokens, one sequence, at the shapes priced above
+tokens = sorted({round(t) for t in np.geomspace(1, 262_144, 400)})
+ll = [t for t in tokens if t <= ctx]  # Llama's context as above, 131,072
+even_llama = state // kv_cache_bytes_per_token(llama3)
+assert kv_cache_bytes(llama3, even_llama) == state  # the cache reaches the states
+curves = [  # panel, label, tokens, bytes, colour, line style
+    (0, "softmax: K, V of 8 heads (bf16)", ll,
+     [kv_cache_bytes(llama3, t) for t in ll], PALETTE[1], "-"),
+    (0, "linear attention: 32 heads,\na 128×128 fp32 state each", ll,
+     [state] * len(ll), PALETTE[0], "-"),
+    (1, "softmax in all 48 layers", tokens,
+     [kv_cache_bytes(all_full, t) for t in tokens], PALETTE[1], "-"),
+    (1, "hybrid: 36 Gated DeltaNet layers\n+ 12 softmax layers", tokens,
+     [kv_cache_bytes(qwen, t) for t in tokens], PALETTE[2], "-"),
+    (1, "of which the 36 fixed states", tokens,
+     [fixed] * len(tokens), PALETTE[0], "--"),
+]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+for i, label, xs_, ys, color, ls in curves:
+    axes[i].plot(xs_, ys, color=color, ls=ls, label=label)
+    gib = ys[-1] > 2**30
+    size = f"{ys[-1] / 2**30:.2g} GiB" if gib else f"{ys[-1] / 2**20:.0f} MiB"
+    axes[i].annotate(size, (xs_[-1], ys[-1]), (4, 0), textcoords="offset points",
+                     va="center", fontsize=9, color=color)
+for ax, n, y in ((axes[0], even_llama, state), (axes[1], n_even, fixed)):
+    ax.plot([n], [y if ax is axes[0] else kv_cache_bytes(qwen, n)], "ko", ms=4)
+    ax.annotate(f"equal at {n:,} tokens", (n, y), (n * 4, y / 40),
+                arrowprops={"arrowstyle": "-", "lw": 0.8})
+axes[0].set_title("Llama 3 8B's shapes: 32 layers")
+axes[1].set_title("Qwen3-Next-80B-A3B: 48 layers, 3:1 hybrid")
+for ax in axes:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    xt = [1, 32, 1024, 32_768, 262_144]
+    ax.set_xticks(xt, [f"{t:,}" for t in xt])
+    ax.set_xlim(1, 262_144 * 6)
+    yt = [2**17, 2**20, 2**24, 2**28, 2**32]
+    ax.set_yticks(yt, ["128 KiB", "1 MiB", "16 MiB", "256 MiB", "4 GiB"])
+    ax.set_xlabel("tokens read, t (log scale)")
+    ax.legend(loc="upper left")
+axes[0].set_ylabel("bytes kept for decoding (log scale)")
+fig.suptitle(
+    "What does decoding keep after t tokens: a cache that grows with t, "
+    "states that do not"
+)
+glue("ch11-fig-even-llama", f"{even_llama:,}", display=False)
+glue("fig-beyond-softmax", fig)
+plt.close(fig)
 
 # %% [markdown]
 # ```{glue:figure} fig-beyond-softmax
 # :name: fig-beyond-softmax
 #
-# A fixed state against a growing cache, one frame per token. Left: the 16×16 state of one
-# linear-attention head, $S_t = S_{t-1} + k_t v_t^\top$, after token $t$. Its colours change
-# with every token but its size never does: {glue:text}`ch11-fig-state` numbers at token 1
-# and at token 16. Right: the keys and values a softmax layer of the same width caches, one
-# row of {glue:text}`ch11-fig-row` numbers per token. Step through it and watch the right
-# panel fill up row by row while the left one only changes its contents: at token
-# {glue:text}`ch11-fig-even` the cache is as large as the state, after that larger.
+# Bytes a model keeps for decoding one sequence after reading $t$ tokens, both axes
+# logarithmic. Left, at Llama 3 8B's shapes: its softmax layers' bf16 keys and values grow
+# by the same amount with every token, to {glue:text}`ch11-llama-kv` GiB at 131,072,
+# while the same heads as linear attention keep {glue:text}`ch11-llama-state` MiB of fp32
+# states at any length; the two are equal at {glue:text}`ch11-fig-even-llama` tokens.
+# Right, Qwen3-Next: the hybrid's cache (green) is its 36 Gated DeltaNet layers' fixed
+# states (dashed) plus the 12 softmax layers' growing cache. It is larger than the same
+# model's with softmax in all 48 layers below {glue:text}`ch11-qwen-break-even` tokens,
+# and smaller by a factor {glue:text}`ch11-qwen-ratio-262k` at 262,144.
 # ```
 
 # %% [markdown]
