@@ -497,13 +497,13 @@ assert (
 # %% [markdown]
 # Every row now sums to less than one, by exactly $\sigma(\mathrm{LSE} - s_h)$, and a head
 # with a larger sink logit keeps less weight for the real keys. The two implementations
-# agree. The animation shows what this buys. One query, eight keys; key 3 holds the only
-# relevant content and its score falls, frame by frame, as if that token were evicted or
-# had become irrelevant. Without a sink the weight has to go somewhere, and it spreads
-# over the seven irrelevant keys. With a sink ($s = 1$) only part of it leaves: at the
-# last frame the sink holds {glue:text}`ch12-sink-share` and the real keys still
+# agree. {numref}`fig-sink` shows what this buys. One query, eight keys; key 3 holds the
+# only relevant content and its score falls, frame by frame, as if that token were evicted
+# or had become irrelevant. Without a sink the weight has to go somewhere, and it spreads
+# over the seven irrelevant keys. With a small sink logit ($s = 1$) only part of it leaves:
+# at the last frame the sink holds {glue:text}`ch12-sink-share` and the real keys still
 # {glue:text}`ch12-sink-real`, since seven scores near 0 together outweigh one sink logit
-# of 1.
+# of 1. With a large one ($s = 4$, the right panel) the sink takes most of the weight.
 
 # %% tags=["hide-input"]
 base = torch.tensor(
@@ -532,36 +532,67 @@ glue("ch12-sink-share", f"{last_sink[8]:.3f}", display=False)
 glue("ch12-sink-real", f"{last_sink[:8].sum():.3f}", display=False)
 glue("ch12-sink-gone", f"{last_sink[8]:.0%}", display=False)
 
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
-labels = [f"k{j}" for j in range(8)]
-bars_no = axes[0].bar(
-    labels, frames_no[0],
-    color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)]
-)
-bars_sink = axes[1].bar(
-    labels + ["sink"],
-    frames_sink[0],
-    color=[PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)] + [PALETTE[7]],
-)
-axes[0].set(
-    ylim=(0, 1), ylabel="attention weight", title="softmax: weights sum to 1"
-)
-axes[1].set(title="with a sink logit s = 1")
-fig.suptitle("When the relevant key (orange) fades, where does the weight go?")
+
+# %% tags=["remove-output", "hide-input"]
+# a head that has learned a large sink logit: the same frames with s = 4
+big_sink = torch.tensor([4.0])
+frames_big = []
+for s in relevant:
+    z = base.clone()
+    z[3] = s
+    frames_big.append(torch.softmax(torch.cat([z, big_sink]), 0))
+first_big, last_big = frames_big[0], frames_big[-1]
+assert last_big[8] > 0.85 and first_big[3] > 0.7  # the sink takes what k3 leaves
+glue("ch12-bigsink-share", f"{last_big[8]:.0%}", display=False)
+glue("ch12-bigsink-real", f"{last_big[:8].sum():.0%}", display=False)
+glue("ch12-bigsink-k3", f"{first_big[3]:.0%}", display=False)
+glue("ch12-bigsink-first", f"{first_big[8]:.0%}", display=False)
+panels = [  # title, frames: one row of weights per score of k3
+    ("plain softmax: weights sum to 1", frames_no),
+    ("sink logit s = 1", frames_sink),
+    (f"sink logit s = {big_sink.item():.0f}", frames_big),
+]
+labels = [f"k{j}" for j in range(8)] + ["sink"]
+colors = [PALETTE[1] if j == 3 else PALETTE[0] for j in range(8)] + [PALETTE[7]]
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), sharey=True)
+bars = []
+for ax, (title, frames) in zip(axes, panels, strict=True):
+    n = len(frames[0])  # 8 keys, or 8 keys and the sink
+    bars.append(ax.bar(labels[:n], frames[0], color=colors[:n]))
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+axes[0].set(ylim=(0, 1), ylabel="attention weight of one query")
 
 
 def draw_sink(i: int) -> None:
-    for bar, h in zip(bars_no, frames_no[i], strict=True):
-        bar.set_height(float(h))
-    for bar, h in zip(bars_sink, frames_sink[i], strict=True):
-        bar.set_height(float(h))
-    axes[0].set_xlabel(
-      f"score of k3 = {relevant[i]:+.0f}; real keys sum to {frames_no[i].sum():.2f}"
+    for ax, group, (_, frames) in zip(axes, bars, panels, strict=True):
+        for bar, h in zip(group, frames[i], strict=True):
+            bar.set_height(float(h))
+        real = frames[i][:8].sum()
+        sink = f" · sink {1 - real:.2f}" if len(frames[i]) > 8 else ""
+        ax.set_xlabel(f"real keys {real:.2f}{sink}")
+    fig.suptitle(
+        f"Score of the relevant key k3 (orange): {relevant[i]:+.0f}. "
+        "As it fades, where does the weight go?"
     )
-    axes[1].set_xlabel(f"real keys sum to {frames_sink[i][:8].sum():.2f}")
 
 
-HTML(animate(fig, draw_sink, len(relevant), interval_ms=500))
+glue("fig-sink", HTML(animate(fig, draw_sink, len(relevant), interval_ms=500)))
+
+# %% [markdown]
+# ```{glue:figure} fig-sink
+# :name: fig-sink
+#
+# Where one query's attention weight goes as the only relevant key, k3 (orange), fades,
+# one frame per score of k3 from +5 to −5; the seven other keys score near 0. Left, plain
+# softmax: the weights sum to 1, so k3's weight moves to the irrelevant keys. Middle, a
+# sink logit $s = 1$: at the last frame the sink (black) holds
+# {glue:text}`ch12-sink-share` and the real keys still {glue:text}`ch12-sink-real`.
+# Right, a large sink logit $s = 4$: while k3 scores +5 it keeps
+# {glue:text}`ch12-bigsink-k3` of the weight and the sink takes
+# {glue:text}`ch12-bigsink-first`; once k3 has faded the sink absorbs
+# {glue:text}`ch12-bigsink-share` and the real keys keep {glue:text}`ch12-bigsink-real`.
+# ```
 
 # %% [markdown]
 # Without the sink, the output at the last frame is an average of seven values that have
@@ -569,7 +600,11 @@ HTML(animate(fig, draw_sink, len(relevant), interval_ms=500))
 # With the sink, {glue:text}`ch12-sink-gone` of the mass is gone and the output shrinks by
 # that share toward zero; the rest still averages the irrelevant values. Silencing the
 # head takes a sink logit well above the real scores, which is what training can learn
-# to set per head.
+# to set per head: with $s = 4$ the sink absorbs {glue:text}`ch12-bigsink-share` of the
+# mass at the last frame and the real keys keep {glue:text}`ch12-bigsink-real`, so the
+# head writes that fraction of the average it would otherwise write.
+# The logit is fixed, so it taxes relevant keys too: in the first frame, with k3 scoring
+# +5, the sink still takes {glue:text}`ch12-bigsink-first`.
 #
 # Qwen3-Next and Trinity reach the same goal another way: a sigmoid **output gate** on each
 # head's result, computed from the token itself, before the output projection
