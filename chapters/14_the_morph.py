@@ -637,31 +637,64 @@ for i, name in enumerate(names):
 assert all(s.mean < unigram_loss for s in loss[1:])  # every later mean beats unigram
 
 # %% tags=["hide-input", "remove-output"]
-colors = plt.get_cmap("viridis")(np.linspace(0, 0.95, len(configs)))
-fig, (ax_tr, ax_ho, ax_end) = plt.subplots(1, 3, figsize=(11, 3.8),
-                                           width_ratios=[1, 1, 1.1])  # fmt: skip
+fig = plt.figure(figsize=(11, 8.6))
+top, bottom = fig.subfigures(2, 1, height_ratios=[2.9, 1.25])
+axs = top.subplots(3, 5, sharex=True, sharey=True)
 smooth = np.ones(5) / 5  # a five-step running mean of the training loss
-for i, step_runs in enumerate(runs):
-    tr = np.mean([h.loss for _, h in step_runs], axis=0)
-    ax_tr.plot(np.arange(5, STEPS+1), np.convolve(tr, smooth, "valid"), c=colors[i])
-    ho = np.array([h.eval_loss for _, h in step_runs])
-    at = np.array(step_runs[0][1].eval_step) + 1
-    ax_ho.plot(at, ho.mean(0), c=colors[i], marker="o", ms=3,
-               label=f"{i} {names[i]}")  # fmt: skip
-ax_tr.set(xlabel="training step", ylabel="loss (nats/char)")
-ax_tr.set_title("training (mean of seeds)")
-ax_ho.set(xlabel="training step", title="held-out (mean of seeds)")
-for ax in (ax_tr, ax_ho):
+tx = np.arange(5, STEPS + 1)
+train_c = [
+    np.convolve(np.mean([h.loss for _, h in sr], axis=0), smooth, "valid")
+    for sr in runs
+]
+held = [np.mean([h.eval_loss for _, h in sr], axis=0) for sr in runs]
+at = np.array(runs[0][0][1].eval_step) + 1
+for i, ax in enumerate(axs.flat[: len(runs)]):
     ax.axhline(unigram_loss, color="grey", ls=":", lw=1)
-ax_ho.legend(fontsize=6, ncol=2, loc="upper right")
-x = np.arange(len(configs))
-ax_end.errorbar(x, [s.mean for s in loss], [s.sd for s in loss], fmt="o",
-                color="black", ms=3, capsize=2)  # fmt: skip
+    if i > 1:
+        ax.plot(tx, train_c[0], color="0.8", lw=1)
+    if i > 0:
+        ax.plot(tx, train_c[i - 1], color="0.45", lw=1.2, ls="--")
+    ax.plot(tx, train_c[i], color=PALETTE[0], lw=1.8)
+    ax.plot(at, held[i], "o", color=PALETTE[1], ms=3.5)
+    ax.set_title(f"{i} {names[i]}")
+low = min(min(c.min() for c in train_c), min(h.min() for h in held))
+ax.set_ylim(low - 0.05, unigram_loss + 0.6)  # the first steps lie above: cut off
+for ax in axs[:, 0]:
+    ax.set_ylabel("loss (nats/char)")
+for ax in axs[-1]:
+    ax.set_xlabel("training step")
+key = axs.flat[-1]
+key.axis("off")
+for style, label in (
+    ({"color": PALETTE[0], "lw": 1.8}, "this step, training"),
+    ({"color": PALETTE[1], "marker": "o", "ls": "", "ms": 3.5},
+     "this step, held-out"),
+    ({"color": "0.45", "lw": 1.2, "ls": "--"}, "step before, training"),
+    ({"color": "0.8", "lw": 1}, "2017, training"),
+    ({"color": "grey", "ls": ":", "lw": 1}, "unigram baseline"),
+):
+    key.plot([], [], **style, label=label)
+key.legend(loc="center")
+top.suptitle("How fast does each step of the morph learn? (mean of seeds)")
+ax_end, ax_d = bottom.subplots(1, 2)
+x = np.arange(len(runs))
 for i, s in enumerate(loss):
-    ax_end.scatter([i] * len(s.values), s.values, color=colors[i], s=8, zorder=3)
+    ax_end.scatter([i] * len(s.values), s.values, color=PALETTE[0], s=10, zorder=3)
+ax_end.errorbar(x, [s.mean for s in loss], [s.sd for s in loss], fmt="_",
+                color="black", ms=10, capsize=2)  # fmt: skip
+ax_end.axhline(unigram_loss, color="grey", ls=":", lw=1)
 ax_end.set_xticks(x, [str(i) for i in x])
-ax_end.set(xlabel="step of the morph", title="final held-out loss: seeds, mean ± sd")
-fig.tight_layout()
+ax_end.set(xlabel="step of the morph", ylabel="nats/char",
+           title="final held-out loss: seeds, mean ± sd")  # fmt: skip
+# the table's Δ column: green below zero, purple above, grey where it holds zero
+shade = {-1: PALETTE[2], 0: "0.5", 1: PALETTE[3]}
+ax_d.axhline(0, color="black", lw=0.8)
+for i in range(1, len(runs)):
+    ax_d.errorbar(i, dl[i].mean, dl[i].half_width, fmt="o",
+                  color=shade[d_loss[i]], ms=4, capsize=2)  # fmt: skip
+ax_d.set_xticks(x[1:], [str(i) for i in x[1:]])
+ax_d.set(xlabel="step of the morph", ylabel="Δ nats/char",
+         title="change vs the step before: paired 95 % interval")  # fmt: skip
 glue("fig-morph-curves", fig)
 plt.close(fig)
 
@@ -669,13 +702,16 @@ plt.close(fig)
 # ```{glue:figure} fig-morph-curves
 # :name: fig-morph-curves
 #
-# Loss curves of the fourteen models (colour: step of the morph, 0 = the 2017 decoder,
-# dark, to 13 = the hybrid with MLA, yellow), mean over three paired seeds. Left: training
-# loss, a five-step running mean. Middle: held-out loss on one batch of held-out windows
-# every eight steps. Right: the final held-out loss of each seed (coloured dots) with the
-# mean ± sd (black); the dotted line in the left panels is the unigram baseline. The
-# curves are short: what they compare is how fast each model gets going, not where it
-# would end.
+# The fourteen models' loss, mean over three paired seeds. Top, one panel per step of
+# the morph: its training loss (a five-step running mean, blue) and its held-out loss on
+# one batch of held-out windows every eight steps (orange dots), against the step before
+# (dashed) and the 2017 decoder (light grey); the dotted line is the unigram baseline,
+# and losses more than 0.6 nats above it, the first few steps, are cut off. Bottom left: the final
+# held-out loss of each seed (dots) with the mean ± sd (black). Bottom right: the table's
+# Δ column, each step's mean paired difference from the step before with its 95 %
+# interval, green where the interval lies below zero, purple above, grey where it holds
+# zero. The curves are short: what they compare is how fast each model gets going, not
+# where it would end.
 # ```
 
 # %% tags=["hide-input"]
@@ -770,6 +806,8 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 # seeds) and, against the step before, the mean of the paired differences ± the
 # half-width of their 95 % interval: "−" where the interval lies below zero, "+" above,
 # "·" where it holds zero and the seeds cannot tell the two steps apart.
+# {numref}`fig-morph-curves` draws the loss column: each step's curves against the step
+# before, and the paired differences with their intervals.
 #
 # Read the loss column against its baseline first. The 2017 decoder ends at
 # {glue:text}`ch14-loss-2017` nats per character, and a unigram model, which knows only
