@@ -261,33 +261,75 @@ assert (
     alignment.median() > 0.05 and excess[1:].min() > 1.0
 )  # and partly along the stream
 
-# %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
+# %% tags=["hide-input", "remove-output"]
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.8))
 ax = axes[0]
-ax.semilogy(layers, typical[1:], "o-", ms=3, label="median token")
-ax.semilogy(layers, first[1:], ":", color=PALETTE[3], label="token 0")
-for a, c, rate in ((3, surge, slow), (surge, n_layers, fast)):
+ax.semilogy(layers, typical[1:], "o", ms=4, label="median token")
+# the two least-squares lines of two_rates, each drawn only over the layers it fits
+fit_ranges = ((3, surge), (surge, n_layers))
+for (a, c), color in zip(fit_ranges, PALETTE[1:3], strict=True):
     span = np.arange(a, c + 1)
+    rate, at_0 = np.polyfit(span, log_x[a : c + 1], 1)
     ax.semilogy(
-        span, typical[a].item() * np.exp(rate * (span - a)), "--", color=PALETTE[1]
+        span,
+        np.exp(at_0 + rate * span),
+        lw=2,
+        color=color,
+        label=f"fit over layers {a}–{c}: +{np.expm1(rate):.1%} per layer",
     )
-ax.plot([], [], "--", color=PALETTE[1], label="two rates, break at the best layer")
-ax.semilogy(
-    layers, typical[1].item() * np.sqrt(layers), ":", color="grey", label="∝ √ℓ"
+ax.axvline(surge, color="black", lw=0.8, ls="--")
+ax.annotate(
+    f"best break: layer {surge}",
+    (surge, typical[1].item()),
+    xytext=(-6, 0),
+    textcoords="offset points",
+    ha="right",
+    fontsize=9,
 )
-ax.set(xlabel="layer ℓ", ylabel="‖x_ℓ‖", title="SmolLM2: slow growth, then a surge")
-ax.legend(fontsize=8)
+ax.semilogy(
+    layers,
+    typical[1].item() * np.sqrt(layers),
+    ":",
+    color="grey",
+    label="independent writes: ∝ √ℓ from layer 1 (not a fit)",
+)
+ax.set(
+    xlabel="layer ℓ (the stream after block ℓ)",
+    ylabel=r"median $\|x_\ell\|$ (L2 norm, d = 576)",
+    title="How fast does the stream grow? Two rates",
+)
+ax.legend(fontsize=8, loc="upper left")
 ax = axes[1]
-ax.semilogy(layers, write_norm, "o-", ms=3, color=PALETTE[2])
+ax.semilogy(layers, write_norm, "o-", ms=4, color=PALETTE[0])
 ax.set(
     xlabel="layer ℓ",
-    ylabel="median ‖Δ_ℓ‖",
-    title="…because deep layers write bigger updates",
+    ylabel=r"median $\|x_\ell - x_{\ell-1}\|$ (L2 norm)",
+    title="Why faster at the top? Deep blocks write more",
 )
-plt.show()
+y_ticks = ([50, 100, 200, 400, 800], [20, 50, 100, 200, 400])
+for ax, ticks in zip(axes, y_ticks, strict=True):
+    ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.yaxis.set_minor_formatter(NullFormatter())
+glue("fig-smollm2-stream", fig)
+plt.close(fig)
 
 # %% [markdown]
-# Token 0 is off the chart: from layer {glue:text}`ch06-massive-from` to layer
+# ```{glue:figure} fig-smollm2-stream
+# :name: fig-smollm2-stream
+#
+# SmolLM2-135M-Instruct on one sentence: the median token's stream norm after each
+# block (left) and the median norm of each block's write (right), both on log axes.
+# The solid lines are the chapter's two least-squares fits of $\log\|x_\ell\|$ on
+# $\ell$, each drawn only over the layers it was fitted to (3 to the best break, the
+# break to 30); their slopes are the printed growth per layer. The dotted grey curve is
+# not fitted: it is $\sqrt\ell$ growth started from layer 1, the shape independent writes
+# of equal size would give. Token 0 is not drawn (it is the subject of the next
+# paragraph).
+# ```
+
+# %% [markdown]
+# Token 0, left out of {numref}`fig-smollm2-stream`, would be far off its chart: from
+# layer {glue:text}`ch06-massive-from` to layer
 # {glue:text}`ch06-massive-to` its stream has a norm of at least
 # {glue:text}`ch06-massive-min`, {glue:text}`ch06-massive-ratio` times the median token's;
 # the last layers shrink it again (after the last, {glue:text}`ch06-last-token0`, still
