@@ -107,6 +107,19 @@ def train_short(
     )
 
 
+def _check_windows(
+    seq_len: int, n_windows: int, batch_size: int, window_len: int | None
+) -> int:
+    """The window length :func:`per_position_loss` draws, after checking its
+    arguments."""
+    window_len = seq_len if window_len is None else window_len
+    check_int("n_windows", n_windows, 1)
+    check_int("batch_size", batch_size, 1)
+    if window_len < seq_len:
+        raise ValueError(f"window_len ({window_len}) must be >= seq_len ({seq_len})")
+    return window_len
+
+
 @torch.no_grad()
 def per_position_loss(
     model: DecoderLM,
@@ -127,11 +140,7 @@ def per_position_loss(
     ``seq_len`` and the same ``window_len`` score the same text. A model that cannot
     read ``seq_len`` tokens raises its own error.
     """
-    window_len = seq_len if window_len is None else window_len
-    check_int("n_windows", n_windows, 1)
-    check_int("batch_size", batch_size, 1)
-    if window_len < seq_len:
-        raise ValueError(f"window_len ({window_len}) must be >= seq_len ({seq_len})")
+    window_len = _check_windows(seq_len, n_windows, batch_size, window_len)
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion.checks import check_choice
+from companion.checks import check_choice, check_int
 
 __all__ = [
     "ACTIVATIONS",
@@ -87,10 +87,8 @@ def glu_hidden_size(
     Llama 2 7B: d = 4096 gives 11,008; Llama 3 8B (multiplier 1.3, multiple 1024)
     14,336.
     """
-    if d < 1 or multiple_of < 1:
-        raise ValueError(
-            f"d and multiple_of must be positive, got d={d}, multiple_of={multiple_of}"
-        )
+    check_int("d", d, 1)
+    check_int("multiple_of", multiple_of, 1)
     hidden = int(2 * 4 * d / 3)
     if multiplier is not None:
         hidden = int(multiplier * hidden)

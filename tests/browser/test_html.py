@@ -183,8 +183,14 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-kv-cache": ("chapters/08_kv_cache", 11),
     "fig-masks": ("chapters/09_sliding_windows", 12),
     "fig-moe": ("chapters/10_mixture_of_experts", 12),
-    "fig-beyond-softmax": ("chapters/11_linear_attention", 10),
+    "fig-beyond-softmax": ("chapters/11_linear_attention", 0),
+    "fig-sink": ("chapters/12_small_changes", 11),
     "fig-calculator": ("chapters/13_build_a_model", 0),
+    "fig-sparse-turn": ("chapters/13_build_a_model", 0),
+    "fig-kv-heads": ("chapters/13_build_a_model", 0),
+    "fig-morph-curves": ("chapters/14_the_morph", 0),
+    "fig-mlm-gpt": ("chapters/04_encoders_decoders_scale", 0),
+    "fig-smollm2-stream": ("chapters/06_normalization", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
