@@ -42,7 +42,7 @@ import sys
 if "google.colab" in sys.modules:
     REPO, REF = "https://github.com/transformer-2017-2026/book", "main"
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    spec = f"transformer-2017-2026[widgets] @ git+{REPO}@{REF}"
+    spec = f"transformer-2017-2026 @ git+{REPO}@{REF}"
     subprocess.run([*pip, spec], check=True)
 
 # Then fix the CPU's numerical path (MKL branch, ATen kernels, threads)
@@ -61,6 +61,7 @@ from unittest import mock
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import HTML, Code
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from torch.utils.flop_counter import FlopCounterMode
 
 import companion.ops.tiled as tiled_ops
@@ -152,7 +153,7 @@ print("x:", tuple(x.shape))
 # $$
 #
 # Below, the three projections are random (the model is untrained), so the point is the
-# arithmetic, not the pattern.
+# arithmetic, not the pattern; {numref}`fig-one-query` follows one query through it.
 
 # %%
 W_q, W_k, W_v = (torch.randn(d, d) / math.sqrt(d) for _ in range(3))
@@ -184,18 +185,49 @@ Code(
     language="python",
 )
 
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(5.2, 4.4))
-heatmap(
-    ax,
-    weights.numpy(),
-    pieces,
-    pieces,
-    title="Untrained attention: who looks at whom"
+# %% tags=["remove-output", "hide-input"]
+row_i = weights.max(-1).values.argmax().item()  # the most peaked row
+top = weights[row_i].argmax().item()
+fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.4), sharex=True)
+for ax, vals, title, ylabel in (
+    (axes[0], scores[row_i], "1. scores q·k/√d: any sign", "score"),
+    (axes[1], weights[row_i], "2. softmax: positive, sum to 1", "weight"),
+):
+    ax.bar(range(len(pieces)), vals.numpy(), color=PALETTE[0])
+    ax.bar([top], [vals[top].item()], color=PALETTE[1])  # the largest
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(pieces)), pieces, rotation=90)
+    ax.set(title=title, ylabel=ylabel, xlabel="key token")
+    ax.grid(axis="x", visible=False)
+axes[1].annotate(
+    f"{weights[row_i, top]:.2f}",
+    (top, weights[row_i, top].item()),
+    xytext=(0, 2),
+    textcoords="offset points",
+    ha="center",
+    va="bottom",
 )
-ax.set_xlabel("key (attended to)")
-ax.set_ylabel("query (looking)")
-plt.show()
+axes[1].set_ylim(0, 1.12 * weights[row_i].max().item())
+fig.suptitle(f"How does one query, «{pieces[row_i]}», turn its scores into weights?")
+glue("fig-one-query", fig)
+plt.close(fig)
+glue("ch02-one-query", pieces[row_i], display=False)
+glue("ch02-one-query-top", pieces[top], display=False)
+glue("ch02-one-query-w", f"{weights[row_i, top]:.2f}", display=False)
+
+# %% [markdown]
+# ```{glue:figure} fig-one-query
+# :name: fig-one-query
+#
+# One row of the computation above: the query «{glue:text}`ch02-one-query`» (the row
+# with the most peaked weights) against every key of the sentence. Left: its scaled
+# dot products with each key, of either sign. Right: their softmax, the row of `weights`.
+# Exponentiating keeps the order of the scores and makes every weight positive; dividing
+# by the sum makes the row sum to 1. The largest score (orange, key
+# «{glue:text}`ch02-one-query-top`») takes {glue:text}`ch02-one-query-w` of the weight,
+# and this query's output is the average of the value rows with these weights. The
+# projections are random, so which key wins means nothing yet.
+# ```
 
 # %% [markdown]
 # ## Why divide by $\sqrt{d_k}$?
@@ -427,23 +459,49 @@ HTML(animate(fig, draw, len(snapshots), interval_ms=600))
 
 # %% [markdown]
 # The head starts uniform over the visible prefix (each row spreads its weight over the
-# characters so far) and sharpens as training goes on. Now all eight heads of the trained
-# model on the same line. The two rows differ; within the second row, the heads look alike
-# (the statistics below measure how far):
+# characters so far) and sharpens as training goes on. {numref}`fig-heads` shows all eight
+# heads of the trained model on the same line. The two rows differ; within the second row,
+# the heads look alike (the statistics below measure how far).
 
-# %% tags=["hide-input"]
+# %% tags=["remove-output", "hide-input"]
 maps = model.attention_maps(probe)
-fig, axes = plt.subplots(2, 4, figsize=(11, 5.6))
+shown = [c if c != " " else "␣" for c in line]  # a visible space
+fig, axes = plt.subplots(2, 4, figsize=(11.5, 6.4), sharex=True, sharey=True)
 for layer in range(2):
     for head in range(4):
+        ax = axes[layer, head]
         heatmap(
-            axes[layer, head],
+            ax,
             maps[layer][0, head].cpu().numpy(),
             title=f"layer {layer + 1} · head {head + 1}",
+            vmax=1.0,
         )
-        axes[layer, head].set(xticks=[], yticks=[])
-fig.suptitle("Trained heads on «" + line + "»: layer 1 local, layer 2 broad")
-plt.show()
+        ax.set_xticks(range(len(shown)), shown, fontsize=8)
+        ax.set_yticks(range(len(shown)), shown, fontsize=8)
+        ax.tick_params(length=0)
+for ax in axes[1]:
+    ax.set_xlabel("key (character read)")
+for ax in axes[:, 0]:
+    ax.set_ylabel("query (character reading)")
+fig.colorbar(axes[0, 0].images[0], ax=axes, label="attention weight", shrink=0.6)
+fig.suptitle(
+    "Which characters does each trained head read?"
+    " Layer 1: the last few; layer 2: the whole line"
+)
+glue("fig-heads", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-heads
+# :name: fig-heads
+#
+# The attention weights of all eight heads of the trained model on the line «To be, or not
+# to be» (␣ marks a space): one row per query character, one column per key character it
+# reads, on one colour scale from 0 to 1; the cells above the diagonal are the masked
+# future. Top row, layer 1: narrow bands on and just below the diagonal, the last few
+# characters. Bottom row, layer 2: weight spread over the whole prefix, with a few
+# brighter cells. The first query can only read itself, hence the bright corner.
+# ```
 
 # %% [markdown]
 # Do the heads really differ? Three summaries of a head, measured on held-out text. *How
@@ -521,67 +579,11 @@ glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=Fals
 # would; by that measure alone they could be averaging the whole line. Their entropy
 # ({glue:text}`ch02-l2-ent` of uniform) says they are broad but not uniform: they read the
 # whole prefix with preferences, not a few far-away characters. By these three measures
-# the four second-layer heads are alike: the second row of the figure shows four versions
-# of one broad pattern, not four different jobs. Long-range specialists
+# the four second-layer heads are alike: the bottom row of {numref}`fig-heads` shows four
+# versions of one broad pattern, not four different jobs. Long-range specialists
 # (heads with a large look-back *and* a low entropy) do not appear in this small, briefly
 # trained model. The animated head's entropy fell from {glue:text}`ch02-snap-ent` of
 # uniform during training.
-
-# %% [markdown]
-# Each head up close, on the line the training animation used. In Jupyter, the sliders
-# below pick any layer and head (they need a running kernel); the animation below steps
-# through every head, layer by layer.
-
-# %% tags=["hide-input"]
-n_layers, n_heads = len(maps), maps[0].shape[1]
-
-
-def draw_head(ax, layer: int, head: int) -> None:
-    """Head ``head`` of layer ``layer`` (both counted from 1) on the probe line."""
-    ax.clear()
-    heatmap(
-        ax,
-        maps[layer - 1][0, head - 1].cpu().numpy(),
-        line_chars,
-        line_chars,
-        title=f"layer {layer} · head {head}",
-    )
-
-
-# %% tags=["remove-cell"]
-# NBVAL_IGNORE_OUTPUT
-# (nbval's kernel shows the widget's figure outside the widget; Jupyter does not)
-import ipywidgets as widgets  # noqa: E402
-
-
-def show_head(layer: int = 2, head: int = 1) -> None:
-    fig, ax = plt.subplots(figsize=(4.6, 3.9))
-    draw_head(ax, layer, head)
-    plt.show()
-
-
-widgets.interactive(
-    show_head,
-    layer=widgets.IntSlider(2, 1, n_layers),
-    head=widgets.IntSlider(1, 1, n_heads),
-)
-
-# %% tags=["hide-input"]
-# every (layer, head) the sliders offer, in order
-head_frames = [
-    (la, h) for la in range(1, n_layers + 1) for h in range(1, n_heads + 1)
-]
-# 2 layers × 4 heads, each once
-assert len(set(head_frames)) == len(head_frames) == 8
-fig, ax = plt.subplots(figsize=(4.6, 3.9))
-HTML(
-    animate(
-        fig,
-        lambda i: draw_head(ax, *head_frames[i]),
-        len(head_frames),
-        interval_ms=900
-    )
-)
 
 # %% [markdown]
 # (ch02-induction)=
@@ -808,21 +810,50 @@ for n, t in zip(lengths, time_naive, strict=True):
     print(f"n = {n:>5}: {1e3 * t:7.1f} ms")
 print(f"time grows as n^{time_slope:.2f}")
 
-# %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
-axes[0].loglog(lengths, [m / 2**20 for m in mem_naive], "o-")
-axes[0].set(
-    xlabel="sequence length n",
-    ylabel="peak memory (MiB)",
-    title=f"Memory ∝ n^{mem_slope:.1f}",
+# %% tags=["remove-output", "hide-input"]
+def length_axes(ax) -> None:
+    """Log axes with plain tick labels: x at the measured lengths, y at 1, 3, 10…"""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 3.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("sequence length n (tokens)")
+
+
+fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+panels = (  # values, unit factor, axis label, title
+    (mem_naive, 2**-20, "peak memory (MiB)", f"Peak memory ∝ n^{mem_slope:.1f}"),
+    (time_naive, 1e3, "forward time (ms)", f"Time on this CPU ∝ n^{time_slope:.1f}"),
 )
-axes[1].loglog(lengths, [1e3 * t for t in time_naive], "o-", color=PALETTE[1])
-axes[1].set(
-    xlabel="sequence length n",
-    ylabel="forward time (ms)",
-    title=f"Time on this machine (∝ n^{time_slope:.1f})",
-)
-plt.show()
+for ax, color, panel in zip(axes, PALETTE, panels, strict=False):
+    vals, unit, ylabel, title = panel
+    ys = [unit * v for v in vals]
+    n2 = [ys[0] * (n / lengths[0]) ** 2 for n in lengths]  # n² through the first
+    ax.plot(lengths, n2, color="grey", lw=6, alpha=0.3, label="∝ n², for reference")
+    ax.plot(lengths, ys, "o-", color=color, label="measured")
+    length_axes(ax)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(loc="upper left")
+fig.suptitle(f"Does attention's cost grow as n²? ({H} heads of width {D}, causal)")
+glue("fig-n2-bill", fig)
+plt.close(fig)
+glue("ch02-heads-width", f"{H} heads of width {D}", display=False)
+
+# %% [markdown]
+# ```{glue:figure} fig-n2-bill
+# :name: fig-n2-bill
+#
+# The reference implementation's causal forward pass on one sequence of
+# {glue:text}`ch02-heads-width`, at each measured length, on log–log axes, where a power
+# law is a straight line. The grey band is an exact $n^2$ law through the shortest length.
+# Left: the peak memory counted by `PeakMemory` lies on the band (fitted slope
+# {glue:text}`ch02-mem-slope`): the stored score matrices dominate it. Right: the fastest
+# of five runs on the machine that executed this page; the title gives its fitted slope,
+# which varies from run to run and machine to machine and is not asserted.
+# ```
 
 # %% [markdown]
 # ## FlashAttention: the same numbers, never the whole matrix
@@ -960,27 +991,29 @@ assert mem_naive[-1] > 20 * mem_tiled[-1]
 glue("ch02-tiled-slope", f"{tiled_slope:.2f}", display=False)
 glue("ch02-mem-ratio", f"{mem_naive[-1] / mem_tiled[-1]:.0f}", display=False)
 
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(5.6, 3.4))
-ax.loglog(
-    lengths,
-    [m / 2**20 for m in mem_naive],
-    "o-",
-    label=f"reference (∝ n^{mem_slope:.1f})",
-)
-ax.loglog(
-    lengths,
-    [m / 2**20 for m in mem_tiled],
-    "o-",
-    label=f"tiled online softmax (∝ n^{tiled_slope:.1f})",
-)
-ax.set(
-    xlabel="sequence length n",
-    ylabel="peak memory (MiB)",
-    title="Same output, at most linear memory",
-)
-ax.legend()
-plt.show()
+# %% tags=["remove-output", "hide-input"]
+fig, ax = plt.subplots(figsize=(6.4, 3.6))
+for vals, label in (
+    (mem_naive, f"reference (∝ n^{mem_slope:.1f})"),
+    (mem_tiled, f"tiled online softmax (∝ n^{tiled_slope:.1f})"),
+):
+    ax.plot(lengths, [m / 2**20 for m in vals], "o-", label=label)
+length_axes(ax)
+ax.set(ylabel="peak memory (MiB)", title="Does the tiled form need the n × n matrix?")
+ax.legend(loc="upper left")
+glue("fig-tiled-memory", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-tiled-memory
+# :name: fig-tiled-memory
+#
+# Peak memory of the causal forward pass at each length, reference against tiled (the two
+# agree, as asserted above), on log–log axes. The reference stores the score matrices and
+# grows as $n^2$; the tiled form holds the output, its per-row statistics and a few
+# $64 \times 64$ tiles, never the $n \times n$ matrix, and at the longest length needs
+# {glue:text}`ch02-mem-ratio`× less memory.
+# ```
 
 # %% [markdown]
 # (ch02-hbm-sram)=
