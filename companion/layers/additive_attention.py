@@ -20,6 +20,31 @@ from companion.checks import check_int
 __all__ = ["AdditiveAttention", "AttentionSeq2Seq", "reversal_task"]
 
 
+def _check_inputs(
+    query: Tensor, keys: Tensor, values: Tensor, wh: Tensor, mask: Tensor | None
+) -> None:
+    """Raise a ValueError naming the first input of
+    :meth:`AdditiveAttention.forward` whose shape or type is not allowed."""
+    if query.ndim != 2 or query.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"query must have shape (B={keys.shape[0]}, Dq), got {tuple(query.shape)}"
+        )
+    if values.ndim != 3 or values.shape[:2] != keys.shape[:2]:
+        raise ValueError(
+            "values must have shape (B, S, Dv) with "
+            f"(B, S) = {tuple(keys.shape[:2])}, got {tuple(values.shape)}"
+        )
+    if wh.shape[:2] != keys.shape[:2]:
+        raise ValueError(
+            f"projected_keys must have shape (B, S, A), got {tuple(wh.shape)}"
+        )
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != keys.shape[:2]):
+        raise ValueError(
+            "mask must be a bool tensor of shape "
+            f"(B, S) = {tuple(keys.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+
+
 class AdditiveAttention(nn.Module):
     """``vᵀ tanh(W_s s + W_h h)`` scores, softmax weights, weighted-average context."""
 
@@ -61,34 +86,11 @@ class AdditiveAttention(nn.Module):
         :meth:`project_keys` from an earlier step.
         """
         values = keys if values is None else values
-        wh = (
-            self.project_keys(keys) if projected_keys is None else projected_keys
-        )  # (B, S, A)
-        if query.ndim != 2 or query.shape[0] != keys.shape[0]:
-            raise ValueError(
-                f"query must have shape (B={keys.shape[0]}, Dq), "
-                f"got {tuple(query.shape)}"
-            )
-        if values.ndim != 3 or values.shape[:2] != keys.shape[:2]:
-            raise ValueError(
-                "values must have shape (B, S, Dv) with "
-                f"(B, S) = {tuple(keys.shape[:2])}, "
-                f"got {tuple(values.shape)}"
-            )
-        if wh.shape[:2] != keys.shape[:2]:
-            raise ValueError(
-                f"projected_keys must have shape (B, S, A), got {tuple(wh.shape)}"
-            )
-        scores = self.v(torch.tanh(self.w_s(query)[:, None, :] + wh)).squeeze(
-            -1
-        )  # (B, S)
+        wh = self.project_keys(keys) if projected_keys is None else projected_keys
+        _check_inputs(query, keys, values, wh, mask)
+        # e_j = v · tanh(W_s s + W_h h_j): one score per source position, (B, S)
+        scores = self.v(torch.tanh(self.w_s(query)[:, None, :] + wh)).squeeze(-1)
         if mask is not None:
-            if mask.dtype != torch.bool or mask.shape != scores.shape:
-                raise ValueError(
-                    "mask must be a bool tensor of shape "
-                    f"(B, S) = {tuple(scores.shape)}, "
-                    f"got {mask.dtype} {tuple(mask.shape)}"
-                )
             has_key = mask.any(dim=-1, keepdim=True)  # (B, 1)
             scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))
             weights = torch.softmax(scores, dim=-1) * has_key  # empty rows: all zeros

@@ -210,6 +210,31 @@ def mean_pool(hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)  # (B, d)
 
 
+def _check_masking(
+    input_ids: Tensor,
+    vocab_size: int,
+    select_prob: float,
+    mask_frac: float,
+    random_frac: float,
+    special: Tensor | None,
+) -> None:
+    """Raise a ValueError naming the first argument of :func:`mask_tokens` that is
+    not allowed."""
+    if not 0.0 < select_prob <= 1.0:
+        raise ValueError(f"select_prob must be in (0, 1], got {select_prob}")
+    if mask_frac < 0 or random_frac < 0 or mask_frac + random_frac > 1.0:
+        raise ValueError(
+            f"mask_frac and random_frac must be >= 0 with a sum <= 1, got {mask_frac}, "
+            f"{random_frac}"
+        )
+    check_int("vocab_size", vocab_size, 1)
+    if special is not None and special.shape != input_ids.shape:
+        raise ValueError(
+            f"special must have the shape of input_ids {tuple(input_ids.shape)}, "
+            f"got {tuple(special.shape)}"
+        )
+
+
 def mask_tokens(
     input_ids: Tensor,
     *,
@@ -231,23 +256,10 @@ def mask_tokens(
     ``IGNORE_INDEX`` (-100) elsewhere. The same ``generator`` state gives the same
     result.
     """
-    if not 0.0 < select_prob <= 1.0:
-        raise ValueError(f"select_prob must be in (0, 1], got {select_prob}")
-    if mask_frac < 0 or random_frac < 0 or mask_frac + random_frac > 1.0:
-        raise ValueError(
-            f"mask_frac and random_frac must be >= 0 with a sum <= 1, got {mask_frac}, "
-            f"{random_frac}"
-        )
-    check_int("vocab_size", vocab_size, 1)
-    if special is not None and special.shape != input_ids.shape:
-        raise ValueError(
-            f"special must have the shape of input_ids {tuple(input_ids.shape)}, "
-            f"got {tuple(special.shape)}"
-        )
+    _check_masking(input_ids, vocab_size, select_prob, mask_frac, random_frac, special)
     shape = input_ids.shape
-    u_select = torch.rand(
-        shape, generator=generator
-    )  # drawn on CPU, so seeds are portable
+    # the draws are made on the CPU, so a seed gives the same result on every device
+    u_select = torch.rand(shape, generator=generator)
     u_action = torch.rand(shape, generator=generator)
     random_ids = torch.randint(0, vocab_size, shape, generator=generator)
     u_select, u_action = u_select.to(input_ids.device), u_action.to(input_ids.device)
@@ -256,9 +268,7 @@ def mask_tokens(
     if special is not None:
         selected &= ~special.bool()
     to_mask = selected & (u_action < mask_frac)
-    to_random = (
-        selected & (u_action >= mask_frac) & (u_action < mask_frac + random_frac)
-    )
+    to_random = selected & ~to_mask & (u_action < mask_frac + random_frac)
     inputs = input_ids.masked_fill(to_mask, mask_id)
     inputs = torch.where(to_random, random_ids, inputs)
     labels = input_ids.masked_fill(~selected, IGNORE_INDEX)

@@ -189,6 +189,10 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-sparse-turn": ("chapters/13_build_a_model", 0),
     "fig-kv-heads": ("chapters/13_build_a_model", 0),
     "fig-morph-curves": ("chapters/14_the_morph", 0),
+    "fig-one-query": ("chapters/02_attention", 0),
+    "fig-heads": ("chapters/02_attention", 0),
+    "fig-n2-bill": ("chapters/02_attention", 0),
+    "fig-tiled-memory": ("chapters/02_attention", 0),
     "fig-mlm-gpt": ("chapters/04_encoders_decoders_scale", 0),
     "fig-smollm2-stream": ("chapters/06_normalization", 0),
 }
