@@ -511,12 +511,19 @@ base = torch.tensor(
 )  # irrelevant keys: scores near 0
 relevant = np.linspace(5.0, -5.0, 11)
 sink_logit = torch.tensor([1.0])
-frames_no, frames_sink = [], []
-for s in relevant:
-    z = base.clone()
-    z[3] = s
-    frames_no.append(torch.softmax(z, 0))
-    frames_sink.append(torch.softmax(torch.cat([z, sink_logit]), 0))
+
+
+def sink_frames(sink: torch.Tensor | None) -> list[torch.Tensor]:
+    """One row of weights per score of k3: over the 8 keys, and the sink if given."""
+    frames = []
+    for s in relevant:
+        z = base.clone()
+        z[3] = s
+        frames.append(torch.softmax(z if sink is None else torch.cat([z, sink]), 0))
+    return frames
+
+
+frames_no, frames_sink = sink_frames(None), sink_frames(sink_logit)
 last_no, last_sink = frames_no[-1], frames_sink[-1]
 print(f"relevant score −5: no sink, irrelevant keys hold {1 - last_no[3]:.3f};")
 print(
@@ -536,11 +543,7 @@ glue("ch12-sink-gone", f"{last_sink[8]:.0%}", display=False)
 # %% tags=["remove-output", "hide-input"]
 # a head that has learned a large sink logit: the same frames with s = 4
 big_sink = torch.tensor([4.0])
-frames_big = []
-for s in relevant:
-    z = base.clone()
-    z[3] = s
-    frames_big.append(torch.softmax(torch.cat([z, big_sink]), 0))
+frames_big = sink_frames(big_sink)
 first_big, last_big = frames_big[0], frames_big[-1]
 assert last_big[8] > 0.85 and first_big[3] > 0.7  # the sink takes what k3 leaves
 glue("ch12-bigsink-share", f"{last_big[8]:.0%}", display=False)

@@ -266,27 +266,34 @@ def test_unsupported_options_are_named():
         config_from_hf(transformers.GPT2Config())
 
 
+@torch.no_grad()
+def _decode_gap(hf, ours: DecoderLM, x: torch.Tensor, new: int) -> float:
+    """Largest logit difference over ``new`` greedy steps: transformers generates, ours
+    prefills ``x`` and decodes the same tokens one at a time from its cache."""
+    out = hf.generate(
+        x,
+        max_new_tokens=new,
+        do_sample=False,
+        min_new_tokens=new,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    want = torch.stack(out.logits, dim=1)  # (1, new, V): each step's logits
+    t = x.shape[1]
+    cache = ours.new_cache(1, t + new)
+    got = [prefill(ours, x, cache)]
+    for p in range(t, t + new - 1):  # the generated tokens, fed back one at a time
+        step = out.sequences[:, p : p + 1]
+        got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
+    return (torch.stack(got, dim=1) - want).abs().max().item()
+
+
 def test_cached_decoding_matches_transformers_step_by_step(pair):
     """Logits at every decode step, not only the tokens: greedy text from a random
     model often repeats one token, which a wrong cache could reproduce."""
     hf, ours = pair
     x = torch.randint(3, 97, (1, 7), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        out = hf.generate(
-            x,
-            max_new_tokens=14,
-            do_sample=False,
-            min_new_tokens=14,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        want = torch.stack(out.logits, dim=1)  # (1, 14, V): each step's logits
-        cache = ours.new_cache(1, 21)
-        got = [prefill(ours, x, cache)]
-        for p in range(7, 20):  # the generated tokens, fed back one at a time
-            step = out.sequences[:, p : p + 1]
-            got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
-    assert (torch.stack(got, dim=1) - want).abs().max().item() <= 1e-4
+    assert _decode_gap(hf, ours, x, 14) <= 1e-4
 
 
 def test_dynamic_rope_grows_past_the_trained_length_like_transformers():
@@ -311,20 +318,6 @@ def test_dynamic_rope_grows_past_the_trained_length_like_transformers():
     with torch.no_grad():
         # first: transformers keeps the longest base it has grown to, ours is per call
         full = hf(x).logits
-        out = hf.generate(
-            x,
-            max_new_tokens=16,
-            do_sample=False,
-            min_new_tokens=16,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        want = torch.stack(out.logits, dim=1)  # (1, 16, V)
-        cache = ours.new_cache(1, 40)
-        got = [prefill(ours, x, cache)]
-        for p in range(24, 39):
-            step = out.sequences[:, p : p + 1]
-            got.append(decode_one_token(ours, step, torch.tensor([p]), cache))
         assert (ours(x) - full).abs().max().item() <= 1e-4  # every prefill position
         assert (plain(x) - full).abs().max().item() > 1e-2  # the growth shows
-    assert (torch.stack(got, dim=1) - want).abs().max().item() <= 1e-4
+    assert _decode_gap(hf, ours, x, 16) <= 1e-4

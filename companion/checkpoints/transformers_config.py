@@ -63,10 +63,11 @@ def _rope(
     # Qwen3.5's multimodal RoPE: text positions are equal on its three axes (plain RoPE)
     params.pop("mrope_section", None)
     params.pop("mrope_interleaved", None)
-    if params.get("rope_type") == "dynamic" and "original_max_position_embeddings" not in params:
+    trained = "original_max_position_embeddings"
+    if params.get("rope_type") == "dynamic" and trained not in params:
         # transformers grows the base past max_position_embeddings: say so explicitly, so
         # a model built longer than the config (a larger max_seq_len) grows it there too
-        params["original_max_position_embeddings"] = r.integer("max_position_embeddings")
+        params[trained] = r.integer("max_position_embeddings")
     return theta, r.make(RopeScaling.from_mapping, params)
 
 
