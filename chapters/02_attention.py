@@ -377,8 +377,8 @@ assert sum(p.numel() for p in mha.parameters()) == 4 * 64 * 64 + 4 * 64
 # A two-layer, four-head decoder trained for a few hundred steps on the plays is enough for
 # heads to stop being uniform, and for the two layers to read differently. To learn
 # quickly on a CPU it reads *characters* ({glue:text}`ch02-n-chars` distinct ones) rather
-# than BPE pieces. While it trains we keep a snapshot of one head's attention on a short
-# line at regular intervals.
+# than BPE pieces. While it trains we keep a snapshot of one head's attention (layer 1,
+# head 4) on a short line at regular intervals.
 
 # %% tags=["hide-input"]
 seed_everything(0)
@@ -438,29 +438,10 @@ assert (
     hist.eval_loss[-1] < unigram_loss - 0.8
 )  # it learned far more than letter frequencies
 
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(5.2, 4.4))
-
-
-def draw(i: int) -> None:
-    ax.clear()
-    step = 0 if i == 0 else hist.eval_step[i - 1] + 1
-    heatmap(
-        ax,
-        snapshots[i].numpy(),
-        line_chars,
-        line_chars,
-        title=f"Layer 1, head 4 after {step} steps",
-        vmax=1.0,
-    )
-
-
-HTML(animate(fig, draw, len(snapshots), interval_ms=600))
-
 # %% [markdown]
-# The head starts uniform over the visible prefix (each row spreads its weight over the
-# characters so far) and sharpens as training goes on. {numref}`fig-heads` shows all eight
-# heads of the trained model on the same line. The two rows differ; within the second row,
+# Before training, every head is uniform over the visible prefix: each row spreads its
+# weight over the characters so far. {numref}`fig-heads` shows all eight heads of the
+# trained model on the same line. The two rows differ; within the second row,
 # the heads look alike (the statistics below measure how far).
 
 # %% tags=["remove-output", "hide-input"]
@@ -557,7 +538,7 @@ assert min(r[4] for r in stats[1]) < 0.5 * u_frac
 # uniform
 assert all(abs(r[2] / u_look - 1) < 0.15 for r in stats[2])
 assert all(0.6 < r[4] < 0.9 for r in stats[2])
-# the animated head: uniform before training, far from it after
+# the snapshotted head: uniform before training, far from it after
 snap_frac = [head_summary(m[None, None])[2].item() for m in snapshots]
 assert snap_frac[0] > 0.99 and snap_frac[-1] < 0.7
 for la in (1, 2):
@@ -582,8 +563,8 @@ glue("ch02-snap-ent", f"{snap_frac[0]:.2f} to {snap_frac[-1]:.2f}", display=Fals
 # the four second-layer heads are alike: the bottom row of {numref}`fig-heads` shows four
 # versions of one broad pattern, not four different jobs. Long-range specialists
 # (heads with a large look-back *and* a low entropy) do not appear in this small, briefly
-# trained model. The animated head's entropy fell from {glue:text}`ch02-snap-ent` of
-# uniform during training.
+# trained model. The snapshots of layer 1's head 4 show the sharpening: its entropy fell
+# from {glue:text}`ch02-snap-ent` of uniform during training.
 
 # %% [markdown]
 # (ch02-induction)=
