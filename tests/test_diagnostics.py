@@ -121,6 +121,17 @@ def test_identity_path_jacobian_matches_the_exact_jacobian(placement):
     assert path.norm[-1].item() == path.trace[-1].item() == 1.0
 
 
+def test_identity_path_jacobian_cleans_up_and_refuses_a_frozen_model():
+    model = tiny()
+    with torch.no_grad():  # the probe turns autograd on for its own forward pass
+        path = identity_path_jacobian(model, IDS, n_probes=1)
+    assert path.norm.shape == path.trace.shape == (4,)
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="frozen"):
+        identity_path_jacobian(model, IDS, n_probes=1)
+    assert all(not b._forward_pre_hooks and not b._forward_hooks for b in model.blocks)
+
+
 @pytest.mark.parametrize(
     "changes", [{}, {"position": "rope", "n_kv_heads": 1}], ids=["mha", "gqa-rope"]
 )

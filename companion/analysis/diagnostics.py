@@ -133,10 +133,32 @@ class IdentityPath(NamedTuple):
     """What :func:`identity_path_jacobian` measures, one entry per block input (and
     x_L)."""
 
-    norm: torch.Tensor  # ‖J_ℓ‖_F / √n: how strongly x_L depends on x_ℓ at all
-    trace: (
-        torch.Tensor
-    )  # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
+    # ‖J_ℓ‖_F / √n: how strongly x_L depends on x_ℓ at all
+    norm: torch.Tensor
+    # tr(J_ℓ) / n: how much of that is the identity (1 for x_L = x_ℓ + ...)
+    trace: torch.Tensor
+
+
+def _block_inputs_and_top(
+    model: nn.Module, input_ids: Tensor
+) -> tuple[list[Tensor], Tensor]:
+    """One forward pass with autograd on, read by hooks: every block's input x_0 ..
+    x_{L-1} and the last block's output x_L, still attached to the graph."""
+    blocks, inputs, out = _blocks(model), [], []
+    handles = [
+        b.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+        for b in blocks
+    ]
+    handles.append(blocks[-1].register_forward_hook(lambda m, args, o: out.append(o)))
+    try:
+        with torch.enable_grad():
+            model(input_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    if not out[0].requires_grad:
+        raise ValueError("the stream does not require grad: are the parameters frozen?")
+    return inputs, out[0]
 
 
 def identity_path_jacobian(
@@ -154,37 +176,17 @@ def identity_path_jacobian(
     always exactly 1. The two differ when x_L depends on x_ℓ through the sublayers
     rather than straight through.
     """
-    blocks = _blocks(model)
-    inputs: list[Tensor] = []
-    handles = [
-        b.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
-        for b in blocks
-    ]
-    out: list[Tensor] = []
-    handles.append(blocks[-1].register_forward_hook(lambda m, args, o: out.append(o)))
-    try:
-        with torch.enable_grad():
-            model(input_ids)
-            x_last = out[0]
-            if not x_last.requires_grad:
-                raise ValueError(
-                    "the stream does not require grad: are the parameters frozen?"
-                )
-            sq, tr = torch.zeros(len(blocks) + 1), torch.zeros(len(blocks) + 1)
-            for _ in range(n_probes):
-                v = torch.randn(x_last.shape, generator=generator).to(x_last)
-                grads = torch.autograd.grad(
-                    x_last, inputs, v, retain_graph=True
-                )  # J_ℓᵀ v
-                sq[:-1] += torch.stack([g.float().pow(2).sum() for g in grads]).cpu()
-                tr[:-1] += torch.stack(
-                    [(g.float() * v.float()).sum() for g in grads]
-                ).cpu()
-                sq[-1] += v.float().pow(2).sum().cpu()
-    finally:
-        for h in handles:
-            h.remove()
-    tr[-1] = sq[-1]
+    inputs, x_last = _block_inputs_and_top(model, input_ids)
+    sq = torch.zeros(len(inputs) + 1)  # Σ ‖J_ℓᵀv‖² per ℓ; last entry: Σ ‖v‖²
+    tr = torch.zeros(len(inputs) + 1)  # Σ vᵀJ_ℓᵀv per ℓ
+    for _ in range(n_probes):
+        v = torch.randn(x_last.shape, generator=generator).to(x_last)
+        # one backward pass gives J_ℓᵀv for every ℓ at once
+        jtv = torch.autograd.grad(x_last, inputs, v, retain_graph=True)
+        sq[:-1] += torch.stack([g.float().pow(2).sum() for g in jtv]).cpu()
+        tr[:-1] += torch.stack([(g.float() * v.float()).sum() for g in jtv]).cpu()
+        sq[-1] += v.float().pow(2).sum().cpu()
+    tr[-1] = sq[-1]  # J_L = I, so vᵀJ_Lᵀv = ‖v‖²
     return IdentityPath(norm=(sq / sq[-1]).sqrt(), trace=tr / sq[-1])
 
 
