@@ -74,7 +74,7 @@ from companion.analysis.calculator import (
     kv_cache_bytes_per_token,
 )
 from companion.analysis.peak_memory import PeakMemory
-from companion.analysis.seeds import difference, spread, t_quantile
+from companion.analysis.seeds import difference, spread
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.rotary import RotaryEmbedding
@@ -702,6 +702,14 @@ Code(
 # needs (explained after the table). That agreement is measured twice: on held-out
 # Shakespeare, where the module is given the true next token, and on continuations the
 # trunk writes greedily from 16 held-out prompts.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["hide-input"]
 text = load_shakespeare()
@@ -800,9 +808,8 @@ for label, key in (("MTP module", "mtp right"), ("trunk", "trunk right")):
     print(f"  {label:<12}{spread(mtp_on[key]).format(3)}")
 
 # %% tags=["hide-input"]
-# Bookkeeping: the module's size, the paired differences over seeds (the same
-# weights and batches for both runs of a seed) with their 95 % Student-t intervals,
-# the asserts that pin what the text claims, and the glue.
+# Bookkeeping: the module's size, the paired differences over seeds (both runs of
+# a seed share weights and batches), the asserts that pin the text, and the glue.
 trunk, module = DecoderLM(cfg), MTPModule(cfg)
 n_mtp = sum(p.numel() for p in module.parameters())
 block_params = sum(p.numel() for p in trunk.blocks[0].parameters())
@@ -819,8 +826,6 @@ flattery = difference(mtp_on["greedy"], mtp_on["real"])
 assert flattery.verdict == 1 and min(mtp_on["repeats"]) > 0.5 > 10 * real_repeats
 like = difference(mtp_on["mtp right"], mtp_on["trunk right"])  # the same targets
 l1_gap = difference(plain["L1"], mtp_on["L1"])  # > 0: the MTP loss lowers L1
-mtp_helps = l1_gap.verdict
-t_crit = t_quantile(0.95, len(SEEDS) - 1)
 
 
 def pct(values: list[float]) -> str:
@@ -833,17 +838,17 @@ glue("ch12-trunk-params", f"{trunk.num_params():,}", display=False)
 glue("ch12-mtp-params", f"{n_mtp:,}", display=False)
 glue("ch12-unigram", f"{unigram:.2f}", display=False)
 glue("ch12-n-seeds", str(len(SEEDS)), display=False)
-glue("ch12-t-crit", f"{t_crit:.2f}", display=False)
+glue("ch12-mtp-steps", f"{STEPS}", display=False)
 glue("ch12-l1-plain-seeds", spread(plain["L1"]).format(3), display=False)
 glue("ch12-l1-mtp-seeds", spread(mtp_on["L1"]).format(3), display=False)
 glue("ch12-l1-gap", l1_gap.format(3), display=False)
 glue(
     "ch12-mtp-verdict",
     {
-        1: "the interval lies above zero: the MTP loss lowered the next-token loss",
-        0: "the interval contains zero: these seeds cannot tell the two apart",
-        -1: "the interval lies below zero: the MTP loss raised the next-token loss",
-    }[mtp_helps],
+        1: "With these seeds the MTP loss lowered the trunk's next-token loss.",
+        0: "These seeds cannot tell the two apart.",
+        -1: "With these seeds the MTP loss raised the trunk's next-token loss.",
+    }[l1_gap.verdict],
     display=False,
 )
 glue("ch12-l2-plain", spread(plain["L2"]).format(2), display=False)
@@ -859,9 +864,9 @@ glue("ch12-like-gap", f"{like.mean:+.1%} ± {like.half_width:.1%}", display=Fals
 glue(
     "ch12-like-verdict",
     {
-        1: "the module's top choice is right more often, beyond the interval",
-        0: "the interval contains zero: the seeds cannot tell them apart",
-        -1: "the trunk's top choice is right more often, beyond the interval",
+        1: "The module's top choice is right more often than the trunk's.",
+        0: "The seeds cannot tell the two apart.",
+        -1: "The trunk's top choice is right more often than the module's.",
     }[like.verdict],
     display=False,
 )
@@ -870,13 +875,10 @@ glue(
 # Both trunks learn: their next-token losses are far below the unigram baseline of
 # {glue:text}`ch12-unigram`. Does the extra signal help the trunk? Over
 # {glue:text}`ch12-n-seeds` seeds the next-token loss is {glue:text}`ch12-l1-plain-seeds`
-# without the MTP loss and {glue:text}`ch12-l1-mtp-seeds` with it (mean ± sd). The two
-# runs of a seed share their initial weights and batches, so the comparison is paired:
-# the difference without − with, seed by seed, has mean and 95 % interval
-# {glue:text}`ch12-l1-gap` (Student's t, ± {glue:text}`ch12-t-crit` standard errors for
-# {glue:text}`ch12-n-seeds` seeds, a two-sided test at the 5 % level), and
-# {glue:text}`ch12-mtp-verdict`. At 100 steps of a 64-wide model that is all this page
-# can say; the gains DeepSeek-V3 reports come from ablations at far larger scale.
+# without the MTP loss and {glue:text}`ch12-l1-mtp-seeds` with it (mean ± sd); paired by
+# seed, without minus with is {glue:text}`ch12-l1-gap`. {glue:text}`ch12-mtp-verdict`
+# The gains DeepSeek-V3 reports come from ablations at a scale far beyond
+# {glue:text}`ch12-mtp-steps` steps of a 64-wide model.
 #
 # The trained module ({glue:text}`ch12-mtp-params` parameters next to a
 # {glue:text}`ch12-trunk-params`-parameter trunk) predicts the token after next with a
@@ -886,8 +888,8 @@ glue(
 # exactly what the trunk has read when it predicts $t_{i+2}$ at the next position. It is a
 # second next-token predictor with one block of its own, not a look-ahead. Scored on the
 # same held-out targets, its top choice is right {glue:text}`ch12-mtp-right` of the time
-# and the trunk's {glue:text}`ch12-trunk-right`; the paired difference is
-# {glue:text}`ch12-like-gap`: {glue:text}`ch12-like-verdict`.
+# and the trunk's {glue:text}`ch12-trunk-right` (paired difference
+# {glue:text}`ch12-like-gap`). {glue:text}`ch12-like-verdict`
 #
 # That is what makes it useful as a draft model. At inference the module runs on the
 # trunk's own pick for $t_{i+1}$ and drafts $t_{i+2}$; the next forward pass checks the
