@@ -781,6 +781,14 @@ assert (
 # Shakespeare, 110 steps, three seeds, and one learning rate ($10^{-2}$) for all three:
 # the models have the same weights and differ only in which keys each query may see. The
 # baseline is the loss of letter frequencies alone.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["hide-input"]
 text = load_shakespeare()
@@ -863,8 +871,7 @@ assert all(
 # the local models are never worse than full attention by more than 0.03 nats,
 # seed by seed
 assert all((np.array(v) - full_val < 0.03).all() for v in val_loss.values())
-# full minus windowed, paired by seed (same initial draw, same batches),
-# 95 % interval
+# full minus windowed, paired by seed (same initial draw, same batches)
 gaps = {k: difference(full_val, v) for k, v in val_loss.items() if k != "full"}
 # no window costs loss here; both end ahead, beyond the interval (an artefact: below)
 assert all(d.verdict == 1 for d in gaps.values())
@@ -948,39 +955,31 @@ for name, b in binned.items():
 # frequencies, at {glue:text}`ch09-val-full` nats per character for full attention,
 # {glue:text}`ch09-val-local` for all local and {glue:text}`ch09-val-mixed` for 3:1 (mean
 # ± sd over three seeds). Seed $i$ of every variant starts from the same draw and sees the
-# same batches, so the comparison is paired: the loss of full attention minus that of the
-# windowed model, with its 95 % Student-t interval over the three seeds (a two-sided test
-# at the 5 % level; with three seeds the interval is $\pm 4.30$ standard errors), is
-# {glue:text}`ch09-lead-local` nats for all local and {glue:text}`ch09-lead-mixed` for
-# 3:1. So at this budget the windows cost these models nothing measurable, which is what
-# the notebook asserts: full attention is not ahead.
+# same batches, and paired by seed the loss of full attention minus that of the windowed
+# model is {glue:text}`ch09-lead-local` nats for all local and
+# {glue:text}`ch09-lead-mixed` for 3:1. So at this budget the windows cost these models
+# nothing measurable, which is what the notebook asserts: full attention is not ahead.
 #
-# The windowed models even end slightly *ahead*, beyond the interval on both counts (the
-# notebook asserts that too), but that lead is an artefact, not a
-# property of windows, and the per-position curves show why. The loss falls over the
-# first two or three characters of context and then stays flat (if anything it creeps up
-# by a few hundredths): in 110 steps a model this small learns spelling, not long-range
-# structure, so a window of 8 hides nothing it uses. And the right panel shows that the
-# lead is about the same at positions 2 to 7, where all three models see exactly the same
-# characters (all-local {glue:text}`ch09-gap-near-local`, 3:1
-# {glue:text}`ch09-gap-near-mixed` nats), as at positions 32 to 63, where the windows hide
-# most of the text ({glue:text}`ch09-gap-far-local` and {glue:text}`ch09-gap-far-mixed`).
-# A lead that does not depend on what the window hides is not about what the models
-# *see*; it comes from how these runs trained, and this page does not find out how. We
-# therefore claim no advantage for the window: the notebook asserts that every run
-# learns, that no window costs loss, that the lead is as large where all three see the
-# same characters as where the windows hide most, and that context beyond 8 characters
-# does not help any of them.
+# The windowed models even end slightly *ahead*, beyond the interval on both counts, but
+# that lead is an artefact, not a property of windows, and the per-position curves show
+# why. The loss falls over the first two or three characters of context and then stays
+# flat: in 110 steps a model this small learns spelling, not long-range structure, so a
+# window of 8 hides nothing it uses. And the lead is about the same at positions 2 to 7,
+# where all three models see the same characters (all-local
+# {glue:text}`ch09-gap-near-local`, 3:1 {glue:text}`ch09-gap-near-mixed` nats), as at
+# positions 32 to 63, where the windows hide most of the text
+# ({glue:text}`ch09-gap-far-local` and {glue:text}`ch09-gap-far-mixed`). A lead that does
+# not depend on what the window hides comes from how these runs trained, not from what
+# the models see; this page does not find out how, and claims no advantage for the window.
 #
-# What can a loss on text show? That the windows cost these models almost nothing, and
-# why: a model that uses three characters of context loses nothing when it is denied the
-# thirtieth. What it cannot show is whether a windowed model *could* use far context: a
-# task in which nothing far away matters gives every attention pattern the same answer.
-# What a window costs at scale is measured on long-context benchmarks, where the evidence
-# is that *some* global path is needed (hence the global layers) and that, given one, the
-# window and ratio matter little {cite}`gemmateam2025gemma3`. At our scale a synthetic
-# task can ask the question directly, by putting the answer further back than the
-# receptive field.
+# A loss on text can show that the windows cost these models almost nothing, and why: a
+# model that uses three characters of context loses nothing when denied the thirtieth.
+# It cannot show whether a windowed model *could* use far context, since a task in which
+# nothing far away matters gives every attention pattern the same answer. At scale,
+# long-context benchmarks suggest that *some* global path is needed (hence the global
+# layers) and that, given one, the window and ratio matter little
+# {cite}`gemmateam2025gemma3`. At our scale a synthetic task can ask the question
+# directly, by putting the answer further back than the receptive field.
 #
 # ## A probe that decides: the needle
 #
@@ -1001,10 +1000,7 @@ for name, b in binned.items():
 # this page can train. The models have no position encoding (`position="none"`): the
 # needle is found by its content, and the window is applied by the mask alone. Every
 # variant has the same parameters, the same learning rate and, seed by seed, the same
-# initialisation and batches, so the comparisons are paired: each is the mean difference
-# over the three seeds with its 95 % Student-t interval ($\pm 4.30$ standard errors), and
-# a difference is claimed only when that interval excludes zero (a two-sided test at the
-# 5 % level).
+# initialisation and batches, so the comparisons are paired over the three seeds.
 
 # %% tags=["hide-input"]
 T_ND, W_ND, L_ND = (64, 8, 6) if FULL else (32, 4, 6)
@@ -1100,7 +1096,7 @@ for name in ("3:1, cut", "5:1"):
     with torch.no_grad():
         moved_h[name] = (m(x_far)[:, -1] - m(x_swap)[:, -1]).abs().max().item()
     print(f"{name}, the same swap: logits move by {moved_h[name]:.1e}")
-# paired differences (same initial draw and batches per seed), 95 % t-interval
+# paired differences (same initial draw and batches per seed)
 diffs_nd = {
     "full − all local, d > bound": difference(
         far["full"].values, far["all local"].values
@@ -1119,8 +1115,9 @@ for name in ("3:1, cut", "5:1"):
     diffs_nd[f"full − {name}, d > bound"] = difference(
         far["full"].values, far[name].values
     )
+VERDICT = {1: "above zero", 0: "cannot tell apart", -1: "below zero"}
 for claim, d in diffs_nd.items():
-    print(f"{claim:<34} {d.format():>13}   verdict {d.verdict:+d}")
+    print(f"{claim:<34} {d.format():>13}   {VERDICT[d.verdict]}")
 # all local: beyond the bound the needle cannot move its answer, so it is at chance
 assert moved == 0.0
 binomial_sd = (CHANCE * (1 - CHANCE) / len(x_far)) ** 0.5  # one seed's test set
@@ -1132,7 +1129,6 @@ for name in ("3:1, cut", "5:1"):  # one global layer: the bound means nothing
     assert abs(near[name].mean - far[name].mean) < 0.05
     assert moved_h[name] > 1e-3  # ...and a needle beyond it moves the answer
 assert near["all local"].mean < 0.3  # within the bound: learned only a little
-NULL = "the seeds cannot tell them apart (a null result)"
 for key, claim in (
     ("local", "all local, d ≤ bound − d > bound"),
     ("3-local", "3:1, cut − all local, d > bound"),
@@ -1140,10 +1136,30 @@ for key, claim in (
     ("full-3", "full − 3:1, cut, d > bound"),
     ("full-5", "full − 5:1, d > bound"),
 ):
-    d = diffs_nd[claim]
-    words = {1: "an interval above zero", -1: "an interval below zero"}
-    glue(f"ch09-nd-{key}", f"{d.format()}, {words.get(d.verdict, NULL)}",
-         display=False)  # fmt: skip
+    glue(f"ch09-nd-{key}", diffs_nd[claim].format(), display=False)
+# the verdicts as whole sentences, in words fixed here
+LEARNED = {
+    1: "That interval lies above zero: within the bound it learned a little.",
+    0: "The seeds cannot tell the two apart.",
+    -1: "That interval lies below zero.",
+}
+glue("ch09-nd-local-verdict",
+     LEARNED[diffs_nd["all local, d ≤ bound − d > bound"].verdict],
+     display=False)  # fmt: skip
+TO_LOCAL = {1: "is ahead of the all-local stack", 0: "cannot be told from the"
+            " all-local stack", -1: "is behind the all-local stack"}  # fmt: skip
+TO_FULL = {1: "is behind full attention", 0: "cannot be told from full attention",
+           -1: "is ahead of full attention"}  # fmt: skip
+for name, key in (("3:1, cut", "3"), ("5:1", "5")):
+    v_local = diffs_nd[f"{name} − all local, d > bound"].verdict
+    v_full = diffs_nd[f"full − {name}, d > bound"].verdict
+    said = (
+        f"The seeds cannot tell the {name[:3]} stack from either the all-local"
+        " stack or full attention."
+        if v_local == v_full == 0
+        else f"The {name[:3]} stack {TO_LOCAL[v_local]} and {TO_FULL[v_full]}."
+    )
+    glue(f"ch09-nd-{key}-verdict", said, display=False)
 for name, key in (("3:1, cut", "3"), ("5:1", "5")):
     glue(f"ch09-nd-{key}-moved", f"{moved_h[name]:.2g}", display=False)
 ND_KEYS = {"full": "full", "local": "all local", "3": "3:1, cut", "5": "5:1"}
@@ -1189,34 +1205,34 @@ plt.close(fig)
 # {glue:text}`ch09-nd-chance`), and there its answer does not depend on the needle at
 # all: swapping every needle for another id moves its last logits by exactly
 # {glue:text}`ch09-nd-moved`, so no training could help. Within the bound it could
-# answer, but in 200 steps it barely learns to: {glue:text}`ch09-nd-local-near`; its
-# accuracy within the bound minus that beyond it is {glue:text}`ch09-nd-local`. A needle 18
-# positions back must be relayed through all six layers, hop by hop, and the fading
-# gradients of the first section showed how weak such a path starts out; the little it
-# learned is at the shortest distances. So this run shows the bound's impossibility
-# exactly, but not what an all-local stack can do inside it, which needs more training
-# than this page affords.
+# answer, but in 200 steps it barely learns to: {glue:text}`ch09-nd-local-near`, and its
+# accuracy within the bound minus that beyond it is {glue:text}`ch09-nd-local`.
+# {glue:text}`ch09-nd-local-verdict` A needle {glue:text}`ch09-nd-bound` positions back
+# must be relayed through all six layers, hop by hop, and the fading gradients of the
+# first section showed how weak such a path starts out. So this run shows the bound's
+# impossibility exactly, but not what an all-local stack can do inside it, which needs
+# more training than this page affords.
 #
-# The hybrids show no bound at all: their accuracy within the bound
+# The hybrids show no bound: their accuracy within the bound
 # ({glue:text}`ch09-nd-3-near` for `sssfss`, {glue:text}`ch09-nd-5-near` for `sssssf`) and
 # beyond it ({glue:text}`ch09-nd-3-far`, {glue:text}`ch09-nd-5-far`) cannot be told apart,
-# as the cones predict: one global layer reaches every position, wherever it sits. The
-# same swap that left the all-local stack's logits untouched moves theirs (by up to
-# {glue:text}`ch09-nd-3-moved` for 3:1 and {glue:text}`ch09-nd-5-moved` for 5:1, seed 0):
-# a needle beyond the bound reaches their answer. Whether they *learned* to use it is
-# another matter. Beyond the bound they are right on {glue:text}`ch09-nd-3-seeds` (3:1)
-# and {glue:text}`ch09-nd-5-seeds` (5:1) of the needles, seed by seed, where full
-# attention is at 1.00 on every seed. Against the all-local stack, 3:1 minus all local is
-# {glue:text}`ch09-nd-3-local` and 5:1 minus all local is {glue:text}`ch09-nd-5-local`;
-# full attention minus 3:1 is {glue:text}`ch09-nd-full-3` and minus 5:1
-# {glue:text}`ch09-nd-full-5`. When the seeds disagree as much as 3:1's do, the interval
-# of three of them, $\pm 4.30$ standard errors, is wide. What
-# limits the hybrids here is not reach, a property of the mask, but learning: in full
-# attention each of six layers can learn to find and copy the needle, in the hybrids only
-# the single global one can. Whether they catch up with more steps or width, and on more
-# seeds, is the first exercise; this page does not measure it. What the probe does decide,
-# where the loss on text could not, is the receptive field's prediction: past $L(w-1)$ an
-# all-local stack is blind, exactly, while one global layer lets the far needle through.
+# as the cones predict, and the swap that left the all-local stack's logits untouched
+# moves theirs (by up to {glue:text}`ch09-nd-3-moved` for 3:1 and
+# {glue:text}`ch09-nd-5-moved` for 5:1, seed 0). Whether they *learned* to use the far
+# needle is another matter. Beyond the bound they are right on
+# {glue:text}`ch09-nd-3-seeds` (3:1) and {glue:text}`ch09-nd-5-seeds` (5:1) of the
+# needles, seed by seed, where full attention is right on
+# {glue:text}`ch09-nd-full-seeds`. Paired beyond the bound, 3:1 minus all local is
+# {glue:text}`ch09-nd-3-local` and full attention minus 3:1 is
+# {glue:text}`ch09-nd-full-3`. {glue:text}`ch09-nd-3-verdict` For 5:1 the same
+# differences are {glue:text}`ch09-nd-5-local` and {glue:text}`ch09-nd-full-5`.
+# {glue:text}`ch09-nd-5-verdict` What limits the hybrids here is not reach, a property of
+# the mask, but learning: in full attention each of six layers can learn to find and copy
+# the needle, in the hybrids only the single global one can. Whether they catch up with
+# more steps or width, and on more seeds, is the first exercise. What the probe does
+# decide, where the loss on text could not, is the receptive field's prediction: past
+# $L(w-1)$ an all-local stack is blind, exactly, while one global layer lets the far
+# needle through.
 
 # %% [markdown]
 # ## What we learned
