@@ -148,9 +148,10 @@ gap = (masked_sparse_attention(q, k, v, every) - dense).abs().max().item()
 glue("ch15-exact-gap", f"{gap:.0e}", display=False)
 
 # %% [markdown]
-# With every key selected the sparse forms reproduce dense attention to
-# {glue:text}`ch15-exact-gap` (fp32 rounding). So everything DSA can lose is decided by
-# the selection: the attention weight that falls on keys it did not choose.
+# With every key selected the sparse forms reproduce dense attention: the largest
+# difference is {glue:text}`ch15-exact-gap` (the check allows fp32 rounding). So
+# everything DSA can lose is decided by the selection: the attention weight that falls
+# on keys it did not choose.
 #
 # ### What a good selection recovers, on a real model
 #
