@@ -465,6 +465,14 @@ Code(
 # rate ($10^{-2}$) is the same for all three, since only the balancing differs. We record
 # every expert's load at every step and measure imbalance as the busiest expert's load
 # over the mean load: 1 is perfect balance, $E/k = 4$ is total collapse onto two experts.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["hide-input"]
 text = load_shakespeare()
@@ -581,8 +589,7 @@ for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
 
 # %% tags=["hide-input"]
-# the seeds share weights and batches across modes: paired differences,
-# 95 % intervals
+# the seeds share weights and batches across modes: paired differences
 start = {key: imbalance(load[:10]).mean().item() for key, load in loads.items()}
 by_seed = {
     name: {m: [table[m, seed] for seed in SEEDS] for m in MODES}
@@ -608,7 +615,8 @@ assert min(first) > 2.5 and min(none) > 2.0
 assert drift.verdict == 0  # ... but its change over training is within the interval
 for m in MODES[1:]:  # each remedy lowers it, beyond the interval, to below 1.8
     assert d_load[m].verdict == -1 and max(by_seed["load"][m]) < 1.8
-    # and any cost in LM loss lies within ±0.05 nats
+    # and the LM loss cannot tell it from no balancing, any cost within ±0.05 nats
+    assert d_loss[m].verdict == 0
     assert -0.05 < d_loss[m].low and d_loss[m].high < 0.05
 fixed = [final[m, seed] for m in MODES[1:] for seed in SEEDS]
 for key, value in {
@@ -744,19 +752,18 @@ glue("fig-moe", HTML(animate(fig, draw_moe, n_frames, interval_ms=400)))
 # unbiased probabilities only weight.
 # ```
 #
-# At step 1 the three runs are identical (same weights, same batch), and the load is
-# already uneven: a random router does not split tokens evenly. Over the first ten steps
-# the busiest expert takes {glue:text}`ch10-start-min` to {glue:text}`ch10-start-max`
-# times its fair share, depending on the seed. Without balancing this unevenness stays:
+# At step 1 the three runs are identical (same weights, same batch), and a random router
+# already splits the tokens unevenly: over the first ten steps the busiest expert takes
+# {glue:text}`ch10-start-min` to {glue:text}`ch10-start-max` times its fair share,
+# depending on the seed. Without balancing this unevenness stays:
 # over the last 50 steps the busiest expert still holds {glue:text}`ch10-collapse-min` to
 # {glue:text}`ch10-collapse-max` times its share, and on seed 0 the idlest expert ends
 # with a share of {glue:text}`ch10-starved` against the uniform {glue:text}`ch10-uniform`.
 # It does not grow into the collapse described above: on seed 0 the busiest expert
 # goes from {glue:text}`ch10-seed0-first` times its share over steps 1–10 to
 # {glue:text}`ch10-seed0-last` over the last ten ({numref}`fig-moe`), and over the
-# three seeds the change from the first ten steps to the last 50,
-# {glue:text}`ch10-drift` (the mean of the paired differences ± the half-width of their
-# 95 % Student-t interval), cannot be told from zero. A one-layer model trained for 160
+# three seeds the paired change from the first ten steps to the last 50,
+# {glue:text}`ch10-drift`, cannot be told from zero. A one-layer model trained for 160
 # steps inherits its unevenness from the random router rather than building it up
 # (exercise 3 asks what sharper initial logits do).
 #
@@ -767,18 +774,11 @@ glue("fig-moe", HTML(animate(fig, draw_moe, n_frames, interval_ms=400)))
 # zero. On the language-model loss (the auxiliary term left out) the paired differences
 # are {glue:text}`ch10-d-loss-aux` and {glue:text}`ch10-d-loss-bias` nats: the three
 # seeds cannot tell a balanced run from the unbalanced one, and any cost of balance at
-# this scale is below {glue:text}`ch10-loss-bound` nats. Whether it helps is a question for larger models:
-# DeepSeek reports that the bias balances as well as the auxiliary loss while ending with a
-# slightly better model {cite}`wang2024auxiliary`, and DeepSeek-V3 still adds a very small
-# sequence-wise auxiliary loss as a safeguard {cite}`deepseekai2024deepseekv3`.
-#
-# A difference here is claimed only when the 95 % interval of the paired differences
-# excludes zero, a two-sided test at the 5 % level; with three seeds the interval's
-# half-width is $t(0.975, 2) = 4.30$ times the standard error. The asserts hold the
-# claims to it: without balancing the busiest expert gets more than twice its share on
-# every seed and its change over training is not an increase; with either remedy it gets
-# less than 1.8 times, lower beyond the interval, and the loss interval lies within
-# ±0.05 nats.
+# this scale is below {glue:text}`ch10-loss-bound` nats. Whether it helps is a question
+# for larger models: DeepSeek reports that the bias balances as well as the auxiliary
+# loss while ending with a slightly better model {cite}`wang2024auxiliary`, and
+# DeepSeek-V3 still adds a very small sequence-wise auxiliary loss as a safeguard
+# {cite}`deepseekai2024deepseekv3`.
 
 # %% [markdown]
 # ## What the extra parameters buy: a memorisation probe
@@ -902,7 +902,7 @@ for name, imbs in mem_imb.items():
 # %% tags=["hide-input"]
 mem_vals = {name: acc.values for name, acc in mem_acc.items()}
 dense_active, moe_free, moe_aux, dense_total = mem_vals.values()
-PAIRS = {  # (a, b): a − b over the paired seeds, with its 95 % Student-t interval
+PAIRS = {  # (a, b): a − b over the paired seeds
     ("MoE, auxiliary loss", "dense, d_ff = kF"): difference(moe_aux, dense_active),
     ("MoE, no balancing", "dense, d_ff = kF"): difference(moe_free, dense_active),
     ("MoE, auxiliary loss", "MoE, no balancing"): difference(moe_aux, moe_free),
@@ -984,10 +984,7 @@ plt.close(fig)
 # ```
 #
 # Each variant's accuracy is given as mean ± sd over the {glue:text}`ch10-mem-seeds`
-# seeds. The seeds are paired (seed $s$ fixes the batches for every variant), so each
-# comparison is the mean of the per-seed differences ± the half-width of its 95 %
-# Student-t interval, and a difference is claimed only when that interval excludes zero:
-# a two-sided test at the 5 % level, with $t(0.975, 4) = 2.78$ for five seeds.
+# seeds, and the comparisons are paired: seed $s$ fixes the batches for every variant.
 #
 # {numref}`fig-moe-memorisation` and the table say both halves of the answer. (a) At
 # equal active parameters the MoE stores far more: the dense FFN of width $kF$
