@@ -36,11 +36,10 @@
 # parameters, how many of them a token uses, how many bytes of cache a token costs at 4k
 # and at 64k context, how many FLOPs a token needs. Then we train every step with three
 # paired seeds, on the same Shakespeare characters and on a needle probe that only a
-# model reaching far back can answer, and claim a difference in quality only where the
-# 95 % interval of the paired differences excludes zero. The arithmetic moves by
-# factors. The quality runs are very short, {glue:text}`ch14-lm-steps` steps, after which
-# the 2017 decoder is barely below a unigram model: they measure how fast each model gets
-# going, not how good it would become. The held-out loss moves at
+# model reaching far back can answer. The arithmetic moves by factors. The quality runs
+# are very short, {glue:text}`ch14-lm-steps` steps, after which the 2017 decoder is
+# barely below a unigram model: they measure how fast each model gets going, not how
+# good it would become. The held-out loss moves at
 # {glue:text}`ch14-n-moved` of the thirteen steps; what the later steps do to quality,
 # runs this small cannot tell.
 
@@ -523,10 +522,9 @@ for key, value in {
 #
 # ## Does quality care?
 #
-# The table is exact; quality has to be measured, and at this size it can only be
-# measured coarsely. Every step is trained twice, each time with three seeds (seed $s$
-# fixes the initialisation and the batches, the same for every step of the morph, so the
-# runs are paired):
+# The table is exact; quality has to be measured. Every step is trained twice, each time
+# with three seeds (seed $s$ fixes the initialisation and the batches, the same for
+# every step of the morph, so the runs are paired):
 #
 # - **language modelling**: the same Shakespeare character windows in the same order, the
 #   same AdamW and cosine schedule, {glue:text}`ch14-lm-steps` steps of
@@ -543,11 +541,13 @@ for key, value in {
 #   that keeps one full layer (or a state that remembers) can answer far needles; three
 #   sliding layers alone could not.
 #
-# A difference is claimed only when `compare` calls it: the 95 % Student-t interval of
-# the three paired differences excludes zero, a two-sided test at the 5 % level. With
-# three seeds that interval is $\pm\,t(0.975, 2) = 4.30$ standard errors wide, so a gap
-# must be about two and a half times the standard deviation of the paired differences
-# before three runs can show it.
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["hide-input"]
 ids = torch.tensor(chars.encode(text))
@@ -745,19 +745,30 @@ assert d_sw.verdict == -1
 sw_vs_full = d_sw.verdict
 i_mqa = names.index("MQA")
 # the far needle at the MQA step, a sentence whichever way the rule falls
+mqa_moves = (
+    f"far accuracy {'rises' if df[i_mqa].mean > 0 else 'falls'} from "
+    f"{far[i_mqa - 1].mean:.2f} to {far[i_mqa].mean:.2f} ({df[i_mqa].format(2)})"
+)
 mqa_text = (
-    f"The rule also flags MQA, whose far accuracy rises from "
-    f"{far[i_mqa - 1].mean:.2f}"
-    f" to {far[i_mqa].mean:.2f} ({df[i_mqa].format(2)}); we have no mechanism to"
-    " offer for that and read it with care"
+    f"The rule also flags MQA, whose {mqa_moves}; we have no mechanism to offer"
+    " for it."
     if d_far[i_mqa]
-    else f"At the MQA step the far accuracy rises from {far[i_mqa - 1].mean:.2f} to"
-    f" {far[i_mqa].mean:.2f}, but the paired interval, {df[i_mqa].format(2)}, holds"
-    " zero: the three seeds cannot tell the two steps apart"
+    else f"At the MQA step the {mqa_moves}, and the seeds cannot tell the two apart."
 )
 dn_vs_sw = compare(far[i_dn].values, far[i_og].values)
 sw_near_far = compare(near[i_sw].values, far[i_sw].values)
 VERDICT = {-1: "lower than", 0: "not distinguishable from", 1: "higher than"}
+# the two verdicts no assert pins, each a whole sentence whichever way it falls
+DN_VS_SW = {
+    -1: "The DeltaNet model finds far needles less often than the sliding one.",
+    0: "The seeds cannot tell the two apart.",
+    1: "The DeltaNet model finds far needles more often than the sliding one.",
+}
+SW_NEAR_FAR = {
+    -1: "It finds near needles less often than far ones.",
+    0: "The seeds cannot tell its near needles from its far ones.",
+    1: "It finds near needles more often than far ones.",
+}
 for key, value in {
     "lm-steps": f"{STEPS}",
     "lm-batch": f"{BATCH}",
@@ -788,9 +799,8 @@ for key, value in {
     "far-og": far[i_og].format(2),
     "far-dn": far[i_dn].format(2),
     "far-last": far[-1].format(2),
-    "sw-vs-full": VERDICT[sw_vs_full],
-    "dn-vs-sw": VERDICT[dn_vs_sw],
-    "sw-near-far": VERDICT[sw_near_far],
+    "dn-vs-sw": DN_VS_SW[dn_vs_sw],
+    "sw-near-far": SW_NEAR_FAR[sw_near_far],
 }.items():
     glue(f"ch14-{key}", value, display=False)
 for what, idx in (("loss", moved), ("needle far", moved_far)):
@@ -803,59 +813,52 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 
 # %% [markdown]
 # The table gives each step's held-out loss and far-needle accuracy (mean ± sd over the
-# seeds) and, against the step before, the mean of the paired differences ± the
-# half-width of their 95 % interval: "−" where the interval lies below zero, "+" above,
-# "·" where it holds zero and the seeds cannot tell the two steps apart.
-# {numref}`fig-morph-curves` draws the loss column: each step's curves against the step
-# before, and the paired differences with their intervals.
+# seeds) and the paired difference from the step before, marked "−" or "+" where its
+# interval lies below or above zero and "·" where it holds zero;
+# {numref}`fig-morph-curves` draws the loss column.
 #
 # Read the loss column against its baseline first. The 2017 decoder ends at
 # {glue:text}`ch14-loss-2017` nats per character, and a unigram model, which knows only
 # how often each character occurs, scores {glue:text}`ch14-unigram`: after
 # {glue:text}`ch14-lm-steps` steps, post-LN with dropout has learned hardly more than
-# character frequencies. Every comparison with it is a comparison of how fast the models
-# get going. In that sense the held-out loss falls to {glue:text}`ch14-loss-last` by the
-# last step (paired against the 2017 decoder, {glue:text}`ch14-d-last` nats), and of the
-# largest fall, {glue:text}`ch14-loss-fall` nats, {glue:text}`ch14-loss-fall-rope` have
-# happened by step 4. Against the step before, the loss moves at
-# {glue:text}`ch14-n-moved` of the thirteen steps: {glue:text}`ch14-moved`; past RoPE,
-# {glue:text}`ch14-moved-late`. The seeds agree on those later moves, but they are moves
+# character frequencies. By the last step the held-out loss falls to
+# {glue:text}`ch14-loss-last` (paired against the 2017 decoder, {glue:text}`ch14-d-last`
+# nats), and of the largest fall, {glue:text}`ch14-loss-fall` nats,
+# {glue:text}`ch14-loss-fall-rope` have happened by step 4. Against the step before, the
+# loss moves at {glue:text}`ch14-n-moved` of the thirteen steps: {glue:text}`ch14-moved`;
+# past RoPE, {glue:text}`ch14-moved-late`. The seeds agree on those later moves, but they are moves
 # of runs that have barely left the unigram level, at one learning rate chosen for the
 # 2017 model: a token that reaches only two small experts, or a layer that must first
 # learn its gates and decay, may start slower and end anywhere. We report them and
-# assert none of them; they say nothing about where the models would end.
+# assert none of them.
 #
 # The needle asks one question the loss cannot. The 2017 decoder stays near chance on
-# far needles ({glue:text}`ch14-far-2017`, chance {glue:text}`ch14-chance`), the
+# far needles ({glue:text}`ch14-far-2017`, chance {glue:text}`ch14-chance`); the
 # all-full modern block of step 8 finds more of them ({glue:text}`ch14-far-full`; paired
 # against 2017, {glue:text}`ch14-d-full`). With three sliding layers the model can
-# still reach every position through its one full layer; but after
-# {glue:text}`ch14-n-steps` steps its far accuracy ({glue:text}`ch14-far-sw`) is
-# {glue:text}`ch14-sw-vs-full` the all-full model's ({glue:text}`ch14-d-sw`), near chance, and its near needles
-# ({glue:text}`ch14-near-sw`) are {glue:text}`ch14-sw-near-far` its far ones: in this
-# budget the hybrid has not learned to route the needle through its one full layer,
-# which says how fast it learns, not what it can reach. The
-# DeltaNet step, whose linear layers could carry a needle in their state, scores
-# {glue:text}`ch14-far-dn` on far needles, {glue:text}`ch14-dn-vs-sw` the sliding model
-# before it ({glue:text}`ch14-far-og`); the final model with MLA scores
-# {glue:text}`ch14-far-last`. Steps whose far accuracy moves against the step before,
-# by the rule: {glue:text}`ch14-moved-far`. {glue:text}`ch14-mqa`, since the all-full
-# steps scatter widely over seeds (sd up to {glue:text}`ch14-far-sd-max`) in a probe
-# trained this briefly.
+# still reach every position through its one full layer, yet after
+# {glue:text}`ch14-n-steps` steps its far accuracy falls back to
+# {glue:text}`ch14-far-sw`, lower than the all-full model's ({glue:text}`ch14-d-sw`)
+# and near chance. On near needles it scores {glue:text}`ch14-near-sw`.
+# {glue:text}`ch14-sw-near-far` In this budget the hybrid has not learned to route the
+# needle through its one full layer. The DeltaNet step, whose linear layers could carry a needle in their state,
+# scores {glue:text}`ch14-far-dn` on far needles against {glue:text}`ch14-far-og` for
+# the sliding model before it. {glue:text}`ch14-dn-vs-sw` The final model with MLA
+# scores {glue:text}`ch14-far-last`. Steps whose far accuracy moves against the step
+# before: {glue:text}`ch14-moved-far`. {glue:text}`ch14-mqa` The all-full steps scatter
+# widely over seeds (sd up to {glue:text}`ch14-far-sd-max`) in a probe trained this
+# briefly.
 #
-# What runs this small can and cannot show. A {glue:text}`ch14-lm-steps`-step loss on
-# text, at one fixed learning rate, measures how fast a model gets going: a change that
-# helps an early, unstable run (pre-LN, which needs little warmup; RoPE, which hands every
-# layer relative positions) can show, and we cannot tell a faster start from a better model
-# in the limit. Changes made for cost (MQA, MoE, MLA) or for stability at scale
-# (QK-norm, the output gate) have nothing to show here, and a null result at this size is
-# evidence neither for nor against what the papers cited with each step report for large
-# models trained long; "matches the field's ablations" is not a claim one run can make.
-# The needle isolates one capability, reach, but trained for
-# {glue:text}`ch14-n-steps` steps it too measures how soon a model learns to use its
-# reach, not whether it has it: every model here has at least one full layer, so every
-# one of them can in principle find every needle. Within those limits the cost table is
-# the morph's exact result, and the quality columns say only what the seeds agree on.
+# What runs this small can show. A {glue:text}`ch14-lm-steps`-step loss at one fixed
+# learning rate measures how fast a model gets going: a change that helps an early,
+# unstable run (pre-LN, which needs little warmup; RoPE, which hands every layer relative
+# positions) can show, but a faster start cannot be told from a better model in the
+# limit. Changes made for cost (MQA, MoE, MLA) or for stability at scale (QK-norm, the
+# output gate) have nothing to show here; the papers cited with each step measured them
+# on large models trained long. The needle, trained for {glue:text}`ch14-n-steps` steps,
+# likewise measures how soon a model learns to use its reach, not whether it has it:
+# every model here keeps at least one full layer and could in principle find every
+# needle.
 #
 # ## The morph, animated
 #
