@@ -224,8 +224,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),
     "ops.rope": (
-        "apply_rope", "apply_rope_reference", "LAYOUTS", "rope_cos_sin",
-        "rope_frequencies", "ROPE_TYPES", "RopeScaling", "yarn_mscale",
+        "apply_rope", "apply_rope_reference", "base_inv_freq", "dynamic_ntk_theta",
+        "LAYOUTS", "llama3_inv_freq", "rope_cos_sin", "rope_frequencies", "ROPE_TYPES",
+        "RopeScaling", "yarn_inv_freq", "yarn_mscale",
     ),
     "ops.sinks": (
         "check_sinks", "sink_as_key", "sink_attention_weights", "sink_naive_attention",

@@ -9,8 +9,12 @@ from companion.ops.rope import (
     RopeScaling,
     apply_rope,
     apply_rope_reference,
+    base_inv_freq,
+    dynamic_ntk_theta,
+    llama3_inv_freq,
     rope_cos_sin,
     rope_frequencies,
+    yarn_inv_freq,
 )
 
 SCALINGS = {
@@ -137,3 +141,49 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="cover 16 channels but x has only 8"):
         apply_rope(torch.randn(3, 8), cos, sin)
     assert math.isclose(rope_frequencies(16)[1], 1.0)
+
+
+def test_the_public_scaling_functions_are_what_rope_frequencies_uses():
+    inv = base_inv_freq(32, 1e4)
+    assert torch.equal(rope_frequencies(32)[0], inv)
+    yarn = RopeScaling("yarn", factor=8.0, original_max_position_embeddings=64)
+    ours = yarn_inv_freq(inv, 1e4, 8.0, 64)
+    assert torch.equal(rope_frequencies(32, scaling=yarn)[0], ours)
+    llama = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    llama3 = RopeScaling("llama3", **llama, original_max_position_embeddings=64)
+    assert torch.equal(
+        rope_frequencies(32, scaling=llama3)[0], llama3_inv_freq(inv, 8.0, 64, 1.0, 4.0)
+    )
+    dynamic = RopeScaling("dynamic", factor=2.0)
+    grown = base_inv_freq(32, dynamic_ntk_theta(1e4, 32, 2.0, 256, 600))
+    assert torch.equal(rope_frequencies(32, 1e4, dynamic, 1.0, 256, 600)[0], grown)
+    # inside the trained length the dynamic base is the plain one
+    assert dynamic_ntk_theta(1e4, 32, 2.0, 256, 100) == 1e4
+
+
+def test_the_scaling_schemes_keep_fast_pairs_and_slow_down_slow_ones():
+    # a Llama 3 head trained on 8192 tokens, stretched 8 times
+    inv = base_inv_freq(128, 5e5)
+    for new in (
+        yarn_inv_freq(inv, 5e5, 8.0, 8192),
+        llama3_inv_freq(inv, 8.0, 8192, 1.0, 4.0),
+        base_inv_freq(128, dynamic_ntk_theta(5e5, 128, 1.0, 8192, 8 * 8192)),
+    ):
+        ratio = new / inv
+        assert ratio[0] == pytest.approx(1.0) and ratio[-1] == pytest.approx(1 / 8)
+        # the slower a pair turns, the more it is slowed down
+        assert bool((ratio[1:] <= ratio[:-1] + 1e-6).all())
+
+
+def test_the_scaling_functions_name_a_bad_argument():
+    inv = base_inv_freq(16, 1e4)
+    with pytest.raises(ValueError, match="factor must be a positive number, got 0"):
+        yarn_inv_freq(inv, 1e4, 0.0, 64)
+    with pytest.raises(ValueError, match="beta_slow must be a finite number"):
+        yarn_inv_freq(inv, 1e4, 8.0, 64, beta_slow=math.inf)
+    with pytest.raises(ValueError, match="trained length must be a positive integer"):
+        llama3_inv_freq(inv, 8.0, 64.0, 1.0, 4.0)
+    with pytest.raises(ValueError, match="high_freq_factor must be a positive number"):
+        llama3_inv_freq(inv, 8.0, 64, 1.0, -4.0)
+    with pytest.raises(ValueError, match="trained length must be a positive integer"):
+        dynamic_ntk_theta(1e4, 16, 2.0, 0, 100)

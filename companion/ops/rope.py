@@ -17,7 +17,9 @@ configs use: ``linear`` (``factor``), ``dynamic`` (``factor``; NTK base stretch 
 sequence outgrows ``max_position_embeddings``), ``yarn`` (``factor``,
 ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
 ``mscale_all_dim``, ``attention_factor``, ``truncate``) and ``llama3`` (``factor``,
-``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
+``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``): one
+division for ``linear``, else :func:`dynamic_ntk_theta`, :func:`yarn_inv_freq` (with
+:func:`yarn_mscale`) or :func:`llama3_inv_freq` on the plain :func:`base_inv_freq`.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ __all__ = [
     "RopeScaling",
     "apply_rope",
     "apply_rope_reference",
+    "base_inv_freq",
+    "dynamic_ntk_theta",
+    "llama3_inv_freq",
     "rope_cos_sin",
     "rope_frequencies",
+    "yarn_inv_freq",
     "yarn_mscale",
 ]
 
@@ -103,11 +109,8 @@ class RopeScaling:
         if kind in ("linear", "dynamic", "llama3") and self.factor is None:
             raise ValueError(f"rope_type {kind!r} needs a positive factor, got None")
         if kind == "llama3":
-            needed = (
-                "low_freq_factor",
-                "high_freq_factor",
-                "original_max_position_embeddings",
-            )
+            needed = ("low_freq_factor", "high_freq_factor")
+            needed += ("original_max_position_embeddings",)
             missing = [name for name in needed if getattr(self, name) is None]
             if missing:
                 raise ValueError(f"rope_type 'llama3' needs {missing}")
@@ -128,66 +131,100 @@ class RopeScaling:
         return cls(**params)  # type: ignore[arg-type]
 
 
-def _base_inv_freq(rotary_dim: int, theta: float) -> Tensor:
-    """ω_f = θ^(−2f/R) for f = 0 .. R/2 − 1, in fp32."""
+def base_inv_freq(rotary_dim: int, theta: float) -> Tensor:
+    """Plain RoPE's speeds: ω_f = θ^(−2f/R) radians per token, f = 0 .. R/2 − 1."""
     exps = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     return 1.0 / (theta**exps)
 
 
+def _check_stretch(trained_len: object, **factors: object) -> None:
+    """Raise a ValueError naming the argument unless ``trained_len`` is an int >= 1 and
+    each factor a finite number > 0: the checks the scaling functions share."""
+    check_int("the trained length", trained_len, 1)
+    for name, value in factors.items():
+        check_positive(name, value)
+        check_number(name, value)
+
+
+def dynamic_ntk_theta(
+    theta: float, rotary_dim: int, factor: float, trained_len: int, seq_len: int
+) -> float:
+    """The base of dynamic ("NTK-aware") scaling for a ``seq_len``-token text.
+
+    Past ``trained_len`` the base grows to θ·s^(R/(R−2)), s = factor·seq_len/trained_len
+    − (factor − 1): the fastest pair keeps its speed, the slowest turns s times slower.
+    """
+    _check_stretch(trained_len, factor=factor)
+    stretch = factor * max(seq_len, trained_len) / trained_len - (factor - 1)
+    return theta * stretch ** (rotary_dim / (rotary_dim - 2))
+
+
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's logit sharpening for a context stretched ``factor`` times: 0.1·m·ln(s) +
-    1."""
+    """YaRN's logit sharpening for a text ``factor`` times longer: 0.1·m·ln(s) + 1."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _yarn(
-    inv_freq: Tensor, rotary_dim: int, theta: float, p: RopeScaling, max_pos: int
-) -> tuple[Tensor, float]:
-    """YaRN: keep fast-rotating pairs, interpolate slow ones, ramp in between; scale
-    logits."""
-    orig = p.original_max_position_embeddings or max_pos
-    factor = p.factor or max_pos / orig
-    attn = p.attention_factor
-    if attn is None:
-        if p.mscale and p.mscale_all_dim:
-            attn = yarn_mscale(factor, p.mscale) / yarn_mscale(factor, p.mscale_all_dim)
-        else:
-            attn = yarn_mscale(factor)
-    beta_fast, beta_slow = p.beta_fast or 32, p.beta_slow or 1
+def yarn_inv_freq(
+    inv_freq: Tensor,
+    theta: float,
+    factor: float,
+    orig_len: int,
+    beta_fast: float = 32,
+    beta_slow: float = 1,
+    truncate: bool = True,
+) -> Tensor:
+    """YaRN's speeds for a text ``factor`` times longer than ``orig_len`` tokens.
 
-    def pair_index(
-        n_rotations: float,
-    ) -> float:  # the pair that turns n times over `orig`
-        return (
-            rotary_dim
-            * math.log(orig / (n_rotations * 2 * math.pi))
-            / (2 * math.log(theta))
-        )
+    A pair that turns ``beta_fast`` times or more within ``orig_len`` tokens keeps its
+    speed, one that turns fewer than ``beta_slow`` times is slowed ``factor`` times, and
+    a linear ramp over the pair index blends those between (its ends rounded outward to
+    whole pairs when ``truncate``). The logits are sharpened by :func:`yarn_mscale`.
+    """
+    _check_stretch(orig_len, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow)
+    half = len(inv_freq)  # F pairs; pair f turns orig_len · θ^(−f/F) / 2π times
 
-    low, high = pair_index(beta_fast), pair_index(beta_slow)
-    if p.truncate:
+    def pair_turning(n: float) -> float:  # the (fractional) pair that turns n times
+        return half * math.log(orig_len / (n * 2 * math.pi)) / math.log(theta)
+
+    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
         low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, rotary_dim - 1)
+    low, high = max(low, 0), min(high, 2 * half - 1)  # R − 1, as in transformers
     if low == high:
-        high += 0.001
-    ramp = (
-        (torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)
-    ).clamp(0, 1)
-    keep = 1.0 - ramp  # 1: extrapolate (leave ω alone), 0: interpolate (ω / factor)
-    return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attn)
+        high += 0.001  # a ramp of zero width would divide by zero
+    ramp = ((torch.arange(half, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1.0 - ramp  # 1: leave ω alone (extrapolate), 0: ω / factor (interpolate)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
-def _llama3(inv_freq: Tensor, p: RopeScaling) -> Tensor:
-    """Llama 3.1: divide long wavelengths by ``factor``, keep short ones, blend the
-    middle."""
-    factor, orig = p.factor, p.original_max_position_embeddings
-    low_f, high_f = p.low_freq_factor, p.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > orig / low_f, inv_freq / factor, inv_freq)
-    smooth = (orig / wavelen - low_f) / (high_f - low_f)
+def llama3_inv_freq(
+    inv_freq: Tensor,
+    factor: float,
+    orig_len: int,
+    low_freq_factor: float,
+    high_freq_factor: float,
+) -> Tensor:
+    """Llama 3.1's speeds: a pair whose wavelength exceeds ``orig_len /
+    low_freq_factor`` tokens is slowed ``factor`` times, one shorter than ``orig_len /
+    high_freq_factor`` keeps its speed, and those between are blended by how many times
+    they turn within ``orig_len``."""
+    low, high = low_freq_factor, high_freq_factor
+    _check_stretch(orig_len, factor=factor, low_freq_factor=low, high_freq_factor=high)
+    wavelen = 2 * math.pi / inv_freq  # tokens per turn
+    scaled = torch.where(wavelen > orig_len / low, inv_freq / factor, inv_freq)
+    smooth = (orig_len / wavelen - low) / (high - low)  # 0: slow end, 1: fast end
     blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= orig / high_f) & (wavelen <= orig / low_f)
+    medium = (wavelen >= orig_len / high) & (wavelen <= orig_len / low)
     return torch.where(medium, blended, scaled)
+
+
+def _yarn_attention(p: RopeScaling, factor: float) -> float:
+    """YaRN's cos/sin scale: ``attention_factor`` if given, else from the mscales."""
+    if p.attention_factor is not None:
+        return float(p.attention_factor)
+    if p.mscale and p.mscale_all_dim:
+        return yarn_mscale(factor, p.mscale) / yarn_mscale(factor, p.mscale_all_dim)
+    return float(yarn_mscale(factor))
 
 
 def rope_frequencies(
@@ -213,20 +250,24 @@ def rope_frequencies(
             f"scaling must be a RopeScaling or None, got {type(scaling).__name__}"
         )
     p = RopeScaling("default") if scaling is None else scaling
-    kind = p.rope_type
+    kind, trained = p.rope_type, max_position_embeddings
     if kind == "dynamic":
-        n = max(seq_len or max_position_embeddings, max_position_embeddings)
-        grow = (p.factor * n / max_position_embeddings - (p.factor - 1)) ** (
-            rotary_dim / (rotary_dim - 2)
-        )
-        return _base_inv_freq(rotary_dim, theta * grow), 1.0
-    inv_freq = _base_inv_freq(rotary_dim, theta)
+        n = seq_len or trained
+        theta = dynamic_ntk_theta(theta, rotary_dim, p.factor, trained, n)
+        return base_inv_freq(rotary_dim, theta), 1.0
+    inv_freq = base_inv_freq(rotary_dim, theta)
     if kind == "linear":
         return inv_freq / p.factor, 1.0
     if kind == "yarn":
-        return _yarn(inv_freq, rotary_dim, theta, p, max_position_embeddings)
+        orig = p.original_max_position_embeddings or trained
+        factor = p.factor or trained / orig
+        fast, slow = p.beta_fast or 32, p.beta_slow or 1
+        inv_freq = yarn_inv_freq(inv_freq, theta, factor, orig, fast, slow, p.truncate)
+        return inv_freq, _yarn_attention(p, factor)
     if kind == "llama3":
-        return _llama3(inv_freq, p), 1.0
+        orig = p.original_max_position_embeddings
+        low, high = p.low_freq_factor, p.high_freq_factor
+        return llama3_inv_freq(inv_freq, p.factor, orig, low, high), 1.0
     return inv_freq, 1.0
 
 
