@@ -82,7 +82,7 @@ from companion.analysis.extrapolation import (
     train_short,
     with_rope,
 )
-from companion.analysis.seeds import difference, spread, t_quantile
+from companion.analysis.seeds import difference, spread
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.layers.positions import LearnedPositions
@@ -92,8 +92,11 @@ from companion.ops.rope import (
     RopeScaling,
     apply_rope,
     apply_rope_reference,
+    dynamic_ntk_theta,
+    llama3_inv_freq,
     rope_cos_sin,
     rope_frequencies,
+    yarn_inv_freq,
 )
 from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.probes import fit, induction_copy, position_accuracy
@@ -741,19 +744,44 @@ assert band(curves_window, 256, 512) < far["rope"] - 0.15
 #
 # If the trouble is angles the model has never seen, change the frequencies so that a long
 # text produces only familiar angles. Three recipes, all applied to the *same trained
-# weights* (`companion.ops.rope.rope_frequencies` implements them with the settings
-# released configs use), for a text $s$ times longer than training:
+# weights*, for a text $s$ times longer than training. Each is a few lines of
+# `companion.ops.rope`, taking the arguments released configs use.
 #
-# - **Linear (position interpolation)**: divide every frequency by $s$, so that position
-#   512 turns the hands as far as position 64 did {cite}`chen2023extending`. It also makes
-#   neighbouring tokens look $s$ times closer than they are.
-# - **NTK-aware**: raise the base to $b\, s^{D/(D-2)}$. The fastest pair keeps its speed,
-#   the slowest slows down by exactly $s$, and the pairs in between by less. "Dynamic"
-#   scaling applies this with $s$ set by the current length of the text.
-# - **YaRN**: leave the pairs that turn many times within the training length alone,
-#   interpolate the ones that turn less than once, ramp between the two, and sharpen the
-#   softmax slightly to make up for its spread over more keys {cite}`peng2024yarn`.
+# **Linear (position interpolation)** divides every speed by $s$ (`inv_freq / factor`), so
+# that position 512 turns the hands as far as position 64 did {cite}`chen2023extending`.
+# It also makes neighbouring tokens look $s$ times closer than they are.
 #
+# **NTK-aware** scaling changes the base instead, to $b\, s^{D/(D-2)}$: the fastest pair
+# keeps its speed, the slowest slows down by exactly $s$, and the pairs in between by
+# less. *Dynamic* scaling recomputes the base as the text grows, with $s$ set by its
+# current length (a config's `factor` above 1 makes it grow faster):
+
+# %%
+Code(inspect.getsource(dynamic_ntk_theta), language="python")
+
+# %% [markdown]
+# **YaRN** sorts the pairs by how often they turn within the training length. A pair that
+# turns many times (32, by default) has been seen at every angle and is left alone; one
+# that turns less than once is interpolated as in the linear recipe; a ramp over the pair
+# index blends those between. YaRN also sharpens the softmax slightly
+# (`yarn_mscale` multiplies cos and sin by $0.1 \ln s + 1$, so the logits by its square)
+# to make up for its spread over more keys {cite}`peng2024yarn`:
+
+# %%
+Code(inspect.getsource(yarn_inv_freq), language="python")
+
+# %% [markdown]
+# **Llama 3.1** ships its own version of the same idea (`rope_type: "llama3"` in its
+# config). It sorts the pairs by wavelength rather than by turns: a pair whose wavelength
+# is shorter than the training length over `high_freq_factor` keeps its speed, one longer
+# than the training length over `low_freq_factor` is slowed $s$ times, and those between
+# are blended. It leaves the logits alone. We do not measure it below; the figure shows
+# what it does.
+
+# %%
+Code(inspect.getsource(llama3_inv_freq), language="python")
+
+# %% [markdown]
 # For $s = 8$ and our 32-channel heads, here is what each does to the speed of every pair:
 
 # %% tags=["hide-input"]
@@ -761,23 +789,30 @@ rope_cfg = models["rope"].cfg
 R = rope_cfg.head_dim
 base_inv, _ = rope_frequencies(R, rope_cfg.rope_theta)
 methods = {"linear": "linear (PI)", "ntk": "NTK-aware", "yarn": "YaRN"}
+method_colors = {"linear": PALETTE[1], "ntk": PALETTE[3], "yarn": PALETTE[4]}
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
 ratios = {}
-for j, (method, label) in enumerate(methods.items()):
+for method, label in methods.items():
     changes = rope_scaling_for(method, rope_cfg, TRAIN_LEN, EVAL_LEN)
     scaling = changes.get("scaling")
     theta = changes.get("theta", rope_cfg.rope_theta)
     inv, attention_scale = rope_frequencies(R, theta, scaling)
     ratios[method] = (inv / base_inv).numpy()
     extra = f", logits × {attention_scale**2:.2f}" if attention_scale != 1 else ""
-    ax.plot(ratios[method], "o-", ms=3, color=PALETTE[j + 1], label=label + extra)
+    color = method_colors[method]
+    ax.plot(ratios[method], "o-", ms=3, color=color, label=label + extra)
+# Llama 3.1's recipe with its released factors, stretched 8 times from 64 characters
+llama3_inv = llama3_inv_freq(base_inv, 8.0, TRAIN_LEN, 1.0, 4.0)
+ratios["llama3"] = (llama3_inv / base_inv).numpy()
+ax.plot(ratios["llama3"], "s--", ms=3, lw=1, color=PALETTE[7],
+        label="Llama 3.1 (not measured here)")  # fmt: skip
 ax.set(
     yscale="log",
     yticks=[1 / 8, 1 / 4, 1 / 2, 1],
     yticklabels=["1/8", "1/4", "1/2", "1"],
     xlabel="pair index i (fast → slow)",
     ylabel="new speed ÷ trained speed",
-    title="Three ways to slow the hands down by 8×",
+    title="What each recipe does to each pair's speed, for s = 8",
 )
 ax.yaxis.set_minor_formatter(NullFormatter())
 ax.legend()
@@ -795,9 +830,9 @@ ntk_inv, _ = rope_frequencies(
 # NTK-aware at 512 tokens = dynamic scaling
 assert torch.allclose(ntk_inv, dynamic_inv)
 assert np.allclose(ratios["linear"], 1 / 8) and abs(ratios["ntk"][0] - 1) < 1e-6
-assert abs(ratios["ntk"][-1] - 1 / 8) < 1e-6 and abs(
-    ratios["yarn"][-1] - 1 / 8
-) < 1e-6
+for method in ("ntk", "yarn", "llama3"):  # the slowest pair is slowed by exactly s
+    assert abs(ratios[method][-1] - 1 / 8) < 1e-6
+assert ratios["llama3"][0] == 1  # and Llama 3.1 keeps the fastest as it was
 
 # %% [markdown]
 # Now the measurement. A fair test sets the factor to the length being read, as dynamic
@@ -822,7 +857,7 @@ print_bands(scaled)
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7.2, 3.8))
-plot_curves(ax, scaled, [PALETTE[2], PALETTE[1], PALETTE[3], PALETTE[4]], top=3.5)
+plot_curves(ax, scaled, [PALETTE[2], *method_colors.values()], top=3.5)
 ax.set_title("Rescaling a trained RoPE model, no fine-tuning")
 plt.show()
 assert band(scaled["linear (PI)"], 64, 128) > band(curves["rope"], 64, 128) + 0.2
@@ -831,20 +866,11 @@ for label in ("NTK-aware", "YaRN"):
 assert (
     band(scaled["NTK-aware"], 64, 256) < band(curves["rope"], 64, 256) + 0.02
 )  # free at 2-4×
-for label, key in (("RoPE", "rope"), ("linear (PI)", "pi"), ("NTK-aware", "ntk"),
-                   ("YaRN", "yarn")):  # fmt: skip
-    for lo, hi in ((64, 128), (128, 256), (256, 512)):
-        glue(f"ch05-sc-{key}-{lo}", f"{band(scaled[label], lo, hi):.2f}",
-             display=False)
-yarn_diff = [
-    band(scaled["YaRN"], lo, hi) - band(curves["rope"], lo, hi)
-    for lo, hi in ((64, 128), (128, 256), (256, 512))
-]
-glue(
-    "ch05-yarn-diff",
-    ", ".join(f"{v:+.2f}" for v in yarn_diff),
-    display=False,
-)
+assert band(curves_window, 256, 512) < min(
+    band(scaled[label], 256, 512) for label in ("NTK-aware", "YaRN")
+) - 0.1  # far above the windowed model at 8×
+for label, key in (("RoPE", "rope"), ("NTK-aware", "ntk"), ("YaRN", "yarn")):
+    glue(f"ch05-sc-{key}-256", f"{band(scaled[label], 256, 512):.2f}", display=False)
 fastest_turns = TRAIN_LEN * base_inv[0].item() / (2 * math.pi)
 glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 
@@ -852,24 +878,17 @@ glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 # At this scale, applied without fine-tuning, none of the three rescues the model.
 # **Linear interpolation** is the worst: squeezing the fast hands makes the previous
 # character look $1/s$ of a character away, and the model can no longer read its nearest
-# neighbours. Chen et al. follow the interpolation with a short fine-tune (up to a
-# thousand steps), in which the model relearns its neighbours at the new scale. **NTK**
-# and **YaRN** keep the fast pairs nearly intact, so they cost little at 2×. In this run
-# NTK was a little better than plain
-# RoPE at 2× and 4× (64–127:
-# {glue:text}`ch05-sc-ntk-64` against {glue:text}`ch05-sc-rope-64`; 128–255:
-# {glue:text}`ch05-sc-ntk-128` against {glue:text}`ch05-sc-rope-128`) and worse at 8×
-# ({glue:text}`ch05-sc-ntk-256` against {glue:text}`ch05-sc-rope-256`); YaRN changed the
-# three bands by {glue:text}`ch05-yarn-diff` nats, hurting at 2× and helping beyond.
-# Neither comes near the windowed model. Two things are against them in this toy: a
-# 64-character training length is so short that no pair turns within it the 32 times YaRN
-# asks of a pair it leaves alone (our fastest turns {glue:text}`ch05-fastest-turns`
-# times; the end of the probe section counts the pairs), and both methods work best
-# followed by a short fine-tune at the longer length, which we do not give them.
-# Released long-context recipes mostly pair the change with training on long documents
-# (Code Llama's base of $10^6$, Llama 3.1's `llama3` scaling, YaRN in Olmo 3); Qwen3
-# applies YaRN at inference without training, but by a factor of 4 on a model already
-# trained on 32 768-token documents, not by 8 on 64 characters.
+# neighbours (Chen et al. follow it with a short fine-tune, up to a thousand steps, in
+# which the model relearns them). **NTK** keeps the fast pairs intact, and at 2× and 4×
+# it does no harm. At 8× NTK reaches {glue:text}`ch05-sc-ntk-256` nats and YaRN
+# {glue:text}`ch05-sc-yarn-256` against plain RoPE's {glue:text}`ch05-sc-rope-256`, all
+# far above the windowed model. Two things are against them in this toy: no pair turns
+# within 64 characters the 32 times YaRN asks of a pair it leaves alone (our fastest turns
+# {glue:text}`ch05-fastest-turns` times), and both methods work best followed by a short
+# fine-tune at the longer length, which we do not give them. Released long-context recipes mostly pair the change with training on long
+# documents (Code Llama's base of $10^6$, Llama 3.1's `llama3` scaling, YaRN in Olmo 3);
+# Qwen3 applies YaRN at inference without training, but by a factor of 4 on a model
+# already trained on 32 768-token documents, not by 8 on 64 characters.
 #
 # ## Two bases, and no position at all
 #
@@ -882,13 +901,16 @@ glue("ch05-fastest-turns", f"{fastest_turns:.0f}", display=False)
 # $10^6$ in the global layers (5 local : 1 global, window 1024, and for the 128k models a
 # linear factor of 8 on the global layers only) {cite}`gemmateam2025gemma3`. In
 # `companion` that is `rope_local_theta`: the model builds two tables and each layer picks
-# one. We record which table each layer's attention actually receives in a forward pass:
+# one. **SmolLM3** goes further and drops the rotation from every fourth layer: those
+# layers see no position signal at all and rely on the causal mask, as our NoPE model did
+# {cite}`bakouch2025smollm3`. Arcee's Trinity puts RoPE only in its sliding-window layers
+# and none in its global ones. The config field is `nope_layers`. Here are the three
+# layouts on toy models with 128-wide heads, as in Llama and Qwen:
 
 
 # %% tags=["hide-input"]
 def toy(**fields: object) -> ModelConfig:
-    """A six-layer toy with 128-wide heads (as in Llama and Qwen), to look at
-    layers."""
+    """A six-layer toy with 128-wide heads, to look at its layers."""
     base = {
         "vocab_size": V, "d_model": 32, "n_layers": 6, "n_heads": 2, "head_dim": 128,
         "position": "rope", "max_seq_len": 64,
@@ -896,63 +918,79 @@ def toy(**fields: object) -> ModelConfig:
     return ModelConfig(**{**base, **fields})
 
 
-gemma_like = toy(
-    layer_types=("sliding",) * 5 + ("full",),
-    sliding_window=16,
-    rope_theta=1e6,
-    rope_local_theta=1e4,
-    rope_scaling=RopeScaling("linear", factor=8.0),
+# %%
+gemma_like = toy(  # two tables: b = 1e4 in the sliding layers, 1e6 stretched 8 times
+    layer_types=("sliding",) * 5 + ("full",), sliding_window=16, rope_local_theta=1e4,
+    rope_theta=1e6, rope_scaling=RopeScaling("linear", factor=8.0),
 )
-gemma_model = DecoderLM(gemma_like)
+smol_like = toy(n_layers=8, nope_layers=(3, 7))  # no rotation in every fourth layer
+trinity_like = smol_like.replace(  # the NoPE layers are the only global ones
+    layer_types=("sliding", "sliding", "sliding", "full") * 2, sliding_window=16
+)
+
+
+# %% tags=["remove-output", "hide-input"]
+# which table each layer's attention reads in a forward pass (hooks, not the config),
+# and the slowest pair's wavelength of each table the model builds
+layouts = {"Gemma-3-like": gemma_like, "SmolLM3-like": smol_like,
+           "Trinity-like": trinity_like}  # fmt: skip
 probe = torch.randint(0, V, (1, 48))
-used = rope_used_per_layer(gemma_model, probe)
-print("Gemma-3-like layers: ", gemma_like.layer_types)
-print("RoPE table received: ", tuple(used))
-slowest_turn = {}
-# cos, sin: (2, F) each
-for name, (cos, sin) in gemma_model.rope_tables(torch.arange(2)).items():
-    step = torch.atan2(
-        sin[1, -1], cos[1, -1]
-    ).item()  # the slowest pair's angle per token
-    slowest_turn[name] = 2 * math.pi / step
-    print(
-        f"{name:>6} table: slowest pair turns every "
-        f"{slowest_turn[name]:>12,.0f} tokens"
-    )
-assert used == ["local"] * 5 + ["global"]
-assert abs(slowest_turn["local"] / slowest["Llama 2"] - 1) < 1e-3  # b = 1e4
-assert (
-    abs(slowest_turn["global"] / (8 * slowest["Qwen3"]) - 1) < 1e-3
-)  # b = 1e6, then × 8
+received, turn_of = {}, {}
+for name, c in layouts.items():
+    model = DecoderLM(c)
+    received[name] = rope_used_per_layer(model, probe)
+    for table, (cos, sin) in model.rope_tables(torch.arange(2)).items():  # (2, F)
+        step = torch.atan2(sin[1, -1], cos[1, -1]).item()  # slowest angle per token
+        turn_of[name, table] = 2 * math.pi / step
+assert received["Gemma-3-like"] == ["local"] * 5 + ["global"]
+assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
+assert received["Trinity-like"] == received["SmolLM3-like"]  # one base: one table
+gemma_local = turn_of["Gemma-3-like", "local"]
+gemma_global = turn_of["Gemma-3-like", "global"]
+assert abs(gemma_local / slowest["Llama 2"] - 1) < 1e-3  # b = 1e4
+assert abs(gemma_global / (8 * slowest["Qwen3"]) - 1) < 1e-3  # b = 1e6, then × 8
+assert abs(turn_of["SmolLM3-like", "global"] / slowest["Llama 2"] - 1) < 1e-3
+
+million = gemma_global / 1e6
+kinds = {  # a layer's rotation, by its slowest pair: (colour, legend)
+    "fast": (PALETTE[2], f"RoPE, b = 10⁴: {gemma_local:,.0f} tokens a turn"),
+    "slow": (PALETTE[0], f"RoPE, b = 10⁶ × 8: {million:.1f} million tokens a turn"),
+    "none": ("#dddddd", "no rotation (NoPE)"),
+}
+fig, ax = plt.subplots(figsize=(8.4, 2.5))
+for row, (name, c) in enumerate(layouts.items()):
+    for layer, table in enumerate(received[name]):
+        slow = table != "none" and turn_of[name, table] > 1e6
+        kind = "none" if table == "none" else "slow" if slow else "fast"
+        ax.add_patch(plt.Rectangle((layer - 0.45, row - 0.4), 0.9, 0.8,
+                                   color=kinds[kind][0]))  # fmt: skip
+        ink = "black" if kind == "none" else "white"
+        ax.text(layer, row, c.layer_types[layer], ha="center", va="center",
+                fontsize=8, color=ink)  # fmt: skip
+ax.set(xlim=(-0.55, 7.55), ylim=(2.6, -0.6), xticks=range(8), yticks=range(3),
+       yticklabels=list(layouts), xlabel="layer (text: its attention span)",
+       title="Which rotation does each layer's attention receive?")  # fmt: skip
+ax.grid(False)
+ax.spines[:].set_visible(False)
+handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color, _ in kinds.values()]
+ax.legend(handles, [text for _, text in kinds.values()], loc="upper center",
+          bbox_to_anchor=(0.5, -0.38), ncols=3, fontsize=8,
+          frameon=False)  # fmt: skip
+glue("fig-rope-layers", fig)
+plt.close(fig)
+glue("ch05-gemma-global-turn", f"{million:.1f} million", display=False)
 
 # %% [markdown]
-# **SmolLM3** goes further and drops the rotation from every fourth layer: those layers
-# see no position signal at all and rely on the causal mask, as our NoPE model did
-# {cite}`bakouch2025smollm3`; Arcee's Trinity puts RoPE only in its sliding-window layers
-# and none in its global ones. The config field is `nope_layers`:
-
-# %%
-smol_like = toy(n_layers=8, nope_layers=(3, 7))
-trinity_like = toy(
-    n_layers=8,
-    layer_types=("sliding", "sliding", "sliding", "full") * 2,
-    sliding_window=16,
-    nope_layers=(3, 7),
-)
-received = {}
-for name, c in (("SmolLM3-like", smol_like), ("Trinity-like", trinity_like)):
-    got = received[name] = rope_used_per_layer(DecoderLM(c), probe)
-    layers = [
-        f"{kind}+{'NoPE' if t == 'none' else 'RoPE'}"
-        for kind, t in zip(c.layer_types, got, strict=True)
-    ]
-    print(f"{name}:")  # four layers a line
-    for i in range(0, len(layers), 4):
-        print("   ", " ".join(layers[i : i + 4]))
-assert received["SmolLM3-like"] == ["global", "global", "global", "none"] * 2
-assert (
-    received["Trinity-like"] == received["SmolLM3-like"]
-)  # one base: one table, "global"
+# ```{glue:figure} fig-rope-layers
+# :name: fig-rope-layers
+#
+# The RoPE table each layer's attention received in one forward pass, recorded by hooks,
+# in toy models laid out like Gemma 3, SmolLM3 and Arcee's Trinity. Colour: the rotation,
+# named by how many tokens its slowest pair takes for a turn; text in each cell: whether
+# the layer attends to a sliding window or to every earlier token. Gemma 3's global layer
+# turns its slowest hand once every {glue:text}`ch05-gemma-global-turn` tokens, its local
+# layers once every {glue:text}`ch05-turn-1e4`; the NoPE layers have no hands at all.
+# ```
 
 # %% [markdown]
 # What does a layer without RoPE see? Feed a text of one repeated character. Every token
@@ -974,6 +1012,7 @@ print("max |weight − 1/(m+1)| per layer:", " ".join(f"{s:.3f}" for s in off_ev
 assert all(off_even[i] < 1e-5 for i in smol_like.nope_layers)  # no position: uniform
 assert all(off_even[i] > 0.05 for i in range(8) if i not in smol_like.nope_layers)
 
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.4))
 for ax, layer in zip(axes, (2, 3), strict=True):
     kind = "NoPE" if layer in smol_like.nope_layers else "RoPE"
@@ -984,7 +1023,9 @@ for ax, layer in zip(axes, (2, 3), strict=True):
         ylabel="query position",
         title=f"layer {layer} ({kind}): 'eeee…'",
     )
-fig.suptitle("Same input, same hidden states: only the rotation makes offsets visible")
+fig.suptitle(
+    "Same input, same hidden states: only the rotation makes offsets visible"
+)
 plt.show()
 
 # %% [markdown]
@@ -1021,12 +1062,9 @@ hybrid_cfg = position_config(
 hybrid = DecoderLM(hybrid_cfg).to(DEVICE)
 train_short(hybrid, train_ids, TRAIN_LEN, STEPS, batch_size=BATCH, lr=1e-2)
 curves["hybrid"] = per_position_loss(hybrid, val_ids, EVAL_LEN, N_WINDOWS, seed=1)
-print(
-    "layers:",
-    hybrid_cfg.layer_types,
-    "| RoPE in:",
-    tuple(rope_used_per_layer(hybrid, probe)),
-)
+# RoPE in every layer but the last, whose attention gets no table
+rope_in = ["global"] * (len(hybrid_layers) - 1) + ["none"]
+assert rope_used_per_layer(hybrid, probe) == rope_in
 print_bands(
     {
         "RoPE": curves["rope"],
@@ -1074,17 +1112,14 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # %% [markdown]
 # ## A probe that decides: copying past the trained length
 #
-# What can the Shakespeare runs show, and what can they not? They show where the loss
-# *blows up* past the trained length: the learned table cannot run, the sinusoid jumps at
-# position 64, RoPE climbs, and the windowed and hybrid models stay flat. Those gaps are
-# tenths of a nat and sit where the mechanism says they should (at the first untrained
-# position, or growing with the share of unseen offsets), so one seed is enough to see
-# them, if not to put an error bar on them. They cannot show which scheme is
-# *better* inside the trained range. There the gaps are a few hundredths of a nat from one
-# seed each, after 300 steps on text whose loss mixes every skill a model has: they
-# measure how fast each model converged, not what it can do. To rank the schemes we need a
-# task that one skill decides, with an accuracy that is high when the skill is there, and
-# several seeds.
+# The Shakespeare runs show where the loss *blows up* past the trained length: the
+# learned table cannot run, the sinusoid jumps at position 64, RoPE climbs, and the
+# windowed and hybrid models stay flat. Those gaps are tenths of a nat and sit where the
+# mechanism says they should, so one seed is enough to see them, if not to put an error
+# bar on them. They cannot show which scheme is *better* inside the trained range, where
+# the gaps are a few hundredths of a nat from one seed each, after 300 steps on text whose
+# loss mixes every skill a model has. To rank the schemes we need a task that one skill
+# decides, with an accuracy that is high when the skill is there, and several seeds.
 #
 # `companion.tasks.probes.induction_copy` is such a task: a random segment of $P$ tokens
 # ($2 \le P \le 6$, from a vocabulary of 32) repeated to the end of the sequence. Every
@@ -1106,6 +1141,14 @@ glue("ch05-hybrid-far", f"{hybrid_far:.2f}", display=False)
 # width, to save time. A recipe tuned on one scheme could favour it inside the trained
 # range, so read the inside column with that in mind; the question here is what happens
 # past it, at lengths no tuning saw.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 #
 # The learned table needs a decision: it has no row past its training length. Here it
 # gets a 512-row table, of which rows 32 to 511 never receive a gradient and keep their
@@ -1286,10 +1329,6 @@ assert stretch["linear", 64] == -1  # ...and interpolation hurts at once
 n_null = sum(stretch[m, T] == 0 for m in ("ntk", "yarn") for T in PROBE_LENS[1:])
 glue("ch05-cp-stretch-null", f"{n_null}", display=False)
 glue("ch05-cp-stretch-cells", f"{2 * len(PROBE_LENS[1:])}", display=False)
-glue("ch05-cp-nverdicts", f"{len(diffs)}", display=False)
-glue("ch05-cp-false", f"{0.05 * len(diffs):.1f}", display=False)
-glue("ch05-t3", f"{t_quantile(0.95, 2):.2f}", display=False)
-glue("ch05-t5", f"{t_quantile(0.95, 4):.2f}", display=False)
 glue("ch05-cp-nhead", f"{len(PROBE_SEEDS)}", display=False)
 glue("ch05-cp-nfew", f"{len(FEW_SEEDS)}", display=False)
 for key, claim in (
@@ -1302,21 +1341,32 @@ for key, claim in (
     ("linear-64", "RoPE + linear − RoPE, at 64"),
 ):
     glue(f"ch05-cp-d-{key}", diffs[claim].format(2), display=False)
-inside_verdict = verdict["hybrid − RoPE, at 32"]
-glue(
-    "ch05-cp-hybrid-inside",
-    "below RoPE's, and the interval excludes zero"
-    if inside_verdict < 0
-    else "below RoPE's by less than the interval, a null",
-    display=False,
+# the stored run's summary (top and bottom of the page) reports these two
+assert FULL or verdict["learned − RoPE, at 32"] == 0  # learned table vs RoPE: null
+assert FULL or all(  # the sinusoid and NoPE did not learn the copy in 300 steps
+    abs(copy_acc[scheme][IN].mean - floor_at[IN]) < 0.1
+    for scheme in ("sinusoidal", "none")
 )
-glue(
-    "ch05-cp-learned-verdict",
-    "cannot tell the two apart (a null)"
-    if verdict["learned − RoPE, at 32"] == 0
-    else "separate them",
-    display=False,
-)
+SAY = {  # glue name: (the claim, its verdict in words, as a whole sentence)
+    "ch05-cp-learned-verdict": ("learned − RoPE, at 32", {
+        0: "The seeds cannot tell the two apart.",
+        1: "The seeds put the learned table ahead.",
+        -1: "The seeds put RoPE ahead.",
+    }),
+    "ch05-cp-hybrid-inside": ("hybrid − RoPE, at 32", {
+        -1: "Its interval lies below zero: inside the trained length the hybrid is "
+        "the weaker copier.",
+        0: "Its interval contains zero: inside the trained length the seeds cannot "
+        "tell the hybrid from RoPE.",
+    }),
+    "ch05-cp-hybrid-flat-verdict": ("hybrid, 32 − 512", {
+        1: "The seeds count that as a loss.",
+        0: "The seeds cannot tell that from no loss at all.",
+        -1: "The seeds find the hybrid better at 512 than at 32.",
+    }),
+}  # fmt: skip
+for name, (claim, sentences) in SAY.items():
+    glue(name, sentences[verdict[claim]], display=False)
 for name, row in copy_acc.items():
     for T in PROBE_LENS:
         glue(f"ch05-cp-{name}-{T}", row[T].format(2), display=False)
@@ -1369,71 +1419,54 @@ plt.close(fig)
 # last occurrence of the current token). Chance is {glue:text}`ch05-cp-chance`.
 # ```
 #
-# What the probe decides. Each line of the table above is a paired difference: seed $i$
-# of both rows shared its initial draw and its batches, so the $n$ per-seed differences
-# are the data, and the interval is their mean $\pm\, t \cdot \mathrm{sd}/\sqrt{n}$, with
-# $t$ the 97.5 % point of Student's $t$ with $n - 1$ degrees of freedom
-# ({glue:text}`ch05-t5` for five seeds, {glue:text}`ch05-t3` for three). A verdict of +1
-# or −1 means that the interval excludes zero: a two-sided test at the 5 % level. The
-# rate has a price worth stating: of these {glue:text}`ch05-cp-nverdicts` verdicts, if no
-# two rows truly differed, about one ({glue:text}`ch05-cp-false` on average) would still
-# come out as a difference by chance. A lone verdict at the edge of its interval is
-# therefore weak evidence; the claims below rest on differences several times their
-# half-width, or are stated as nulls.
+# What the probe decides, from the paired differences in the table above (each over the
+# seeds its two rows share: {glue:text}`ch05-cp-nfew` where the learned table is involved):
 #
-# - **Only two schemes learned the copy, and they cannot be ranked.** The sinusoid
+# - **Inside the trained length, only two schemes learned the copy.** The sinusoid
 #   ({glue:text}`ch05-cp-sinusoidal-32`) and NoPE ({glue:text}`ch05-cp-none-32`) end near
-#   the order-free guess ({glue:text}`ch05-cp-floor-32`) even inside the trained length:
-#   in 300 steps of a recipe tuned on RoPE they did not learn the task at all. Their rows
-#   measure how fast each scheme converges under this recipe, not what it can do (NoPE
-#   models do learn order when trained longer, as cited above), so the page ranks them
-#   nowhere, inside or beyond. The learned table ({glue:text}`ch05-cp-learned-32`) and
-#   RoPE ({glue:text}`ch05-cp-rope-32`, about the one-token copy's
-#   {glue:text}`ch05-cp-copy-32`) both learned it; their paired difference,
-#   {glue:text}`ch05-cp-d-learned-inside`, straddles zero: three seeds
-#   {glue:text}`ch05-cp-learned-verdict`. Inside, the hybrid's accuracy
-#   ({glue:text}`ch05-cp-hybrid-32`) is {glue:text}`ch05-cp-hybrid-inside`: the paired
-#   difference is {glue:text}`ch05-cp-d-hybrid-inside`, a few hundredths.
+#   the order-free guess ({glue:text}`ch05-cp-floor-32`): in 300 steps of a recipe tuned
+#   on RoPE they did not learn the task, so their rows measure how fast each scheme
+#   converges under this recipe (NoPE models do learn order when trained longer, as cited
+#   above), and the page ranks them nowhere. The learned table
+#   ({glue:text}`ch05-cp-learned-32`) and RoPE ({glue:text}`ch05-cp-rope-32`, about the
+#   one-token copy's {glue:text}`ch05-cp-copy-32`) both learned it; their paired
+#   difference is {glue:text}`ch05-cp-d-learned-inside`.
+#   {glue:text}`ch05-cp-learned-verdict` The hybrid's accuracy is
+#   {glue:text}`ch05-cp-hybrid-32`, a paired difference from RoPE of
+#   {glue:text}`ch05-cp-d-hybrid-inside`. {glue:text}`ch05-cp-hybrid-inside`
 # - **Past it, only the hybrid holds.** The learned table falls to the order-free guess at
 #   its first untrained rows (64: {glue:text}`ch05-cp-learned-64` against
 #   {glue:text}`ch05-cp-floor-64`, a drop of {glue:text}`ch05-cp-d-learned-drop`) and
 #   stays there. RoPE still copies at 2× ({glue:text}`ch05-cp-rope-64`) and falls to
 #   {glue:text}`ch05-cp-rope-512` at 16×, towards the guess
-#   ({glue:text}`ch05-cp-floor-512`): a drop of {glue:text}`ch05-cp-d-rope-fall` over five
-#   seeds. The copy itself is never more than six tokens back, and more keys alone do not
-#   break a copy (the hybrid's global layer sees just as many), so what breaks RoPE's must
-#   be the keys at offsets it never trained on: hundreds of them at 512. The local-RoPE +
-#   global-NoPE hybrid copies at 512 ({glue:text}`ch05-cp-hybrid-512`) above RoPE by
-#   {glue:text}`ch05-cp-d-hybrid-far`. It is not perfectly flat: from 32 to 512 it loses
-#   {glue:text}`ch05-cp-d-hybrid-flat`, a verdict of +1 whose interval just reaches zero
-#   (the kind the false-difference rate above warns about), and in any case under a tenth,
-#   against RoPE's {glue:text}`ch05-cp-d-rope-fall`. Its rotated layer never sees an
-#   offset past 15, all of them trained; its global layer matches tokens by content and
-#   has no angle to get wrong.
+#   ({glue:text}`ch05-cp-floor-512`): a drop of {glue:text}`ch05-cp-d-rope-fall`. The copy
+#   itself is never more than six tokens back, and more keys alone do not break a copy
+#   (the hybrid's global layer sees just as many), so what breaks RoPE's must be the keys
+#   at offsets it never trained on: hundreds of them at 512. The hybrid copies at 512
+#   ({glue:text}`ch05-cp-hybrid-512`) above RoPE by {glue:text}`ch05-cp-d-hybrid-far`.
+#   From 32 to 512 it loses {glue:text}`ch05-cp-d-hybrid-flat`, under a tenth, against
+#   RoPE's {glue:text}`ch05-cp-d-rope-fall`. {glue:text}`ch05-cp-hybrid-flat-verdict` Its
+#   rotated layer never sees an offset past 15, all of them trained; its global layer
+#   matches tokens by content and has no angle to get wrong.
 # - **In this regime no rescaling helps.** Applied at test time, without fine-tuning, to
-#   RoPE weights trained on 32 tokens, linear, NTK and YaRN are never above plain RoPE by
-#   the rule above, at any length. Linear interpolation is below it from the first step
-#   (64: {glue:text}`ch05-cp-linear-64` against {glue:text}`ch05-cp-rope-64`, a difference
-#   of {glue:text}`ch05-cp-d-linear-64`): it squeezes the one-token offset that the copy
+#   RoPE weights trained on 32 tokens, linear, NTK and YaRN are never above plain RoPE, at
+#   any length. Linear interpolation is below it from the first step (64:
+#   {glue:text}`ch05-cp-linear-64` against {glue:text}`ch05-cp-rope-64`, a difference of
+#   {glue:text}`ch05-cp-d-linear-64`): it squeezes the one-token offset that the copy
 #   depends on to $1/s$ of a token. NTK and YaRN cannot be told apart from plain RoPE in
 #   {glue:text}`ch05-cp-stretch-null` of their {glue:text}`ch05-cp-stretch-cells`
 #   comparisons and are below it in the rest. This is the Shakespeare verdict again, over
 #   seeds, and it is exactly as narrow: see the next cell.
 #
-# So the text experiment and the probe agree where the text could speak, about what
-# happens past the trained length, and the probe settles part of what the text could
-# not: inside the trained range the learned table and RoPE both learned the copy and
-# three seeds cannot order them, the hybrid sits a few hundredths below, and the two
-# schemes that did not learn it in 300 steps are not ranked at all. The order in which
-# the models reached a low loss on Shakespeare was not a ranking of what they can do.
+# So the text experiment and the probe agree about what happens past the trained length,
+# and the order in which the models reached a low loss on Shakespeare was not a ranking of
+# what they can do.
 
 # %% [markdown]
-# The rescaling verdicts above come from a regime the methods were not built for. YaRN
-# leaves a pair at its trained speed only if it turns at least 32 times within the
-# training length, and interpolates fully one that turns less than once
-# {cite}`peng2024yarn`; the fastest pair turns once per $2\pi$ tokens, so no pair
-# qualifies below {glue:text}`ch05-yarn-min-len` training tokens. The table counts the
-# pairs of each regime:
+# The rescaling verdicts above come from a regime the methods were not built for. The
+# fastest pair turns once per $2\pi$ tokens, so below {glue:text}`ch05-yarn-min-len`
+# training tokens no pair turns the 32 times `yarn_inv_freq` asks of one it leaves alone.
+# The table counts the pairs of each regime:
 
 # %% tags=["hide-input"]
 def turns_in(head_dim: int, theta: float, train_len: int) -> torch.Tensor:
@@ -1461,20 +1494,18 @@ glue("ch05-yarn-min-len", f"{2 * math.pi * 32:.0f}", display=False)
 glue("ch05-yarn-kept-llama", f"{kept['Llama 3 head, 8192 tokens']}", display=False)
 
 # %% [markdown]
-# Our models sit in the first two rows: no pair turns 32 times, so YaRN's ramp starts at
-# the fastest pair, keeps little more than it and squeezes the pairs that turn less than
-# once, which is why it behaves here like a milder linear interpolation. A Llama 3 head
-# trained on 8192 tokens {cite}`grattafiori2024llama` keeps
-# {glue:text}`ch05-yarn-kept-llama` of its 64 pairs intact.
-# And both YaRN and position interpolation are meant to be followed by a short fine-tune
-# at the longer length {cite}`chen2023extending` {cite}`peng2024yarn`, which no model on
-# this page received. So what this page shows is narrow: *applied at evaluation time,
-# without fine-tuning, to models trained on 32 to 64 tokens*, no rescaling helps. It
-# says nothing about the methods in their own regime. That test (the probe trained on
-# 256 tokens, read at 512 and 1024, each rescaling also fine-tuned for
-# {glue:text}`ch05-long-tune` steps at 1024) is too slow for this page's CPU budget; it
-# runs below with `FULL = True`, and we draw no conclusion from a run the page does not
-# show.
+# Our models sit in the first two rows: YaRN's ramp starts at the fastest pair and
+# squeezes the rest, so here it behaves like a milder linear interpolation, while a Llama
+# 3 head trained on 8192 tokens {cite}`grattafiori2024llama` keeps
+# {glue:text}`ch05-yarn-kept-llama` of its 64 pairs intact. Both YaRN and position
+# interpolation are also meant to be followed by a short fine-tune at the longer length
+# {cite}`chen2023extending` {cite}`peng2024yarn`, which no model here received. So the
+# null is narrow: *applied at evaluation time, without fine-tuning, to models trained on
+# 32 to 64 tokens*, no rescaling helps; it says nothing about the methods in their own
+# regime. That test (the probe trained on 256 tokens, read at 512 and 1024, each
+# rescaling also fine-tuned for {glue:text}`ch05-long-tune` steps at 1024) is too slow
+# for this page's CPU budget; it runs below with `FULL = True`, and we draw no conclusion
+# from a run the page does not show.
 
 # %% tags=["hide-input"]
 # FULL only: the probe in YaRN's regime, trained on 256 tokens, each rescaling read
