@@ -414,7 +414,7 @@ mha_presets = [
     for name, cfg in PRESETS.items()
     if not cfg.is_mla and cfg.n_kv_heads == cfg.n_heads
 ]
-assert mha_presets == ["gpt2", "gpt2-xl", "llama2-7b"]
+assert mha_presets == ["gpt2", "gpt2-xl", "gpt3-175b", "llama2-7b"]
 assert all(r[0] < 512 for name, r in rows.items() if name not in mha_presets)
 # over 10 GiB of bf16 weights
 big = {name: r for name, r in rows.items() if r[2] > 10}

@@ -409,12 +409,13 @@ assert gap_rope > 1e-2
 # proof breaks: the key bias is rotated with its key, so $q_i \cdot R_{j-i} b_k$ now
 # depends on the distance, and the key bias acts as a learned, position-dependent score
 # for every query. That is one reason a RoPE model might keep it, though gpt-oss's report
-# gives none. Among our presets only GPT-2 and gpt-oss carry attention biases:
+# gives none. Among our presets only GPT-2, GPT-3 (the same block) and gpt-oss carry
+# attention biases:
 
 # %%
 with_biases = [n for n, c in PRESETS.items() if c.qkv_bias]
 print(with_biases)
-assert with_biases == ["gpt2", "gpt2-xl", "gpt-oss-120b"]
+assert with_biases == ["gpt2", "gpt2-xl", "gpt3-175b", "gpt-oss-120b"]
 
 # %% [markdown]
 # ## 4 · Dropout is gone

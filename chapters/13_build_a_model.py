@@ -76,6 +76,11 @@ from companion.analysis.calculator_page import (
 from companion.device import default_device, describe
 from companion.models.config import ModelConfig
 from companion.models.presets import PRESETS, preset, spec_row
+from companion.models.seq2seq import (
+    PAPER_BASE_PARAMS,
+    base_param_breakdown,
+    transformer_base_config,
+)
 from companion.models.validation import ConfigError
 from companion.plotting import PALETTE, glue, use_style
 from companion.training import seed_everything
@@ -239,12 +244,17 @@ glue("ch13-attn-share-long", f"{attn_share_long:.0%}", display=False)
 #
 # Every preset in `companion.models.presets` copies a released `config.json`, and `spec_row`
 # writes one as a row of text. Here are all {glue:text}`ch13-n-presets`, in order of
-# release, one row per model and one column per part of the block.
+# release and grouped by era, after the 2017 base model of {doc}`chapter 3
+# <03_transformer_2017>`: one column per part of the block, then the calculator's total and
+# active parameters and the cache a token costs on average over a 128k-token context (bf16;
+# windows, compressed entries and fixed recurrent states included), whether or not the model
+# was trained to read that far. A dash is a value no primary source gives.
 
 # %% tags=["hide-input"]
 RELEASED = {  # name -> (label, release date as a fractional year)
     "gpt2": ("GPT-2 small", 2019.1),
     "gpt2-xl": ("GPT-2 XL", 2019.85),
+    "gpt3-175b": ("GPT-3 175B", 2020.4),
     "llama2-7b": ("Llama 2 7B", 2023.55),
     "mistral-7b": ("Mistral 7B", 2023.7),
     "mixtral-8x7b": ("Mixtral 8x7B", 2023.95),
@@ -275,21 +285,61 @@ glue("ch13-n-presets", str(len(RELEASED)), display=False)
 rows = {name: spec_row(preset(name)) for name in RELEASED}
 FIELDS = ("norm", "position", "ffn", "attention", "vocab", "context")
 assert all(tuple(row) == FIELDS for row in rows.values())
-cells = "".join(
-    f"<tr><td>{RELEASED[name][0]}</td><td>{int(RELEASED[name][1])}</td>"
-    + "".join(
-        f"<td style='text-align:right'>{row[f]}</td>"
-        if f in ("vocab", "context")
-        else f"<td>{row[f]}</td>"
-        for f in FIELDS
-    )
-    + "</tr>"
-    for name, row in rows.items()
-)
-header = "".join(f"<th>{f}</th>" for f in ("model", "year", *FIELDS))
+LONG = 128 * 1024  # the context of the cache column
+
+
+def sheet_cells(row: dict[str, str], total: float, active: float, kv: float) -> str:
+    """One row's cells after the name and year: the spec fields, params, cache."""
+    def count(n: float) -> str:
+        return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+    numbers = (row["vocab"], row["context"], count(total), count(active),
+               f"{kv / 1024:.1f}")
+    return "".join(f"<td>{row[f]}</td>" for f in FIELDS[:4]) + "".join(
+        f"<td style='text-align:right'>{v}</td>" for v in numbers)
+
+
+# the 2017 base model is an encoder-decoder (chapter 3): its own counts and cache
+t2017 = transformer_base_config()
+row2017 = spec_row(t2017) | {"context": "—"}  # the sinusoid has no trained maximum
+n2017 = sum(base_param_breakdown().values())  # the paper's Table 3 says 65M
+kv2017 = kv_cache_bytes(t2017, LONG) / LONG  # decoder self-attention only
+ERAS = ((2021, "The original"), (2024.9, "The consolidation"),
+        (2026, "The sparse turn"), (2100, "The hybrid turn"))
+sheet, era = [], None
+by_date = sorted(rows.items(), key=lambda item: RELEASED[item[0]][1])
+for name, row in [("transformer-2017", row2017), *by_date]:
+    label, year = RELEASED.get(name, ("Transformer base", 2017.45))
+    new_era = next(title for end, title in ERAS if year < end)
+    if new_era != era:
+        era = new_era
+        sheet.append(f"<tr><th colspan='11' style='text-align:left'>{era}</th></tr>")
+    if name == "gpt3-175b":  # alternating dense and banded layers, band unpublished
+        row = row | {"attention": row["attention"] + ", banded every other layer (—)"}
+    if name == "transformer-2017":
+        numbers = (n2017, n2017, kv2017)
+    else:
+        pc = count_params(preset(name))
+        numbers = (pc.total, pc.active, kv_cache_bytes(preset(name), LONG) / LONG)
+    sheet.append(f"<tr><td>{label}</td><td>{int(year)}</td>"
+                 + sheet_cells(row, *numbers) + "</tr>")
+header = "".join(f"<th>{f}</th>" for f in (
+    "model", "year", *FIELDS, "total", "active", "KV KiB/token at 128k"))
+# DeepSeek-V4 reads the whole past through compressed entries: a smaller cache at 128k
+# than any model that keeps every past token of every layer at full resolution
+avg = {n: kv_cache_bytes(preset(n), LONG) / LONG / 1024 for n in RELEASED}
+dense_past = [n for n in RELEASED if set(preset(n).layer_types) == {"full"}
+              and preset(n).compression is None]
+assert avg["deepseek-v4-flash"] < min(avg[n] for n in dense_past)
+glue("ch13-kv-v4", f"{avg['deepseek-v4-flash']:.1f}", display=False)
+glue("ch13-kv-dense-min", f"{min(avg[n] for n in dense_past):.1f}", display=False)
+gpt3 = count_params(preset("gpt3-175b")).total
+assert abs(n2017 / PAPER_BASE_PARAMS - 1) < 0.05 and round(gpt3 / 1e9) == 175
+glue("ch13-n2017", f"{n2017 / 1e6:.1f}", display=False)
+glue("ch13-gpt3", f"{gpt3 / 1e9:.1f}", display=False)
 HTML(
-    "<table style='font-size:85%'>"
-    f"<thead><tr>{header}</tr></thead><tbody>{cells}</tbody></table>"
+    "<table style='font-size:80%'>"
+    f"<thead><tr>{header}</tr></thead><tbody>{''.join(sheet)}</tbody></table>"
 )
 
 # %% [markdown]
@@ -302,7 +352,18 @@ HTML(
 # GELU MLP to SwiGLU to experts; the `attention` column from full multi-head attention to
 # grouped queries, latent attention, windows and, in the hybrid, three Gated DeltaNet
 # layers per softmax layer. The largest vocabulary is {glue:text}`ch13-vocab-growth` times
-# GPT-2's.
+# GPT-2's. In the last block the residual add itself changes for the first time:
+# DeepSeek-V4 carries four residual streams mixed by hyper-connections, and reads the whole
+# past through a window and compressed entries at {glue:text}`ch13-kv-v4` KiB per token at
+# 128k, below the {glue:text}`ch13-kv-dense-min` KiB of the leanest model here that keeps
+# every past token of every layer.
+#
+# Two rows need a word. The 2017 base model is an encoder-decoder, so its count is
+# {doc}`chapter 3 <03_transformer_2017>`'s breakdown, {glue:text}`ch13-n2017`M (the paper
+# rounds it to 65M), and its cache is the decoder's self-attention alone. GPT-3 is GPT-2's
+# block at 96 layers of width 12,288: {glue:text}`ch13-gpt3`B parameters, which the paper
+# names 175.0B {cite}`brown2020language`. Every other GPT-3 layer attends only within a
+# local band whose width the paper does not give, so the sheet counts its cache as dense.
 #
 # The rows agree with the hand-made spec sheet of the same models in Anirudh Srinivasan's
 # article *What Changed Inside the Transformer?*
@@ -352,11 +413,10 @@ assert (
 )
 
 # %% [markdown]
-# The same presets through the calculator: total and active parameters, and the KV cache
-# one token adds (bf16, while the context is shorter than every window). In order of
-# release ({numref}`fig-sparse-turn`) they show the **sparse turn**: from Mixtral on, the
-# total and the active count part ways, and from DeepSeek-V3 on, the per-token cache of
-# the largest models *falls*.
+# The sheet's last three columns, drawn in order of release ({numref}`fig-sparse-turn`,
+# with the cache one token adds while the context is shorter than every window), show the
+# **sparse turn**: from Mixtral on, the total and the active count part ways, and from
+# DeepSeek-V3 on, the per-token cache of the largest models *falls*.
 
 # %% tags=["hide-input"]
 names = list(RELEASED)
@@ -364,10 +424,6 @@ years = np.array([RELEASED[n][1] for n in names])
 totals = np.array([count_params(preset(n)).total for n in names], dtype=float)
 actives = np.array([count_params(preset(n)).active for n in names], dtype=float)
 kv = np.array([kv_cache_bytes_per_token(preset(n)) for n in names], dtype=float)
-print(f"{'model':<20}{'total':>10}{'active':>10}{'KV KiB/token':>14}")
-for n, t, a, c in zip(names, totals, actives, kv, strict=True):
-    print(f"{RELEASED[n][0]:<20}{t / 1e9:>9.2f}B{a / 1e9:>9.2f}B{c / 1024:>14.1f}")
-
 ratio = dict(zip(names, totals / actives, strict=True))
 assert all(ratio[n] == 1 for n in names if preset(n).moe is None)  # dense: equal
 assert all(ratio[n] > 3 for n in names if preset(n).moe is not None)  # sparse: apart

@@ -56,6 +56,13 @@ def test_published_counts(name: str) -> None:
         assert pc.active == pc.total  # dense: every weight is used by every token
 
 
+def test_gpt3_is_the_nominal_175b() -> None:
+    """Brown et al. (2020), Table 2.1: 96 layers of width 12,288, "175.0B" parameters. The
+    exact count of that shape is 174.6B: the paper's figure is a rounded name."""
+    total = count_params(preset("gpt3-175b")).total
+    assert round(total / 1e9) == 175 and round(total / 1e8) == 1746
+
+
 def _state_numel(model: torch.nn.Module) -> int:
     """Numbers a checkpoint of ``model`` holds: parameters and persistent buffers, tied once."""
     unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
@@ -335,6 +342,9 @@ def test_spec_rows() -> None:
     assert (
         spec_row(preset("gpt-oss-120b"))["ffn"] == "MoE 128, top-4, clamped SwiGLU 2880"
     )
+    assert spec_row(preset("deepseek-v4-flash"))["norm"] == "RMSNorm, pre; 4 streams (mHC)"
+    assert spec_row(preset("gpt2"))["ffn"] == "GELU MLP, d_ff 3072"
+    assert spec_row(tiny(ffn="mlp", activation="relu"))["ffn"] == "ReLU MLP, d_ff 128"
 
 
 @pytest.mark.parametrize(

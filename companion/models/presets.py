@@ -142,6 +142,10 @@ _V4_YARN = RopeScaling(  # the compressed layers' RoPE only
 PRESETS: dict[str, ModelConfig] = {
     "gpt2": _gpt2(d_model=768, n_layers=12, n_heads=12),
     "gpt2-xl": _gpt2(d_model=1600, n_layers=48, n_heads=25),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1). Its layers alternate dense and "locally
+    # banded sparse" attention; the band width is not published, so every layer here is
+    # dense (the sheet in chapter 13 says so)
+    "gpt3-175b": _gpt2(d_model=12288, n_layers=96, n_heads=96, max_seq_len=2048),
     "llama2-7b": _modern(
         vocab_size=32000,
         d_model=4096,
@@ -874,6 +878,8 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
     norm += _PLACEMENTS[cfg.norm_placement] + (
         " + QK-norm" if cfg.qk_norm != "none" else ""
     )
+    if cfg.residual is not None:  # hyper-connections in place of the residual add
+        norm += f"; {cfg.residual.n_streams} streams (mHC)"
     position = {
         "sinusoidal": "sinusoidal, additive",
         "learned": "learned absolute",
@@ -890,7 +896,7 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
             position += f"; local b={rope_base(cfg.rope_local_theta)}"
         if cfg.nope_layers:
             position += f"; NoPE on {len(cfg.nope_layers)} of {cfg.n_layers} layers"
-    act = cfg.activation.split("_")[0].upper()
+    act = {"relu": "ReLU"}.get(cfg.activation, cfg.activation.split("_")[0].upper())
     ffn = GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
     moe = cfg.moe
     if moe is not None:

@@ -195,6 +195,10 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-tiled-memory": ("chapters/02_attention", 0),
     "fig-mlm-gpt": ("chapters/04_encoders_decoders_scale", 0),
     "fig-smollm2-stream": ("chapters/06_normalization", 0),
+    "fig-rope-layers": ("chapters/05_position", 0),
+    "fig-copy-lengths": ("chapters/05_position", 0),
+    "fig-dsa-mass": ("chapters/15_select_compress_widen", 0),
+    "fig-kv-bytes": ("chapters/15_select_compress_widen", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
