@@ -19,15 +19,10 @@
 # ```{admonition} The question
 # :class: tip
 # With softmax attention kept, how do the 2026 models stop paying for every past token, and what happened to the residual stream?
-# They select, compress or replace: DeepSeek-V3.2 and GLM-5 let a cheap indexer pick a
-# few thousand keys per query and attend exactly over those (the cache stays, the work
-# per token stops growing with the main attention), DeepSeek-V4 pools the past into one
-# entry per 4 or 128 tokens beside a short window, and the 3:1 hybrids of
-# {doc}`chapter 11 <11_linear_attention>` replace three layers in four. On SmolLM2's real
-# attention a well-chosen handful of keys carries most of the weight and a layer's choice
-# serves the next layer nearly as well. The residual stream, unchanged since 2017, was
-# widened by DeepSeek-V4 into several streams mixed by a doubly stochastic matrix, which
-# keeps the identity path of {doc}`chapter 6 <06_normalization>`.
+# They select the few keys a cheap indexer ranks highest (DSA), pool the past into a
+# few entries beside a short window (DeepSeek-V4) or give three layers in four a fixed
+# state (the hybrids); and DeepSeek-V4 widens the residual stream, unchanged since 2017,
+# into several streams mixed by a doubly stochastic matrix, which cannot amplify them.
 # ```
 #
 # {doc}`Chapters 8 <08_kv_cache>`, {doc}`9 <09_sliding_windows>` and
