@@ -497,7 +497,7 @@ glue("fig-masks", HTML(animate(fig, draw_masks, L_AN + 1, interval_ms=700)))
 #
 # ## What the released models do
 #
-# The table collects the patterns of seven models. Where `companion.models.presets` holds the
+# The table collects the patterns of the released models. Where `companion.models.presets` holds the
 # released config, the ratio, the window and the kind of the last layer below are **read
 # from the preset** (`cfg.layer_types`, `cfg.sliding_window`) and asserted against the
 # table; the other rows come from the papers.
@@ -512,7 +512,10 @@ TABLE = [
      "gemma3-27b"),
     ("gpt-oss (2025)", "1:1", "128", "an unusually small window", "gpt-oss-120b"),
     ("Olmo 3 (2025)", "3:1", "4096", "its last layer is global", "olmo3-32b"),
-    ("Trinity Large (2026)", "3:1", "4096", "NoPE in the global layers", None),
+    ("Trinity Large (2026)", "3:1", "4096", "NoPE in the global layers",
+     "trinity-large"),
+    ("DeepSeek-V4 (2026)", "all local", "128", "+ pooled entries of the whole past",
+     None),
 ]
 
 
@@ -548,6 +551,8 @@ assert (
 assert (gemma.rope_local_theta, gemma.rope_theta) == (1e4, 1e6)
 # starts local, then alternates
 assert gpt_oss.layer_types[:2] == ("sliding", "full")
+v4 = preset("deepseek-v4-pro")  # every layer windowed, the rest of the past pooled
+assert v4.sliding_window == 128 and v4.compression is not None
 
 # %% [markdown]
 # Reading the configs turns up details the ratios hide. Olmo 3 puts its global layer at the
@@ -558,7 +563,10 @@ assert gpt_oss.layer_types[:2] == ("sliding", "full")
 # 4,096 window over an 8,192 context {cite}`gemmateam2024gemma2`; Trinity Large uses 3:1
 # with 4,096 and drops RoPE from its global layers {cite}`singh2026trinity` ({doc}`chapter 5 <05_position>` shows
 # both of these position tricks in `companion`: `rope_local_theta` and `nope_layers`). GPT-3
-# published the alternation but not the band's width {cite}`brown2020language`.
+# published the alternation but not the band's width {cite}`brown2020language`. DeepSeek-V4
+# (2026) puts a 128-token window on every layer and reaches the rest of the past only
+# through entries that pool 4 or 128 tokens each {cite}`deepseekai2026v4`
+# ({doc}`chapter 15 <15_select_compress_widen>`).
 #
 # Windows run from 128 to 4,096 tokens and ratios from 1:1 to 5:1, which suggests that nobody
 # has found an optimum, or that there is no sharp one. Gemma 3's ablations support the

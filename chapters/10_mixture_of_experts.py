@@ -42,8 +42,9 @@
 # The router is one $E \times d$ matrix, so it costs almost nothing. Since 2025 the
 # frontier open models are nearly all built this way, and the sparsity has kept growing.
 # The sizes below are the published ones, and the active share is their ratio; for
-# Qwen3-Next, whose name gives only rounded sizes (80B, "A3B"), they are the counts from
-# its released config (exercise 1):
+# Qwen3-Next, whose name gives only rounded sizes (80B, "A3B"), and for the 2026 models,
+# whose cards give rounded sizes of the whole release, they are the calculator's counts of
+# the text model from the released configs (exercise 1):
 #
 # | Model | Total | Active | Active share | Experts | Top-$k$ | Shared |
 # |---|---|---|---|---|---|---|
@@ -52,9 +53,18 @@
 # | gpt-oss-120b (2025) {cite}`openai2025gptoss` | 117B | 5.1B | 4.4% | 128 | 4 | 0 |
 # | DeepSeek-V3 (2024) {cite}`deepseekai2024deepseekv3` | 671B | 37B | 5.5% | 256 | 8 | 1 |
 # | Qwen3-Next-80B-A3B (2025) {cite}`qwen3next` | {glue:text}`ch10-qnext-total` | {glue:text}`ch10-qnext-active` | {glue:text}`ch10-qnext-share` | 512 | 10 | 1 |
+# | Kimi K2.5 (2026) {cite}`moonshot2026kimik25` | {glue:text}`ch10-kimi-k25-total` | {glue:text}`ch10-kimi-k25-active` | {glue:text}`ch10-kimi-k25-share` | {glue:text}`ch10-kimi-k25-e` | {glue:text}`ch10-kimi-k25-k` | {glue:text}`ch10-kimi-k25-shared` |
+# | Trinity Large (2026) {cite}`singh2026trinity` | {glue:text}`ch10-trinity-total` | {glue:text}`ch10-trinity-active` | {glue:text}`ch10-trinity-share` | {glue:text}`ch10-trinity-e` | {glue:text}`ch10-trinity-k` | {glue:text}`ch10-trinity-shared` |
+# | GLM-5 (2026) {cite}`zai2026glm5` | {glue:text}`ch10-glm5-total` | {glue:text}`ch10-glm5-active` | {glue:text}`ch10-glm5-share` | {glue:text}`ch10-glm5-e` | {glue:text}`ch10-glm5-k` | {glue:text}`ch10-glm5-shared` |
+# | Qwen3.5-397B-A17B (2026) {cite}`qwen2026qwen35` | {glue:text}`ch10-qwen35-total` | {glue:text}`ch10-qwen35-active` | {glue:text}`ch10-qwen35-share` | {glue:text}`ch10-qwen35-e` | {glue:text}`ch10-qwen35-k` | {glue:text}`ch10-qwen35-shared` |
+# | DeepSeek-V4-Flash (2026) {cite}`deepseekai2026v4` | {glue:text}`ch10-v4-flash-total` | {glue:text}`ch10-v4-flash-active` | {glue:text}`ch10-v4-flash-share` | {glue:text}`ch10-v4-flash-e` | {glue:text}`ch10-v4-flash-k` | {glue:text}`ch10-v4-flash-shared` |
+# | DeepSeek-V4-Pro (2026) {cite}`deepseekai2026v4` | {glue:text}`ch10-v4-pro-total` | {glue:text}`ch10-v4-pro-active` | {glue:text}`ch10-v4-pro-share` | {glue:text}`ch10-v4-pro-e` | {glue:text}`ch10-v4-pro-k` | {glue:text}`ch10-v4-pro-shared` |
 #
-# This chapter checks the first four rows to the last parameter (the last one is
-# exercise 1), looks inside the router,
+# Every 2026 row keeps a shared expert and activates {glue:text}`ch10-2026-min-share` to
+# {glue:text}`ch10-2026-max-share` of its weights per token, less than Qwen3-235B-A22B's
+# {glue:text}`ch10-share-qwen3`. This chapter checks
+# the first four rows to the last parameter (Qwen3-Next is exercise 1), looks inside the
+# router,
 # counts why many small experts beat a few large ones, trains a small MoE to watch how
 # unevenly its router spreads the tokens, without balancing and with two ways of evening
 # it out, measures on a memorisation probe what the
@@ -215,6 +225,25 @@ assert (qnext.total, qnext.active) == (79_674_391_296, 3_874_929_408)
 glue("ch10-qnext-total", f"{qnext.total / 1e9:.1f}B", display=False)
 glue("ch10-qnext-active", f"{qnext.active / 1e9:.2f}B", display=False)
 glue("ch10-qnext-share", f"{qnext.active / qnext.total:.1%}", display=False)
+# the 2026 rows of the opening table, from the presets
+Y2026 = {"kimi-k25": "kimi-k2.5", "trinity": "trinity-large", "glm5": "glm-5",
+         "qwen35": "qwen3.5-397b-a17b", "v4-flash": "deepseek-v4-flash",
+         "v4-pro": "deepseek-v4-pro"}
+share_2026 = {}
+for key, name in Y2026.items():
+    c, moe = count_params(preset(name)), preset(name).moe
+    share_2026[key] = c.active / c.total
+    for col, value in (("total", f"{c.total / 1e9:,.0f}B"),
+                       ("active", f"{c.active / 1e9:.1f}B"),
+                       ("share", f"{c.active / c.total:.1%}"),
+                       ("e", f"{moe.n_experts}"), ("k", f"{moe.experts_per_token}"),
+                       ("shared", f"{int(moe.shared_d_ff > 0)}")):
+        glue(f"ch10-{key}-{col}", value, display=False)
+assert all(preset(n).moe.shared_d_ff > 0 for n in Y2026.values())
+assert max(share_2026.values()) < shares["Qwen3-235B-A22B"]  # sparser than Qwen3
+glue("ch10-2026-min-share", f"{min(share_2026.values()):.1%}", display=False)
+glue("ch10-2026-max-share", f"{max(share_2026.values()):.1%}", display=False)
+glue("ch10-share-qwen3", f"{shares['Qwen3-235B-A22B']:.1%}", display=False)
 
 # %% [markdown]
 # The four counts match the published ones exactly. Two conventions matter: the input
