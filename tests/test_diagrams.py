@@ -3,14 +3,17 @@
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
-from matplotlib.colors import to_hex
-from matplotlib.patches import Rectangle
+from matplotlib.colors import to_hex, to_rgb
+from matplotlib.patches import FancyBboxPatch, Rectangle
 from matplotlib.text import Text
 
 from companion.analysis.diagrams import (
     COLORS,
+    HIGHLIGHT,
     block_diagram,
     block_parts,
+    changed_parts,
+    end_parts,
     model_diagram,
 )
 from companion.models.config_parts import MLAConfig, MoEConfig
@@ -125,3 +128,37 @@ def test_2026_mixers_are_named_from_the_config():
     assert "Kimi Delta Attention" in _text(model_diagram(kimi))
     glm = preset("glm-5")
     assert f"indexer top-{glm.mla.indexer.topk}" in _text(block_diagram(glm))
+
+
+def test_ends_draw_embedding_position_and_head():
+    """A morph's frame adds what lies outside the blocks: the positional signal is added to the
+    embedding (sinusoids, a learned table) or lives in attention (RoPE, partial)."""
+    sinusoids = tiny(position="sinusoidal", scale_embeddings=True)
+    text = _text(block_diagram(sinusoids, changed_from=sinusoids))
+    assert (
+        "token embedding" in text and "× √d" in text and "sinusoidal positions" in text
+    )
+    assert "output head" in text and "final norm" in text
+    assert "RoPE in attention" in _text(block_diagram(tiny(), changed_from=tiny()))
+    parts = end_parts(tiny(partial_rotary_factor=0.25, tie_embeddings=False))
+    assert parts["position"].detail == "rotates 0.25 of each head's q and k"
+    assert parts["head"].detail.endswith("own weights")
+    assert "final norm" not in end_parts(tiny(norm_placement="post"))
+    assert "output head" not in _text(block_diagram(tiny()))  # off by default
+
+
+def test_changed_parts_outline_one_step_of_a_morph():
+    """What differs between two configs' drawings, box by box, outlined and tagged."""
+    a = tiny(n_layers=4, position="sinusoidal")
+    assert changed_parts(a, a) == []
+    rope = a.replace(position="rope")
+    assert changed_parts(a, rope) == [(0, "mixer"), (-1, "position")]
+    pre = changed_parts(a.replace(norm_placement="post"), a)
+    assert pre == [(0, "mixer norm before"), (0, "ffn norm before"), (-1, "final norm")]
+    hybrid = a.replace(sliding_window=8, layer_types=("sliding",) * 3 + ("full",))
+    assert changed_parts(a, hybrid) == [(0, "mixer")]  # the full column is unchanged
+    assert changed_parts(a, a.replace(tie_embeddings=False)) == [(-1, "head")]
+    fig = block_diagram(rope, changed_from=a, label="RoPE")
+    outlined = [p for p in fig.findobj(FancyBboxPatch) if p.get_edgecolor()[:3] == (
+        to_rgb(HIGHLIGHT))]  # fmt: skip
+    assert len(outlined) == 2 and "RoPE" in _text(fig)
