@@ -19,7 +19,7 @@
 # ```{admonition} The question
 # :class: tip
 # What happens to a model's cost and to its quality when the 2017 decoder is turned into a 2026 hybrid one change at a time?
-# The cost moves by exact factors (the final model stores about half again as many parameters as the 2017 one yet uses fewer per token, caches about a twentieth of the bytes and spends under a third of the FLOPs per token at 4k context); in our very short runs with three paired seeds most of the fall in held-out loss comes with the first four changes, the final hybrid ends below the 2017 decoder, and what the later changes do to quality these runs cannot tell.
+# The cost moves by exact factors (the final model stores about half again as many parameters as the 2017 one yet uses fewer per token, caches a sixteenth of the bytes per token and spends under a third of the FLOPs per token at 4k context); in our very short runs with three paired seeds most of the fall in held-out loss comes with the first four changes, the final hybrid ends below the 2017 decoder, and what the later changes do to quality these runs cannot tell.
 # ```
 #
 # A 2026 open-weights model still has the outline of the decoder of
@@ -76,12 +76,13 @@ from companion.analysis.calculator import (
     kv_cache_bytes,
     kv_cache_bytes_per_token,
 )
-from companion.analysis.diagrams import block_diagram
+from companion.analysis.diagrams import block_diagram, changed_parts
 from companion.analysis.seeds import compare, difference, spread
 from companion.device import default_device, describe
 from companion.models.config import ModelConfig
-from companion.models.config_parts import LinearAttentionConfig, MLAConfig, MoEConfig
+from companion.models.config_parts import LinearAttentionConfig, MoEConfig
 from companion.models.decoder import DecoderLM
+from companion.models.presets import preset
 from companion.plotting import PALETTE, animate, glue, use_style
 from companion.tasks.probes import accuracy, fit, needle, needle_vocab
 from companion.tasks.text import (
@@ -172,9 +173,9 @@ print(textwrap.fill(repr(base), 88, subsequent_indent="    "))
 #    the model's linear maps, and arrived together;
 # 7. **MQA**: all four query heads share one key/value head, multi-query attention
 #    {cite}`shazeer2019fast`, the limit of grouped-query attention with a single group
-#    {cite}`ainslie2023gqa` ({doc}`chapter 8 <08_kv_cache>`). *Replaced at step 13*;
+#    {cite}`ainslie2023gqa` ({doc}`chapter 8 <08_kv_cache>`);
 # 8. **QK-norm**: an RMSNorm on each head's queries and keys {cite}`dehghani2023scaling`
-#    ({doc}`chapter 6 <06_normalization>`). *Replaced at step 13*;
+#    ({doc}`chapter 6 <06_normalization>`);
 # 9. **sliding windows 3:1**: three local layers with a 16-token window for each global
 #    one, the ratio of Olmo 3 {cite}`olmo2025olmo3` and Trinity Large
 #    {cite}`singh2026trinity` (Gemma 3 uses 5:1 {cite}`gemmateam2025gemma3`;
@@ -184,25 +185,26 @@ print(textwrap.fill(repr(base), 88, subsequent_indent="    "))
 #     every token passes through, behind a sigmoid gate as in Qwen3-Next
 #     {cite}`dai2024deepseekmoe` ({doc}`chapter 10 <10_mixture_of_experts>`);
 # 11. **output gate**: a sigmoid gate on each attention head's output, Qwen3-Next's gated
-#     attention {cite}`qiu2025gated` ({doc}`chapter 12 <12_small_changes>`). *Replaced at
-#     step 13*;
+#     attention {cite}`qiu2025gated` ({doc}`chapter 12 <12_small_changes>`);
 # 12. **Gated DeltaNet 3:1**: three linear-attention layers for each full one, as in
 #     Qwen3-Next {cite}`yang2024gated` {cite}`qwen3next`
 #     ({doc}`chapter 11 <11_linear_attention>`). It **replaces the sliding layers of
 #     step 9**: the window is gone (`sliding_window` back to `None`);
-# 13. **MLA**: the one full layer left caches a 16-wide latent and an 8-wide RoPE key per
-#     token instead of keys and values {cite}`deepseekai2024deepseekv2`
-#     ({doc}`chapter 8 <08_kv_cache>`). It **replaces MQA of step 7**: MLA has no shared
-#     key/value heads (each query head gets its own keys and values, rebuilt from the
-#     latent), so `n_kv_heads` goes back to `None`. The package's MLA layer, like
-#     DeepSeek-V3's {cite}`deepseekai2024deepseekv3`, also has no per-head QK-norm (the
-#     latent has its own RMSNorm) and no output gate, so the same step turns those two
-#     fields off and **replaces steps 8 and 11** as well; the config then says what the
-#     model computes. The Gated DeltaNet layers keep their own output gate. The final
-#     block is close to Moonshot AI's Kimi Linear {cite}`kimiteam2025kimilinear`, which
-#     also puts three linear layers before each MLA layer, but not the same: its linear
-#     layers are Kimi Delta Attention (KDA), a Gated DeltaNet whose forget gate acts per
-#     channel rather than per head, where the morph keeps Qwen3-Next's Gated DeltaNet.
+# 13. **partial RoPE**: the full layer rotates only a quarter of each head's channels
+#     (4 of 16) and leaves the rest without position, as Qwen3-Next and Qwen3.5 do
+#     {cite}`qwen3next` ({doc}`chapter 5 <05_position>`). Everything before it stays.
+#
+# After the last step the block is Qwen3.5's at toy size: pre-RMSNorm with QK-norm,
+# partial RoPE, one shared key/value head and a gated output in the full layer, three
+# Gated DeltaNet layers for each full one, experts with a gated shared expert, an untied
+# head and no biases. A cell below checks it against the package's preset of
+# Qwen3.5-397B-A17B. Its sizes differ, of course (60 layers, 512 experts, 2 key/value
+# heads for 32 query heads, a RoPE base of $10^7$), and so does one setting: Qwen3.5
+# stores each RMSNorm gain as $1 + w$, which computes the same function and changes
+# only what weight decay pulls the gain towards. Moonshot AI's Kimi Linear
+# {cite}`kimiteam2025kimilinear` is the other 3:1 hybrid of the time; it would end the
+# morph differently, with MLA in the full layer and Kimi Delta Attention, a Gated
+# DeltaNet whose forget gate acts per channel, in the linear ones.
 
 # %%
 MORPH = [  # (name, fields changed, earlier steps it replaces)
@@ -244,21 +246,7 @@ MORPH = [  # (name, fields changed, earlier steps it replaces)
         },
         ("sliding 3:1",),
     ),
-    (
-        "MLA",
-        {
-            "n_kv_heads": None,
-            "qk_norm": "none",
-            "attn_output_gate": False,
-            "mla": MLAConfig(
-                kv_lora_rank=D // 4,
-                qk_nope_head_dim=D // 8,
-                qk_rope_head_dim=D // 8,
-                v_head_dim=D // 4,
-            ),
-        },
-        ("MQA", "QK-norm", "output gate"),
-    ),
+    ("partial RoPE", {"partial_rotary_factor": 0.25}, ()),
 ]
 by_name = {name: changes for name, changes, _ in MORPH}
 if FULL:  # 8 layers: keep the 3:1 patterns (by_name holds MORPH's own dicts)
@@ -272,6 +260,7 @@ COMPONENT = {
     "attn_dropout": "dropout",
     "position": "position",
     "scale_embeddings": "position",
+    "partial_rotary_factor": "position",
     "ffn": "FFN",
     "activation": "FFN",
     "d_ff": "FFN",
@@ -284,7 +273,6 @@ COMPONENT = {
     "attn_output_gate": "output gate",
     "moe": "experts",
     "linear": "token mixers",
-    "mla": "keys and values",
 }
 
 names, configs = ["2017"], [base]
@@ -335,7 +323,30 @@ for i, (name, changes, _) in enumerate(MORPH, start=1):
     if name in replaced_by:  # and the replacing step really changes its fields
         assert any(configs[end].settings()[k] != v for k, v in changes.items()), name
 assert len(configs) == 14
-assert set(replaced_by) == {"MQA", "QK-norm", "output gate", "sliding 3:1"}
+assert set(replaced_by) == {"sliding 3:1"}  # only the window is taken out again
+# the last model is Qwen3.5's block at toy size: all that differs from the preset
+# is a size, the gain's storage (1 + w) and how a checkpoint lays out the DeltaNet's
+# projections
+qwen35 = preset("qwen3.5-397b-a17b")
+toy, real = configs[-1].settings(), qwen35.settings()
+SIZES = {"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+         "d_ff", "max_seq_len", "norm_eps", "init_std", "rope_theta"}  # fmt: skip
+assert {k for k in toy if toy[k] != real[k]} == SIZES | {
+    "norm_offset", "layer_types", "moe", "linear"}  # fmt: skip
+unit = ("linear",) * 3 + ("full",)  # the layer pattern: 3:1, full layer last
+assert qwen35.layer_types == unit * 15
+assert configs[-1].layer_types == unit * (LAYERS // 4)
+
+
+def differing(a: object, b: object) -> set[str]:
+    return {k for k in vars(a) if getattr(a, k) != getattr(b, k)}
+
+
+assert differing(configs[-1].moe, qwen35.moe) == {
+    "n_experts", "experts_per_token", "expert_d_ff", "shared_d_ff"}  # fmt: skip
+assert differing(configs[-1].linear, qwen35.linear) == {
+    "key_heads", "value_heads", "key_dim", "value_dim", "projections"}  # fmt: skip
+LAST = "Qwen3.5 block (toy size)"
 
 # %% [markdown]
 # Every entry is exactly one step's diff, and the asserts check that nothing else moved,
@@ -343,7 +354,9 @@ assert set(replaced_by) == {"MQA", "QK-norm", "output gate", "sliding 3:1"}
 # steps it says it replaces), and that every change stays in every later config until a
 # step that names it takes it out. `replace` builds a fresh config, so each one is
 # validated again: a step that produced an impossible model (say, sliding layers without a
-# window) would fail right here.
+# window) would fail right here. The last checks hold the final config to Qwen3.5's: set
+# beside the preset, it differs only in sizes, in the gain's $1 + w$ and in how a
+# checkpoint lays out the DeltaNet's projections.
 #
 # ## What each step costs
 #
@@ -400,7 +413,7 @@ assert untied["total"] == tied + V * d
 assert step["MQA"]["kv_per_token"] * 4 == step["no bias, untied"]["kv_per_token"]
 # the sliding layers hold 16 positions each; the full layer every position
 sw, og = step["sliding 3:1"], step["output gate"]
-dn, mla = step["DeltaNet 3:1"], step["MLA"]
+dn = step["DeltaNet 3:1"]
 n_sw = cfg_of["sliding 3:1"].layer_types.count("sliding")
 per_layer = og["kv_per_token"] // LAYERS  # bytes per token and layer
 window = n_sw * 16 * per_layer
@@ -416,13 +429,9 @@ assert cfg_of["DeltaNet 3:1"].sliding_window is None
 assert "sliding" not in cfg_of["DeltaNet 3:1"].layer_types
 # ... at both lengths the fixed states cost more than the 16-token windows did
 assert dn["kv4k"] > og["kv4k"] and dn["kv64k"] > og["kv64k"]
-# the MLA step: the full layer caches a latent (d/4) and a RoPE key (d/8) per token,
-# 24 numbers where MQA's one head cached 2 × 16
-mla_cfg = configs[-1]
-latent = mla_cfg.mla.kv_lora_rank + mla_cfg.mla.qk_rope_head_dim
-assert mla["kv_per_token"] == (LAYERS - n_lin) * latent * 2
-assert mla["kv_per_token"] * 2 * hd == dn["kv_per_token"] * latent
-assert mla["kv4k"] == mla["kv_per_token"] * 4096 + n_lin * state
+# partial RoPE: a rotation has no weights and caches nothing, so the last row is row 12
+assert {k: v for k, v in last.items() if k != "name"} == {
+    k: v for k, v in dn.items() if k != "name"}  # fmt: skip
 assert abs(step["SwiGLU 8/3"]["total"] / first["total"] - 1) < 0.01  # steps 1-5
 assert last["total"] > first["total"] and last["active"] < first["active"]
 assert last["flops4k"] < first["flops4k"] / 3
@@ -459,12 +468,6 @@ for key, value in {
     "dn-state": f"{n_lin * state:,}",
     "sw-window": f"{window:,}",
     "dn-flop-up": f"{dn['flops4k'] / og['flops4k'] - 1:+.1%}",
-    "kvtok13": f"{mla['kv_per_token']:,}",
-    "kv13": f"{mla['kv4k'] / 1024:,.0f}",
-    "kv13-64k": f"{mla['kv64k'] / 1024:,.0f}",
-    "mla-params": f"{mla['total'] - dn['total']:+,}",
-    "p13": f"{mla['total']:,}",
-    "a13": f"{mla['active']:,}",
     "p-more": f"{last['total'] / first['total'] - 1:.0%}",
     "a-share": pct(last["active"], first["active"]),
     "kv-div": f"{first['kv_per_token'] // last['kv_per_token']}",
@@ -506,12 +509,8 @@ for key, value in {
 # token move by {glue:text}`ch14-dn-flop-up`. What the linear layers buy over a window is
 # not a smaller cache but a memory of the whole past in a fixed state
 # ({doc}`chapter 11 <11_linear_attention>`); the probe below asks whether the small
-# models use it. Last, **MLA** shrinks what the one full layer caches per token from
-# {glue:text}`ch14-kvtok12` to {glue:text}`ch14-kvtok13` bytes (a latent of 16 and a RoPE
-# key of 8 numbers against one head's key and value of 16 each): {glue:text}`ch14-kv13`
-# KiB at 4k, {glue:text}`ch14-kv13-64k` KiB at 64k, and the parameter count moves by
-# {glue:text}`ch14-mla-params` (the output gate's matrix leaves with the step). Against one shared KV head the latent saves a quarter; against the full
-# multi-head cache of 2017 it is what DeepSeek-V2 was built for.
+# models use it. Last, **partial RoPE** costs nothing the table counts: a rotation has
+# no weights and caches nothing, so row 13 repeats row 12.
 #
 # From first row to last: {glue:text}`ch14-p-more` more parameters, yet
 # {glue:text}`ch14-a-share` of the 2017 model's active ones per token, 1/{glue:text}`ch14-kv-div`
@@ -843,8 +842,8 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 # {glue:text}`ch14-sw-near-far` In this budget the hybrid has not learned to route the
 # needle through its one full layer. The DeltaNet step, whose linear layers could carry a needle in their state,
 # scores {glue:text}`ch14-far-dn` on far needles against {glue:text}`ch14-far-og` for
-# the sliding model before it. {glue:text}`ch14-dn-vs-sw` The final model with MLA
-# scores {glue:text}`ch14-far-last`. Steps whose far accuracy moves against the step
+# the sliding model before it. {glue:text}`ch14-dn-vs-sw` The final model, Qwen3.5's
+# block, scores {glue:text}`ch14-far-last`. Steps whose far accuracy moves against the step
 # before: {glue:text}`ch14-moved-far`. {glue:text}`ch14-mqa` The all-full steps scatter
 # widely over seeds (sd up to {glue:text}`ch14-far-sd-max`) in a probe trained this
 # briefly.
@@ -853,8 +852,8 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 # learning rate measures how fast a model gets going: a change that helps an early,
 # unstable run (pre-LN, which needs little warmup; RoPE, which hands every layer relative
 # positions) can show, but a faster start cannot be told from a better model in the
-# limit. Changes made for cost (MQA, MoE, MLA) or for stability at scale (QK-norm, the
-# output gate) have nothing to show here; the papers cited with each step measured them
+# limit. Changes made for cost (MQA, MoE), for stability at scale (QK-norm, the output
+# gate) or for long contexts (partial RoPE) have nothing to show here; the papers cited with each step measured them
 # on large models trained long. The needle, trained for {glue:text}`ch14-n-steps` steps,
 # likewise measures how soon a model learns to use its reach, not whether it has it:
 # every model here keeps at least one full layer and could in principle find every
@@ -863,10 +862,13 @@ print(f"needle far, DeltaNet 3:1 vs sliding (step {i_og}): {VERDICT[dn_vs_sw]}")
 # ## The morph, animated
 #
 # {numref}`fig-morph` puts the fourteen models in a row, one frame per step. On the left is
-# the block as `companion.block_diagram` draws it from that step's config, with one column
-# per kind of layer once the stack mixes kinds; on the right, the step's parameters (total
-# and active), its cache at 4k context and its FLOPs per token, each relative to the 2017
-# model. The title carries the step's change and the absolute numbers of the table above.
+# the model as `companion.block_diagram` draws it from that step's config: the token
+# embedding and the positional signal at the bottom, the block in the middle (one column
+# per kind of layer once the stack mixes kinds), the final norm and the output head at
+# the top. What a step changed is outlined in red and tagged with the step's name. On the
+# right, the step's parameters (total and active), its cache at 4k context and its FLOPs
+# per token, each relative to the 2017 model. The title carries the step's change and the
+# absolute numbers of the table above; the last frame is Qwen3.5's block at toy size.
 # The held-out loss has no bar: it comes from runs too short to stand beside exact
 # counts, and the quality table gives it with its intervals.
 
@@ -887,7 +889,7 @@ def diagram_limits() -> tuple[tuple[float, float], tuple[float, float]]:
     xs, ys = [], []
     for cfg in configs:
         ax.clear()
-        block_diagram(cfg, ax=ax)
+        block_diagram(cfg, ax=ax, changed_from=cfg)
         xs += ax.get_xlim()
         ys += ax.get_ylim()
     plt.close(scratch)
@@ -896,11 +898,14 @@ def diagram_limits() -> tuple[tuple[float, float], tuple[float, float]]:
 
 XLIM, YLIM = diagram_limits()
 drawn = {}  # frame -> the texts its block diagram shows
+# frame -> what it outlines: (first layer of the column, or -1 outside the blocks, box)
+marked = {i: changed_parts(configs[i - 1], configs[i]) for i in range(1, len(configs))}
 
 
 def step_title(i: int) -> str:
     r = rows[i]
     change = f"step {i}/{len(MORPH)}: {names[i]} ({components[i - 1]})"
+    change += f" = the {LAST}" if i == len(MORPH) else ""
     return (
         f"{change if i else 'the 2017 decoder'}\n"
         f"{r['total']:,} params, {r['active']:,} active · "
@@ -911,13 +916,14 @@ def step_title(i: int) -> str:
 
 def draw_block(ax: plt.Axes, i: int) -> None:
     ax.clear()
-    block_diagram(configs[i], ax=ax)
+    before = configs[max(i - 1, 0)]  # the 2017 frame: itself, nothing outlined
+    block_diagram(configs[i], ax=ax, changed_from=before, label=names[i])
     ax.set(xlim=XLIM, ylim=YLIM)
     drawn[i] = [t.get_text() for t in ax.texts]
 
 
 fig, (ax_block, ax_bars) = plt.subplots(
-    1, 2, figsize=(9, 5.6), width_ratios=[2.5, 1]
+    1, 2, figsize=(9, 6.6), width_ratios=[2.5, 1]
 )
 
 
@@ -934,17 +940,18 @@ def draw_morph(i: int) -> None:
     fig.suptitle(step_title(i), fontsize=11)
 
 
-glue("fig-morph", HTML(animate(fig, draw_morph, len(configs), interval_ms=1200)))
+glue("fig-morph", HTML(animate(fig, draw_morph, len(configs), interval_ms=2500)))
 # the same frames, smaller, for the book's first page
-fig_small, ax_small = plt.subplots(figsize=(5, 4.4))
+fig_small, ax_small = plt.subplots(figsize=(5, 5.4))
 
 
 def draw_small(i: int) -> None:
     draw_block(ax_small, i)
-    ax_small.set_title(f"{i}/{len(MORPH)}: {names[i]}", fontsize=10)
+    last = f"\n= the {LAST}" if i == len(MORPH) else ""
+    ax_small.set_title(f"{i}/{len(MORPH)}: {names[i]}{last}", fontsize=10)
 
 
-glue("fig-morph-small", HTML(animate(fig_small, draw_small, len(configs), 1200)))
+glue("fig-morph-small", HTML(animate(fig_small, draw_small, len(configs), 2500)))
 assert sorted(drawn) == list(range(14))  # a frame for every step: fourteen
 # every step changes what the block diagram shows...
 assert all(drawn[i] != drawn[i - 1] for i in range(1, len(configs)))
@@ -954,25 +961,36 @@ assert f"all {LAYERS} layers" in drawn[0] and "Gated DeltaNet" not in drawn[0]
 assert f"{n_linear} of {LAYERS} layers: 0–2" in drawn[len(configs) - 1]
 assert f"{LAYERS - n_linear} of {LAYERS} layers: 3" in drawn[len(configs) - 1]
 assert "Gated DeltaNet" in drawn[len(configs) - 1]
-# ... whose full layer caches a latent from the last step on
-assert "MLA" not in " ".join(drawn[len(configs) - 2])
-assert f"MLA {HEADS} heads" in drawn[len(configs) - 1]
+# ... and outlines what changed, with the step's name as its tag
+assert all(marked[i] and names[i] in drawn[i] for i in marked)
+rope, untie = names.index("RoPE"), names.index("no bias, untied")
+assert {(-1, "position"), (-1, "embedding"), (0, "mixer")} <= set(marked[rope])
+words = {i: " ".join(" ".join(t).split()) for i, t in drawn.items()}  # unwrapped
+assert (-1, "head") in marked[untie] and "own weights" in words[untie]
+# the last frame: a quarter of the full layer's head rotated, nothing else changed
+i_full_layer = configs[-1].layer_types.index("full")
+assert marked[len(MORPH)] == [(i_full_layer, "mixer"), (-1, "position")]
+assert "rotates 0.25 of each head's q and k" in words[len(MORPH)]
+assert LAST in step_title(len(MORPH))
 assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
 
 # %% [markdown]
 # ```{glue:figure} fig-morph
 # :name: fig-morph
 #
-# The 2017 decoder turned into a 2026 hybrid, one component per frame. Left: the block of
-# each step, drawn from its `ModelConfig` (the stream runs bottom to top, the residual path
-# on the left; one column per kind of layer). Right: parameters, active parameters, cache
-# at 4k context and FLOPs per token relative to the 2017 model (dashed line).
-# Watch the norm move in front of the sublayers (step 1), the FFN become SwiGLU (5), the
-# biases go (6), the heads share one key/value head (7), the stack split into sliding and
-# full layers (9), the experts arrive (10), the sliding layers become Gated DeltaNet (12)
-# and the full layer become MLA (13). The cache and FLOPs bars fall at steps 7 and 9, the
-# parameters grow from step 10 on, the cache bar rises a little at step 12 and falls at
-# 13.
+# What does each of the thirteen steps change, from the 2017 decoder to Qwen3.5's block at
+# toy size? One change per frame, outlined in red and tagged with the step's name. Left:
+# the model of each step, drawn from its `ModelConfig` (the stream runs bottom to top from
+# the token embedding and positional signal to the final norm and output head, the
+# residual path on the left; one column per kind of layer). Right: parameters, active
+# parameters, cache at 4k context and FLOPs per token relative to the 2017 model (dashed
+# line). Watch the norm move in front of the sublayers (step 1), the added sinusoid give
+# way to RoPE inside attention (4), the FFN become SwiGLU (5), the biases go and the head
+# get its own weights (6), the heads share one key/value head (7), the stack split into
+# sliding and full layers (9), the experts arrive (10), the sliding layers become Gated
+# DeltaNet (12) and RoPE shrink to a quarter of each head (13). The cache and FLOPs bars
+# fall at steps 7 and 9, the parameters grow from step 10 on and the cache bar rises a
+# little at step 12.
 # ```
 
 # %% [markdown]
@@ -980,10 +998,11 @@ assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
 #
 # The 2026 decoder is the 2017 decoder with thirteen replacements, each a few config
 # fields of one component, and the checks hold every step to exactly the fields it names,
-# including the later steps that take earlier ones out. The cost of each step is exact:
-# pre-LN, RMSNorm, RoPE and SwiGLU at $\tfrac83 d$ leave the size almost unchanged; MQA,
-# sliding windows, the linear-attention hybrid and MLA cut the cache (the Gated DeltaNet
-# step buys a memory of the whole past, not bytes); and the experts make the final model
+# including the one later step that takes an earlier one out; the last block is
+# Qwen3.5's, at toy size. The cost of each step is exact:
+# pre-LN, RMSNorm, RoPE and SwiGLU at $\tfrac83 d$ leave the size almost unchanged; MQA
+# and sliding windows cut the cache (the Gated DeltaNet step that replaces the windows
+# buys a memory of the whole past, not bytes); and the experts make the final model
 # store more parameters than the 2017 one while each token uses fewer. Quality we could
 # measure only coarsely, with three paired seeds and runs so short that the 2017 decoder
 # barely beats a unigram model: most of the fall in held-out loss comes with the first
@@ -1005,28 +1024,29 @@ assert ratios[-1, 2] < 0.1 and ratios[-1, 3] < 0.3 and ratios[-1, 0] > 1.2
 # the two steps now carry 8 experts with 4 KV heads.
 # ```
 #
-# 2. Vary the MLA step's latent width `kv_lora_rank` (8, 16, 32, with
-#    `qk_rope_head_dim=8`). How does the cache per token compare with MQA's one KV head,
-#    and what does each choice cost in parameters?
+# 2. End the morph on Kimi Linear's full layer instead: add a fourteenth step, MLA
+#    (`mla=MLAConfig(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+#    v_head_dim=16)` with `n_kv_heads=None`). How does the full layer's cache per token
+#    compare with MQA's one head, and which checks must change?
 #
 # ```{admonition} Hint
 # :class: dropdown
-# MLA caches $r + R$ numbers per layer and token, MQA's one head of 16 caches 32: a
-# latent of 8 halves the full layer's cache, a latent of 32 makes it larger than MQA's.
-# The up-projection `kv_b_proj` grows with $r$. `count_params` and
-# `kv_cache_bytes_per_token` answer it in one cell.
+# MLA caches $r + R = 24$ numbers per layer and token, MQA's one head of 16 caches 32. The
+# package's MLA layer has neither per-head QK-norm nor an output gate, so the step must
+# also turn `qk_norm` and `attn_output_gate` off and name MQA, QK-norm and the output gate
+# in its `replaces`. The frame count becomes fifteen, and the Qwen3.5 check fails, as it
+# should: the block is no longer Qwen3.5's (nor quite Kimi Linear's, whose linear layers
+# are Kimi Delta Attention).
 # ```
 #
-# 3. Let the MLA step keep `attn_output_gate=True` (drop it from the step's fields and
-#    from its `replaces`). Which check fails, and what does the model do with the gate?
+# 3. Rotate half of each head at step 13, or a sixteenth. Which columns of the cost table
+#    change?
 #
 # ```{admonition} Solution
 # :class: dropdown
-# None fails: the package's MLA layer has no output gate, so the model built from the
-# config, `count_params` and the block diagram all ignore the field, and every assert
-# still holds, about a field that does nothing. That is why the step turns the field
-# off: a config should say what the model computes. A gate inside MLA would be a change
-# to the layer, not to the config.
+# None: a rotation has no weights and caches nothing, and the calculator counts no FLOPs
+# for it (a few multiplications per channel beside the matrix products). Only the trained
+# runs can differ, and the Qwen3.5 check fails, since Qwen3.5 rotates a quarter.
 # ```
 #
 # 4. Set `FULL = True` on a GPU (five seeds, 2,000 steps, a 128-token context, the needle
