@@ -659,14 +659,22 @@ glue("ch15-hc-norm", f"{hc.norm[:-1].mean():.2f}", display=False)
 # score experts three ways (read from their configs):
 
 # %% tags=["hide-input"]
-print(f"{'preset':<22}{'scores':<14}{'select bias':>12}{'hash':>6}{'experts':>9}")
+print(f"{'preset':<22}{'scores':<14}{'select bias':>12}{'hash':>6}{'experts':>9}"
+      f"{'router/FFN':>11}")
+router_share = {}
 for n in ("qwen3.5-397b-a17b", "minimax-m2", "deepseek-v3.2", "glm-5", "kimi-k2.5",
           "deepseek-v4-flash", "deepseek-v4-pro"):  # fmt: skip
-    moe = preset(n).moe
+    moe, d = preset(n).moe, preset(n).d_model
+    # FLOPs per token and layer: the d x E score product against the experts it runs
+    # (k routed + the shared one, three d x d_e matrices each in a SwiGLU)
+    ffn = 6 * d * (moe.experts_per_token * moe.expert_d_ff + moe.shared_d_ff)
+    router_share[n] = 2 * d * moe.n_experts / ffn
     print(
         f"{n:<22}{moe.router:<14}{moe.router_selection_bias!s:>12}"
-        f"{moe.hash_layers:>6}{moe.n_experts:>9}"
+        f"{moe.hash_layers:>6}{moe.n_experts:>9}{router_share[n]:>11.1%}"
     )
+assert max(router_share.values()) < 0.05  # scoring every expert is cheap
+glue("ch15-router-max", f"{max(router_share.values()):.1%}", display=False)
 
 # %% [markdown]
 # A **sigmoid** score rates each expert on its own instead of making them compete for
@@ -676,7 +684,8 @@ for n in ("qwen3.5-397b-a17b", "minimax-m2", "deepseek-v3.2", "glm-5", "kimi-k2.
 # $\sqrt{\mathrm{softplus}(\cdot)}$, and its first three MoE layers route by **hash**: a
 # fixed table maps each token id to its experts: nothing to learn, and nothing that can
 # collapse onto a few experts in the layers nearest the embeddings. All of this is cheap: a router is
-# one $d \times E$ product per token, against $k$ experts' worth of FFN.
+# one $d \times E$ product per token, at most {glue:text}`ch15-router-max` of the FLOPs of
+# the experts it picks in these presets (the last column), and a hash layer has none.
 #
 # ## Hybrids, and the model that went back
 #
