@@ -394,39 +394,21 @@ assert shift_ln < 1e-4 and scale_rms < 1e-5 and shift_rms > 0.1
 # %% [markdown]
 # ### What RMSNorm saves
 #
-# A norm is a *reduction* across the $d$ features of a token: on a GPU a sum across
-# threads that must synchronise, and, in a tensor-parallel layout that splits $d$ across
-# devices, a collective operation between them. Megatron-LM's layout does not split it:
-# the norm's input is replicated on every device {cite}`shoeybi2019megatron` or, with
-# sequence parallelism, split by token {cite}`korthikanti2023reducing`, so each device
-# holds whole tokens and normalizes them with no communication at all, whichever norm it
-# is. Written the way the formula reads, as our
-# reference is, LayerNorm makes two reductions one after the other (the mean, then the
-# variance about the mean) and RMSNorm one. But that order belongs to the code, not to the
-# norm: since $\sigma^2 = \overline{x^2} - \mu^2$, a LayerNorm can accumulate $\sum_j x_j$
-# and $\sum_j x_j^2$ in the same pass and synchronise once, as fused kernels do (with a
-# numerically safer update such as Welford's). We count both forms, and RMSNorm: a PyTorch
-# dispatch mode sees every operator that a function runs.
+# A norm is a *reduction* across the $d$ features of each token: on a GPU, a sum across
+# threads that must synchronise. (It costs no communication between devices in
+# Megatron-LM's tensor-parallel layout, where each device holds whole tokens when it
+# normalizes: replicated {cite}`shoeybi2019megatron` or, with sequence parallelism, split
+# by token {cite}`korthikanti2023reducing`.) Written as the formula reads, LayerNorm
+# makes two reductions one after the other, the mean and then the variance about it, and
+# RMSNorm one. But since $\sigma^2 = \overline{x^2} - \mu^2$, a LayerNorm can take
+# $\sum_j x_j$ and $\sum_j x_j^2$ in one reduction, as fused kernels do (with a safer
+# update such as Welford's). So RMSNorm saves arithmetic (one sum, the subtraction of the
+# mean, the shift $\beta$), not a synchronisation, and since both norms read and write the
+# same bytes, we expect the saving in time to depend on the kernel more than on the
+# formula. {numref}`tbl-norm-ops` counts what each version asks PyTorch to run.
 
-# %%
-w, b = torch.ones(d_smol), torch.zeros(d_smol)
-ops = {
-    "LayerNorm": count_aten_ops(layer_norm_reference, x, w, b),
-    "RMSNorm": count_aten_ops(rms_norm_reference, x, w),
-}
-for name, counter in ops.items():
-    listed = ", ".join(
-        f"{op}×{n}" if n > 1 else op for op, n in sorted(counter.items())
-    )
-    print(f"{name:<9}: {sum(counter.values())} operators ({listed})")
-n_red = {
-    "LayerNorm": count_reductions(layer_norm_reference, x, w, b),
-    "RMSNorm": count_reductions(rms_norm_reference, x, w),
-}
-print(f"reductions across d: {n_red}")
-assert n_red == {"LayerNorm": 2, "RMSNorm": 1}  # as the references are written...
-
-
+# %% tags=["hide-input"]
+# the operators and reductions of each version of the norm, for the table below
 def layer_norm_one_pass(x, weight, bias, eps: float = 1e-5):
     """LayerNorm from E[x] and E[x²], both taken by one reduction."""
     xf = x.float()
@@ -434,60 +416,52 @@ def layer_norm_one_pass(x, weight, bias, eps: float = 1e-5):
     return (xf - mean) * torch.rsqrt(mean_sq - mean**2 + eps) * weight + bias
 
 
+w, b = torch.ones(d_smol), torch.zeros(d_smol)
 torch.testing.assert_close(
     layer_norm_one_pass(x, w, b), layer_norm_reference(x, w, b), atol=1e-5, rtol=1e-5
 )
-one_pass = count_reductions(layer_norm_one_pass, x, w, b)
-print(f"one-pass LayerNorm: {one_pass} reduction, same output as the reference")
-assert one_pass == n_red["RMSNorm"]  # ...but one synchronisation is enough for both
-assert sum(ops["LayerNorm"].values()) > sum(ops["RMSNorm"].values())
-
-# %% [markdown]
-# So RMSNorm does not save a synchronisation. It saves work: one sum fewer per token, the
-# subtraction of the mean from every element, and the shift $\beta$ (and, only in a
-# layout that splits $d$ across devices, one number fewer in the all-reduce that then
-# computes the statistics). Both norms read and write the same
-# bytes, and a norm is memory-bound, so we expect the saving in time to be small and to
-# depend on the kernel more than on the formula. Which kernels does PyTorch run here?
-
-# %%
-fused = {
-    "F.layer_norm": count_aten_ops(F.layer_norm, x, (d_smol,), w, b),
-    "F.rms_norm": count_aten_ops(F.rms_norm, x, (d_smol,), w),
+norm_calls = {  # the table's rows: (function, its arguments after x)
+    "ln-ref": (layer_norm_reference, (w, b)),
+    "ln-one-pass": (layer_norm_one_pass, (w, b)),
+    "rms-ref": (rms_norm_reference, (w,)),
+    "f-ln": (F.layer_norm, ((d_smol,), w, b)),
+    "f-rms": (F.rms_norm, ((d_smol,), w)),
 }
-for name, counter in fused.items():
-    listed = ", ".join(sorted(counter))
-    print(f"{name:<12}: {sum(counter.values())} operator(s) ({listed})")
-glue("ch06-rms-ops", f"{sum(fused['F.rms_norm'].values())}", display=False)
-glue("ch06-ln-ops", f"{sum(fused['F.layer_norm'].values())}", display=False)
-
-# %% [markdown]
-# On this PyTorch build `F.layer_norm` is {glue:text}`ch06-ln-ops` fused operator, while
-# `F.rms_norm` runs as {glue:text}`ch06-rms-ops` separate ones, each a pass over the data.
-# The timings below (one thread, 8,192 SmolLM2-sized vectors) vary from machine to
-# machine, so nothing is asserted on them; where `F.rms_norm` is unfused, expect it to
-# lose to the fused `F.layer_norm` despite doing less arithmetic, as it did on the
-# machines that built this page. The two unfused references show the cost of the extra
-# work itself.
+n_ops = {k: sum(count_aten_ops(fn, x, *more).values())
+         for k, (fn, more) in norm_calls.items()}  # fmt: skip
+n_red = {k: count_reductions(fn, x, *more) for k, (fn, more) in norm_calls.items()}
+# as written, LayerNorm makes two reductions and RMSNorm one; one is enough for both
+assert (n_red["ln-ref"], n_red["rms-ref"], n_red["ln-one-pass"]) == (2, 1, 1)
+assert n_ops["ln-ref"] > n_ops["rms-ref"]  # what RMSNorm saves is arithmetic
+for k in norm_calls:
+    glue(f"ch06-ops-{k}", f"{n_ops[k]}", display=False)
+    glue(f"ch06-red-{k}", f"{n_red[k]}", display=False)
 
 # %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
-# (timings depend on the machine and its load)
+# (the table's times depend on the machine and its load)
 big = torch.randn(8192, d_smol)
-kernels = {
-    "F.layer_norm": lambda: F.layer_norm(big, (d_smol,), w, b),
-    "F.rms_norm": lambda: F.rms_norm(big, (d_smol,), w),
-    "layer_norm_reference": lambda: layer_norm_reference(big, w, b),
-    "rms_norm_reference": lambda: rms_norm_reference(big, w),
-}
-for name, fn in kernels.items():
-    fn()
-    runs = []
+for k, (fn, more) in norm_calls.items():
+    fn(big, *more)
+    times = []
     for _ in range(15):
         start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    print(f"{name:<21} {1e3 * np.median(runs):.2f} ms")
+        fn(big, *more)
+        times.append(time.perf_counter() - start)
+    glue(f"ch06-ms-{k}", f"{1e3 * np.median(times):.2f}", display=False)
+
+# %% [markdown]
+# ```{table} What each version of the norm asks PyTorch to run, as a dispatch mode sees it: the ATen operators (each a pass over the data, unless they are fused into one kernel), those among them that reduce across the $d = 576$ features, and the median time of 15 calls on 8,192 vectors with one thread (on the machine that built this page; times differ between machines, and nothing is asserted on them).
+# :name: tbl-norm-ops
+#
+# | version | operators | reductions across $d$ | time (ms) |
+# |---|--:|--:|--:|
+# | LayerNorm as the formula reads (`layer_norm_reference`) | {glue:text}`ch06-ops-ln-ref` | {glue:text}`ch06-red-ln-ref` | {glue:text}`ch06-ms-ln-ref` |
+# | LayerNorm with one reduction (`layer_norm_one_pass`) | {glue:text}`ch06-ops-ln-one-pass` | {glue:text}`ch06-red-ln-one-pass` | {glue:text}`ch06-ms-ln-one-pass` |
+# | RMSNorm (`rms_norm_reference`) | {glue:text}`ch06-ops-rms-ref` | {glue:text}`ch06-red-rms-ref` | {glue:text}`ch06-ms-rms-ref` |
+# | `F.layer_norm` | {glue:text}`ch06-ops-f-ln` | inside its kernel | {glue:text}`ch06-ms-f-ln` |
+# | `F.rms_norm` | {glue:text}`ch06-ops-f-rms` | {glue:text}`ch06-red-f-rms` | {glue:text}`ch06-ms-f-rms` |
+# ```
 
 # %% [markdown]
 # ### The mean is free to fold away
@@ -579,11 +553,8 @@ Code(inspect.getsource(TransformerBlock.residual), language="python")
 # with Pre-LN at three peak learning rates ($3\cdot10^{-3}$, $8\cdot10^{-3}$,
 # $2\cdot10^{-2}$), each once with a cosine decay from the first step and once after a
 # linear warmup over the first 60 steps, on {glue:text}`ch06-n-seeds` seeds. A seed fixes
-# the initial weights and the batches, and every condition uses the same seeds, so the
-# runs are paired: we compare conditions seed by seed, and claim a difference only when
-# the 95 % Student-t interval of the paired differences excludes zero (a two-sided test
-# at the 5 % level; with three seeds the interval is $\pm 4.30$ standard errors wide, so
-# only a gap that is large against its scatter counts). As in 2017 every sublayer starts
+# the initial weights and the batches, and every condition uses the same seeds, so two
+# conditions are compared seed by seed. As in 2017 every sublayer starts
 # at full size (the residual writes are not scaled down by depth; a later section does
 # that). Xiong et al. showed that Post-LN needs the warmup and Pre-LN does not
 # {cite}`xiong2020layer`; {doc}`chapter 3 <03_transformer_2017>` trained the 2017 model
@@ -592,6 +563,14 @@ Code(inspect.getsource(TransformerBlock.residual), language="python")
 # every step, how similar the tokens' stream vectors are at each layer (`token_cosine`:
 # the mean cosine over all pairs of tokens in the batch, 1 when every token carries the
 # same vector).
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["hide-input"]
 text = load_shakespeare()
@@ -699,7 +678,6 @@ for p in TRAINED:
         ]
         label = f"{NAMES[p]}, {'warmup' if w else 'no warmup'}"
         print(f"{label:<22}" + "".join(f" {c:>11}" for c in cells))
-# paired differences (same seeds: same initial weights, same batches), 95 % intervals
 warmup_gain = {  # loss without warmup − loss with it, seed by seed
     (p, lr): [
         c - w
@@ -742,6 +720,30 @@ for (p, w, lr), values in per_seed.items():
 for key, (_, ds) in effects.items():
     for lr, d in zip(LRS, ds, strict=True):
         glue(f"ch06-d-{key}-{lr:g}", d.format(), display=False)
+# a verdict the asserts below do not pin (five seeds may turn a null into a
+# difference) goes into the prose as a whole sentence, chosen by the verdict
+SAYS = {
+    "placement": {
+        0: "{when} the seeds cannot tell Post-LN from Pre-LN (Post − Pre: {d}).",
+        1: "{when} Post-LN ends above Pre-LN (Post − Pre: {d}).",
+        -1: "{when} Post-LN ends below Pre-LN (Post − Pre: {d}).",
+    },
+    "warmup": {  # gain: the loss without warmup − the loss with it
+        0: "For {p} the seeds cannot tell warmup from none (gain {d}).",
+        1: "Warmup lowers {p}'s loss (gain {d}).",
+        -1: "Warmup raises {p}'s loss (gain {d}).",
+    },
+}
+filled = {
+    "cold": ("placement", {"when": "Without warmup,"}),
+    "warm": ("placement", {"when": "With warmup,"}),
+    "gain-post": ("warmup", {"p": "Post-LN"}),
+    "gain-pre": ("warmup", {"p": "Pre-LN"}),
+}
+for key, (kind, words) in filled.items():
+    for lr, d in zip(LRS, effects[key][1], strict=True):
+        sentence = SAYS[kind][d.verdict].format(d=d.format(), **words)
+        glue(f"ch06-says-{key}-{lr:g}", sentence, display=False)
 verdict = {key: dict(zip(LRS, [d.verdict for d in ds], strict=True))
            for key, (_, ds) in effects.items()}  # fmt: skip
 lo, mid, hi = LRS
@@ -751,9 +753,11 @@ assert (
     verdict["gain-post"][mid] == verdict["cold"][mid]
     == verdict["gain-gap"][mid] == 1
 )
-# at the low rate Post-LN trains without warmup on every seed, and warmup's gain to
-# it is smaller there than at the middle rate, seed by seed
-assert max(per_seed["post", 0, lo]) < unigram - 0.3
+# at the low rate every run trains, on every seed, and warmup's gain to Post-LN is
+# smaller there than at the middle rate, seed by seed
+for p in ("post", "pre"):
+    for w in (0, WARMUP):
+        assert max(per_seed[p, w, lo]) < unigram - 0.3
 assert compare(warmup_gain["post", mid], warmup_gain["post", lo]) == 1
 # at the high rate warmup rescues Pre-LN, and with warmup Pre-LN ends below Post-LN
 assert verdict["gain-pre"][hi] == verdict["warm"][hi] == 1
@@ -761,31 +765,34 @@ assert min(per_seed["post", WARMUP, hi]) > unigram - 0.3  # no Post-LN seed trai
 for lr in LRS:  # Pre-LN with warmup trains at every rate, on every seed
     assert max(per_seed["pre", WARMUP, lr]) < unigram - 0.3
 assert max(per_seed["pre", 0, mid]) < unigram - 0.15  # and without it at the middle
+# at the middle rate Post-LN without warmup stays at the letter frequencies, every seed
+assert min(per_seed["post", 0, mid]) > unigram - 0.1
+# the question box's null (where both train, three seeds cannot tell them apart) is
+# about the stored three-seed run
+both_train = (("cold", lo), ("warm", lo), ("warm", mid))
+assert FULL or all(verdict[key][lr] == 0 for key, lr in both_train)
 
 # %% [markdown]
-# Whether Post-LN "needs warmup" depends on the learning rate. At the lowest,
-# $3\cdot10^{-3}$, every run trains: Post-LN without warmup ends at
-# {glue:text}`ch06-loss-post-cold-0.003` (over the seeds
-# {glue:text}`ch06-range-post-cold-0.003`), and the seeds cannot tell Post-LN from Pre-LN
-# (paired difference {glue:text}`ch06-d-cold-0.003`) or warmup from none for Post-LN
-# ({glue:text}`ch06-d-gain-post-0.003`). At $8\cdot10^{-3}$ Post-LN without warmup ends
+# Whether Post-LN "needs warmup" depends on the learning rate. At $3\cdot10^{-3}$ every
+# run trains: Post-LN without warmup ends at {glue:text}`ch06-loss-post-cold-0.003` (the
+# seeds: {glue:text}`ch06-range-post-cold-0.003`). {glue:text}`ch06-says-cold-0.003`
+# {glue:text}`ch06-says-gain-post-0.003` At $8\cdot10^{-3}$ Post-LN without warmup ends
 # at {glue:text}`ch06-loss-post-cold-0.008` on every seed, next to the
 # {glue:text}`ch06-unigram` of a model that predicts letter frequencies and ignores its
-# input; warmup takes it to {glue:text}`ch06-loss-post-warm-0.008` (a gain of
-# {glue:text}`ch06-d-gain-post-0.008`, 95 % interval), while for Pre-LN at that rate the
-# seeds cannot tell warmup from none ({glue:text}`ch06-d-gain-pre-0.008`). This is the
-# regime of Xiong et al.'s result, and the gain warmup buys Post-LN exceeds what it buys
-# Pre-LN, seed by seed ({glue:text}`ch06-d-gain-gap-0.008`). At $2\cdot10^{-2}$ the
-# picture changes again: the 60-step warmup no longer rescues Post-LN (with it, the
-# seeds end at {glue:text}`ch06-range-post-warm-0.02`, near the letter frequencies;
-# without it at {glue:text}`ch06-loss-post-cold-0.02`; the seeds cannot tell the two
-# apart, {glue:text}`ch06-d-gain-post-0.02`), and now Pre-LN is the one that needs
-# it: {glue:text}`ch06-loss-pre-cold-0.02` without, {glue:text}`ch06-loss-pre-warm-0.02`
-# with (a gain of {glue:text}`ch06-d-gain-pre-0.02`). So warmup buys each placement a
-# higher usable peak learning rate, and Pre-LN's limit lies higher: at $2\cdot10^{-2}$
-# with warmup it ends below Post-LN by {glue:text}`ch06-d-warm-0.02`. (Where both train,
-# with warmup at $8\cdot10^{-3}$, the seeds cannot tell them apart:
-# {glue:text}`ch06-d-warm-0.008`.) The curves on the right are seed 0's at
+# input; warmup takes it to {glue:text}`ch06-loss-post-warm-0.008`, a gain of
+# {glue:text}`ch06-d-gain-post-0.008`. {glue:text}`ch06-says-gain-pre-0.008` Warmup buys
+# Post-LN more than it buys Pre-LN, seed by seed ({glue:text}`ch06-d-gain-gap-0.008`):
+# this is the regime of Xiong et al.'s result. At $2\cdot10^{-2}$ the 60-step warmup no
+# longer rescues Post-LN: with it the seeds end at
+# {glue:text}`ch06-range-post-warm-0.02`, near the letter frequencies, and without it at
+# {glue:text}`ch06-loss-post-cold-0.02`. {glue:text}`ch06-says-gain-post-0.02` Now Pre-LN
+# is the one that needs warmup: {glue:text}`ch06-loss-pre-cold-0.02` without,
+# {glue:text}`ch06-loss-pre-warm-0.02` with (a gain of {glue:text}`ch06-d-gain-pre-0.02`),
+# and with it Pre-LN ends below Post-LN by {glue:text}`ch06-d-warm-0.02`. So warmup buys
+# each placement a higher usable peak learning rate, and Pre-LN's limit lies higher.
+# Where both train with warmup, at $8\cdot10^{-3}$, they end at
+# {glue:text}`ch06-loss-post-warm-0.008` and {glue:text}`ch06-loss-pre-warm-0.008`.
+# {glue:text}`ch06-says-warm-0.008` The curves on the right are seed 0's at
 # $8\cdot10^{-3}$.
 
 # %% tags=["hide-input"]
@@ -1098,11 +1105,18 @@ glue(
 # {glue:text}`ch06-slope-post`). But AdamW divides each gradient by its own
 # running scale, so the size of a step does not follow the size of the gradient: the
 # gradient scale alone cannot be the whole story. The other half is the identity path. For
-# each block input $x_\ell$ we estimate the Jacobian $J_\ell = \partial x_L/\partial
-# x_\ell$ of the top of the stack with random probes (`identity_path_jacobian`): its
-# Frobenius norm (how strongly $x_L$ depends on $x_\ell$ at all) and its trace (how much
-# of that is the identity, $x_\ell$ passing straight through; both are 1 for a pure
-# identity).
+# each block input $x_\ell$ we measure the Jacobian $J_\ell = \partial x_L/\partial
+# x_\ell$ of the top of the stack: its Frobenius norm (how strongly $x_L$ depends on
+# $x_\ell$ at all) and its trace (how much of that is the identity, $x_\ell$ passing
+# straight through), both per coordinate, so that a pure identity gives 1 and 1. With
+# $n = B\cdot T\cdot d$ numbers in the stream, $J_\ell$ has $n^2$ entries, too many to
+# build. Random probes give both without it: for a Gaussian $v$, $\|J_\ell^\top v\|^2$
+# averages to $\|J_\ell\|_F^2$ and $v^\top J_\ell^\top v$ to $\mathrm{tr}\,J_\ell$
+# (Hutchinson's estimator), and one backward pass from $x_L$ with $v$ as its gradient
+# gives $J_\ell^\top v$ for every $\ell$ at once:
+
+# %%
+Code(inspect.getsource(identity_path_jacobian), language="python")
 
 # %% tags=["hide-input"]
 paths = {}
@@ -1610,11 +1624,26 @@ for lr in QK_LRS:
             f"{np.mean(qk_loss[name, lr]):.2f}",
             display=False,
         )
+QK_SAYS = {  # held-out loss with QK-norm − without, as a sentence by its verdict
+    0: "The seeds cannot tell the two apart (with QK-norm − without: {d}).",
+    1: "QK-norm ends higher (with QK-norm − without: {d}).",
+    -1: "QK-norm ends lower (with QK-norm − without: {d}).",
+}
+for lr in QK_LRS[:-1]:
+    d = qk_diff[lr]
+    glue(f"ch06-qk-says-{lr:g}", QK_SAYS[d.verdict].format(d=d.format()),
+         display=False)  # fmt: skip
+    assert d.verdict != -1  # QK-norm does not end lower below the highest rate...
 top = QK_LRS[-1]
-assert qk_diff[top].verdict == -1  # at the highest rate QK-norm ends lower...
+assert qk_diff[top].verdict == -1  # ...at the highest it does...
 # ...where the logits without it have grown furthest
 assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["none", QK_LRS[0]])
 assert np.mean(qk_logit["none", top]) > 10 * np.mean(qk_logit["head", top])
+# and where neither model trains well: both end far above the runs at the lowest rate
+assert (
+    min(np.mean(qk_loss[n, top]) for n in ("none", "head"))
+    > max(np.mean(qk_loss[n, QK_LRS[0]]) for n in ("none", "head")) + 0.2
+)
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.6))
@@ -1643,32 +1672,27 @@ axes[1].legend()
 plt.show()
 
 # %% [markdown]
-# In the tracked run (peak learning rate $3\cdot10^{-2}$, seed 0) the largest
-# logit without QK-norm climbs by more than an order of magnitude in
-# {glue:text}`ch06-qk-steps` steps, from {glue:text}`ch06-qk-start` to
-# {glue:text}`ch06-qk-end`; with it, the logits stay where the norm and its gains put them
-# (the largest ends at {glue:text}`ch06-qk-norm-end`, under the cap of
-# {glue:text}`ch06-qk-bound` that the trained gains allow). Does the cap help training?
-# Across the sweep, the answer depends on the learning rate. At $10^{-2}$ and
-# $3\cdot10^{-2}$ the seeds cannot tell the two apart (held-out loss with QK-norm minus
-# without: {glue:text}`ch06-qk-d-0.01` and {glue:text}`ch06-qk-d-0.03`), although
-# without QK-norm the largest logit at the end is already
-# {glue:text}`ch06-qk-logit-none-0.03` at $3\cdot10^{-2}$. At $10^{-1}$ the logits
-# without QK-norm reach {glue:text}`ch06-qk-logit-none-0.1` (with it,
+# In the tracked run (peak learning rate $3\cdot10^{-2}$, seed 0) the largest logit
+# without QK-norm climbs from {glue:text}`ch06-qk-start` to {glue:text}`ch06-qk-end` in
+# {glue:text}`ch06-qk-steps` steps; with QK-norm the largest ends at
+# {glue:text}`ch06-qk-norm-end`, under the cap of {glue:text}`ch06-qk-bound` that the
+# trained gains allow. Does the cap help training? At $10^{-2}$ the largest logit
+# without QK-norm ends at {glue:text}`ch06-qk-logit-none-0.01`.
+# {glue:text}`ch06-qk-says-0.01` At $3\cdot10^{-2}$ it is already
+# {glue:text}`ch06-qk-logit-none-0.03`. {glue:text}`ch06-qk-says-0.03` At $10^{-1}$ it
+# reaches {glue:text}`ch06-qk-logit-none-0.1` (with QK-norm,
 # {glue:text}`ch06-qk-logit-head-0.1`), and QK-norm ends lower,
 # {glue:text}`ch06-qk-loss-head-0.1` against {glue:text}`ch06-qk-loss-none-0.1` (paired
-# difference {glue:text}`ch06-qk-d-0.1`). This is the shape Wortsman et al. report at
-# larger scale: the two agree at moderate learning rates, and QK-norm keeps the loss
-# lower where the logits of the model without it grow large
-# {cite}`wortsman2023small`. Two limits of the small run: at $10^{-1}$ neither model
-# trains well (both end far above the runs at $10^{-2}$), so what we see is a milder
-# degradation, not the divergence of a large model; and we saw no loss spike in fp32.
-# Wortsman et al. also control output-logit divergence with a z-loss, and Gemma 2
-# soft-caps the attention logits instead of normalizing $q$ and $k$
-# {cite}`gemmateam2024gemma2`; `companion` has no
-# soft-capping option and we did not run a z-loss within this page's time budget. The
-# cap has a price: a head can no longer make its
-# attention arbitrarily sharp by growing $q$ and $k$, only through the gains.
+# difference {glue:text}`ch06-qk-d-0.1`). Wortsman et al. report this shape at larger
+# scale: the two agree at moderate learning rates, and QK-norm keeps the loss lower where
+# the logits without it grow large {cite}`wortsman2023small`. At $10^{-1}$, though,
+# neither of our models trains well (both end far above the runs at $10^{-2}$): this is a
+# milder degradation than a large model's divergence, and we saw no loss spike in fp32.
+# Two related remedies are not run here: Wortsman et al.'s z-loss, which keeps the
+# output logits from diverging, and Gemma 2's soft cap on the attention logits in place
+# of normalizing $q$ and $k$ {cite}`gemmateam2024gemma2` (`companion` has no
+# soft-capping option). The cap has a price: a head can no longer sharpen its attention
+# at will by growing $q$ and $k$, only through the gains.
 
 # %% [markdown]
 # ## What we learned
