@@ -98,3 +98,65 @@ def test_intro_table_asks_the_chapters_question(nb: Path) -> None:
     rows = [ln for ln in intro.splitlines() if ln.startswith("|")]
     row = next(ln for ln in rows if f"../chapters/{nb.stem}>" in ln)
     assert f" | {_question(nb)} | " in row
+
+
+READING_BOX = """```{admonition} Reading the numbers
+:class: note
+The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+differences where runs share seeds and batches; a difference is claimed only when that
+interval excludes zero, and a null says these seeds cannot tell the two apart. The
+{ref}`preface <reading-the-numbers>` says what follows from that.
+```"""
+_COMPARES = re.compile(r"\b(difference|compare|spread)\(")
+_VERDICT_WORDS = re.compile(
+    r"interval|cannot tell|beyond|distinguishable|\bthan\b|\bnull\b", re.IGNORECASE
+)
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_seed_comparisons_sit_under_the_standard_reading_box(nb: Path) -> None:
+    cells = _cells(nb)
+    first = next(
+        (i for i, c in enumerate(cells)
+         if c["cell_type"] == "code" and _COMPARES.search(_source(c))),
+        None,
+    )
+    boxes = [i for i, c in enumerate(cells)
+             if c["cell_type"] == "markdown" and "Reading the numbers" in _source(c)]
+    if first is None:
+        assert not boxes  # the box belongs to pages that compare seeds
+        return
+    assert len(boxes) == 1 and boxes[0] < first
+    assert READING_BOX in _source(cells[boxes[0]])
+
+
+def _glued(nb: Path) -> dict[str, str]:
+    out = {}
+    for cell in _cells(nb):
+        for o in cell.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = o.get("data", {}).get("application/papermill.record/text/plain")
+            if name and text:
+                out[name] = text.strip("'\"")
+    return out
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.stem)
+def test_glue_carries_numbers_and_whole_sentences_not_verdict_fragments(
+    nb: Path,
+) -> None:
+    """A glued verdict is a whole sentence chosen by the code; numbers and short labels
+    are spliced into the prose, verdict words ("beyond the interval", "than") are not."""
+    fragments = {
+        name: text
+        for name, text in _glued(nb).items()
+        if _VERDICT_WORDS.search(text)
+        and not (text[:1].isupper() and text.rstrip().endswith("."))
+    }
+    assert not fragments
+
+
+def test_the_preface_defines_what_the_reading_box_links_to() -> None:
+    preface = (ROOT / "book" / "preface.md").read_text()
+    assert "(reading-the-numbers)=" in preface
+    assert "{ref}`preface <reading-the-numbers>`" in READING_BOX
