@@ -52,7 +52,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "projected_tokens", "ridge_point",
     ),
     "analysis.diagrams": (
-        "block_diagram", "block_parts", "COLORS", "layer_groups", "model_diagram", "Part",
+        "block_diagram", "block_parts", "changed_parts", "COLORS", "end_parts",
+        "layer_groups", "model_diagram", "Part",
     ),
     "analysis.diagnostics": (
         "attention_logit_max", "AttentionLogitTracker", "block_grad_norms",

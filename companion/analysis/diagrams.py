@@ -21,8 +21,8 @@ from companion.models.config import ModelConfig
 from companion.models.presets import GLU_NAMES, head_sharing, rope_base
 from companion.plotting import PALETTE
 
-__all__ = ["COLORS", "Part", "block_diagram", "block_parts", "layer_groups",
-           "model_diagram"]  # fmt: skip
+__all__ = ["COLORS", "Part", "block_diagram", "block_parts", "changed_parts",
+           "end_parts", "layer_groups", "model_diagram"]  # fmt: skip
 
 # mechanism -> colour: the same in every architecture figure
 COLORS = {
