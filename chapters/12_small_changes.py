@@ -309,7 +309,8 @@ print(
     f"tying would save DeepSeek-V3 {ds_saving:.2%}; Gemma 3 27B's table: "
     f"{gemma_share:.1%}"
 )
-print("presets that tie:", [n for n, c in PRESETS.items() if c.tie_embeddings])
+tie = [n for n, c in PRESETS.items() if c.tie_embeddings]
+print("presets that tie:\n ", ", ".join(tie))
 for name, (tot, tables, _tied) in rows.items():
     glue(f"ch12-tables-{name}", f"{tables / tot:.2%}", display=False)
 glue(
