@@ -642,7 +642,7 @@ glue("ch15-hc-norm", f"{hc.norm[:-1].mean():.2f}", display=False)
 
 # %% [markdown]
 # With the residual add, $x_L$ depends on every $x_\ell$ through the identity, trace
-# near 1, as in chapter 6. With four streams the trace is {glue:text}`ch15-hc-trace`
+# near 1, as in {doc}`chapter 6 <06_normalization>`. With four streams the trace is {glue:text}`ch15-hc-trace`
 # and the norm {glue:text}`ch15-hc-norm` at every depth: at initialisation the mixing
 # logits are near zero, Sinkhorn turns them into the uniform matrix $\tfrac1n \mathbf
 # 1\mathbf 1^\top$, and each stream passes $1/n$ of itself to each stream of the next
@@ -691,7 +691,7 @@ glue("ch15-router-max", f"{max(router_share.values()):.1%}", display=False)
 # The other answer to the growing cache is {doc}`chapter 11 <11_linear_attention>`'s:
 # replace most attention layers with a fixed-state layer. Qwen3.5 keeps Qwen3-Next's three
 # Gated DeltaNet layers per softmax layer; Kimi Linear {cite}`kimiteam2025kimilinear`
-# uses three KDA layers per MLA layer. KDA is chapter 11's gated delta rule with one
+# uses three KDA layers per MLA layer. KDA is {doc}`chapter 11 <11_linear_attention>`'s gated delta rule with one
 # change: the decay $\alpha_t$ that fades the whole state becomes a vector, one rate per
 # key channel, $S_t = (I - \beta_t k_t k_t^\top)\,\mathrm{Diag}(\alpha_t)\, S_{t-1} +
 # \beta_t k_t v_t^\top$. In the package the two references differ only in the shape of
@@ -735,7 +735,7 @@ assert set(mix["minimax-m2"]) == {"full"}
 # for full attention. (We read the post through summaries of it and the
 # report's abstract; the wording here is ours.) Their stated position is not that
 # efficient attention fails, but that at their scale and in their product it did not yet
-# win. With chapter 11's open question this makes the honest summary: the 3:1 hybrid is a
+# win. With {doc}`chapter 11 <11_linear_attention>`'s open question this makes the honest summary: the 3:1 hybrid is a
 # bet several labs made, and one lab that had made it took it back.
 #
 # ## What didn't change, revisited
@@ -751,7 +751,7 @@ assert set(mix["minimax-m2"]) == {"full"}
 #   DeepSeek-V4: its residual is $n$ mixed streams, not an add; the order of the two
 #   sublayers survives.
 # - **Next-token prediction, decoder-only, the $6N$ FLOP rule.** Not contradicted by
-#   anything here; chapter 12's multi-token heads add losses without changing the
+#   anything here; {doc}`chapter 12 <12_small_changes>`'s multi-token heads add losses without changing the
 #   objective, and every preset is a decoder.
 # - **The architecture bought throughput, context and serving cost, not intelligence.**
 #   Consistent with everything this chapter measured, which was all cost; the book
@@ -787,7 +787,7 @@ assert [n for n in YEAR_2026 if preset(n).residual is not None] == list(v4)
 # below every full-attention design in the book, at the price, visible even untrained, of
 # blurring what a block held. The hybrids replace three layers in four, and MiniMax-M2's
 # return to full attention is a reminder that this is a bet. The residual stream, the
-# one thing chapter 6 found untouched since 2017, was widened into $n$ streams mixed by
+# one thing {doc}`chapter 6 <06_normalization>` found untouched since 2017, was widened into $n$ streams mixed by
 # doubly stochastic matrices, which cannot amplify and keep the identity path.
 #
 # | Component | 2017 default | 2026 variants | What this chapter measured | Pressure that drove it |
@@ -812,7 +812,7 @@ assert [n for n in YEAR_2026 if preset(n).residual is not None] == list(v4)
 # whose heads agree.
 # ```
 #
-# 2. Train the pooling gate: on chapter 9's needle probe, give a small model V4-style
+# 2. Train the pooling gate: on {doc}`chapter 9 <09_sliding_windows>`'s needle probe, give a small model V4-style
 #    HCA layers (`preset("deepseek-v4-flash")` shows the fields; shrink it with
 #    `.replace`) and compare the retrieval accuracy with $m = 4$ and $m = 128$ over three
 #    seeds.
@@ -821,7 +821,7 @@ assert [n for n in YEAR_2026 if preset(n).residual is not None] == list(v4)
 # :class: dropdown
 # The untrained probe says $m = 128$ loses the address; a trained softmax gate can
 # concentrate a block's weight on the needle, so we expect the gap to narrow, not close.
-# Compare the seeds as chapter 9 does, with paired differences and their intervals.
+# Compare the seeds as {doc}`chapter 9 <09_sliding_windows>` does, with paired differences and their intervals.
 # ```
 #
 # 3. Drop the Sinkhorn projection: build the product of 61 row-softmax matrices (rows sum

@@ -26,7 +26,7 @@ from torch import Tensor
 from companion.checks import check_choice, check_int
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
-from companion.ops.rope import RopeScaling
+from companion.ops.rope import RopeScaling, dynamic_ntk_theta
 from companion.tasks.text import sample_windows
 from companion.training import History, cosine_lr, make_adamw, train
 
@@ -170,8 +170,7 @@ def ntk_theta(theta: float, rotary_dim: int, train_len: int, seq_len: int) -> fl
     with ``max_position_embeddings=train_len``. The fastest pair keeps its speed, the
     slowest turns ``seq_len / train_len`` times slower.
     """
-    stretch = max(seq_len, train_len) / train_len
-    return theta * stretch ** (rotary_dim / (rotary_dim - 2))
+    return dynamic_ntk_theta(theta, rotary_dim, 1.0, train_len, seq_len)
 
 
 def same_weights(model: DecoderLM, **changes: object) -> DecoderLM:
