@@ -99,6 +99,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),
+    "layers.conv": ("CausalConvStack", "dilations"),
     "layers.embedding": ("embed_tokens", "embedding_params", "normal_init"),
     "layers.ffn": (
         "ACTIVATIONS", "FeedForward", "FFN_FORMS", "GatedFeedForward", "glu_hidden_size",
