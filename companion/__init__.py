@@ -74,9 +74,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "analysis.seeds": ("compare", "Difference", "difference", "Spread", "spread", "t_quantile"),
     "analysis.scaling": (
-        "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM", "compute_optimal",
-        "count_flops", "dense_flops_per_token", "fit_power_law", "kaplan_flops_per_token",
-        "PowerLaw", "span_exact_match", "training_compute", "training_flops_per_token",
+        "CHINCHILLA_FIT", "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM",
+        "ChinchillaLoss", "compute_optimal", "count_flops", "dense_flops_per_token",
+        "fit_isoflop", "fit_power_law", "IsoFLOPFit", "kaplan_flops_per_token", "PowerLaw",
+        "span_exact_match", "training_compute", "training_flops_per_token",
+    ),
+    "analysis.family_2018": (
+        "bert_hf_config", "corrupt_spans", "exact_params", "FAMILY", "family_rows", "Member",
+        "pooler_params", "random_spans",
     ),
     "checkpoints.minilm": (
         "bert_config", "bert_name_map", "BertTokenizer", "convert_bert_state_dict",
@@ -99,6 +104,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),
+    "layers.deepnorm": ("deepnorm_", "deepnorm_constants", "DeepNormResidual"),
     "layers.conv": ("CausalConvStack", "dilations"),
     "layers.embedding": ("embed_tokens", "embedding_params", "normal_init"),
     "layers.ffn": (
@@ -130,6 +136,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.v4_compressor": ("Compressor", "rope_tail"),
     "layers.v4_indexer": ("index_scores", "Indexer", "top_k_mask"),
     "layers.mha": ("GATE_LAYOUTS", "MultiHeadAttention", "QK_NORMS"),
+    "layers.alibi": ("ALIBI_IMPLS", "alibi_bias", "alibi_slopes", "biased_attention"),
     "layers.gated_mla": ("HeadGatedLatentAttention",),
     "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
     "layers.moe": (
@@ -137,8 +144,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "MoEFeedForward", "ROUTINGS",
     ),
     "layers.norms": (
-        "build_norm", "layer_norm_reference", "LayerNorm", "NORMS", "rms_norm_reference",
-        "RMSNorm",
+        "build_norm", "DyT", "layer_norm_reference", "LayerNorm", "NORMS",
+        "rms_norm_reference", "RMSNorm",
     ),
     "layers.positions": (
         "LearnedPositions", "POSITIONS", "sinusoid_shift_matrix", "sinusoidal_table",
@@ -230,6 +237,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "LAYOUTS", "llama3_inv_freq", "rope_cos_sin", "rope_frequencies", "ROPE_TYPES",
         "RopeScaling", "yarn_inv_freq", "yarn_mscale",
     ),
+    "ops.softcap": ("soft_cap", "z_loss"),
     "ops.sinks": (
         "check_sinks", "sink_as_key", "sink_attention_weights", "sink_naive_attention",
         "sink_sdpa_attention",

@@ -6,11 +6,14 @@ import pytest
 import torch
 
 from companion.analysis.scaling import (
+    CHINCHILLA_FIT,
+    ChinchillaLoss,
     PowerLaw,
     chinchilla_tokens,
     compute_optimal,
     count_flops,
     dense_flops_per_token,
+    fit_isoflop,
     fit_power_law,
     kaplan_flops_per_token,
     span_exact_match,
@@ -108,3 +111,38 @@ def test_span_exact_match():
         span_exact_match(correct, 7)
     with pytest.raises(ValueError, match=r"shape \(B, T\)"):
         span_exact_match(correct[0], 2)
+
+
+def test_chinchilla_loss_optimum_is_the_least_loss_on_the_budget():
+    law = CHINCHILLA_FIT
+    assert law(1e40, 1e40) == pytest.approx(law.E, abs=1e-6)  # the irreducible floor
+    for c in (1e18, 5.76e23, 1e26):
+        n_opt, d_opt = law.optimal(c)
+        assert 6 * n_opt * d_opt == pytest.approx(c)
+        grid = torch.logspace(math.log10(n_opt) - 1, math.log10(n_opt) + 1, 2001,
+                              dtype=torch.float64).tolist()
+        best = min(grid, key=lambda n: law(n, c / (6 * n)))
+        assert best == pytest.approx(n_opt, rel=3e-3)
+    # N_opt grows as C^(beta / (alpha + beta)): 0.28 / 0.62
+    assert law.n_exponent == pytest.approx(0.28 / 0.62)
+    (n1, _), (n2, _) = law.optimal(1e20), law.optimal(1e24)
+    assert math.log10(n2 / n1) / 4 == pytest.approx(law.n_exponent, rel=1e-9)
+    swapped = ChinchillaLoss(E=1.0, A=400.0, B=400.0, alpha=0.3, beta=0.3)
+    n_eq, d_eq = swapped.optimal(6e20)
+    assert n_eq == pytest.approx(d_eq)  # symmetric terms split the budget evenly
+    with pytest.raises(ValueError, match="positive"):
+        law.optimal(0.0)
+
+
+def test_fit_isoflop_finds_the_minimum():
+    n = [1e3, 3e3, 1e4, 3e4, 1e5]
+    x = torch.tensor(n, dtype=torch.float64).log()
+    loss = (0.2 * (x - math.log(7e3)) ** 2 + 2.5).tolist()
+    fit = fit_isoflop(n, loss)
+    assert fit.n_opt == pytest.approx(7e3, rel=1e-9)
+    assert fit.min_loss == pytest.approx(2.5, rel=1e-9)
+    assert fit(n).tolist() == pytest.approx(loss, rel=1e-9)
+    with pytest.raises(ValueError, match="no minimum"):
+        fit_isoflop(n, [-v for v in loss])
+    with pytest.raises(ValueError, match=">= 3"):
+        fit_isoflop(n[:2], loss[:2])

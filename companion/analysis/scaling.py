@@ -12,6 +12,10 @@ L blocks, T context length, d model width, V vocabulary.
   space.
 - :func:`chinchilla_tokens`, :func:`training_compute`, :func:`compute_optimal` are the
   arithmetic of Hoffmann et al. (2022): ``C ≈ 6ND`` and about 20 tokens per parameter.
+- :class:`ChinchillaLoss` is their fitted loss ``L(N, D) = E + A/N^α + B/D^β``
+  (:data:`CHINCHILLA_FIT`: their Approach 3 constants) and its compute-optimal split;
+  :func:`fit_isoflop` fits one IsoFLOP profile, loss against ``log N`` at fixed C, with
+  a parabola and reads off its minimum.
 - :func:`span_exact_match` scores whole multi-token spans, the "sharp" metric of the
   emergence debate.
 """
@@ -30,12 +34,16 @@ from companion.plotting import loglog_fit
 from companion.training import lm_loss
 
 __all__ = [
+    "CHINCHILLA_FIT",
     "CHINCHILLA_TOKENS_PER_PARAM",
+    "ChinchillaLoss",
+    "IsoFLOPFit",
     "PowerLaw",
     "chinchilla_tokens",
     "compute_optimal",
     "count_flops",
     "dense_flops_per_token",
+    "fit_isoflop",
     "fit_power_law",
     "kaplan_flops_per_token",
     "span_exact_match",
@@ -141,6 +149,85 @@ def compute_optimal(
         )
     n = math.sqrt(compute / (6.0 * tokens_per_param))
     return n, tokens_per_param * n
+
+
+@dataclass(frozen=True)
+class ChinchillaLoss:
+    """``L(N, D) = E + A / N^alpha + B / D^beta``: loss of N parameters trained on D
+    tokens.
+
+    ``E`` is the irreducible loss (the text's own entropy, which no model removes); the
+    two other terms are what a finite model and a finite dataset add to it.
+    """
+
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+
+    def __call__(self, n_params: float, n_tokens: float) -> float:
+        return self.E + self.A / n_params**self.alpha + self.B / n_tokens**self.beta
+
+    @property
+    def n_exponent(self) -> float:
+        """``a`` in ``N_opt ∝ C^a``: ``beta / (alpha + beta)``."""
+        return self.beta / (self.alpha + self.beta)
+
+    def optimal(self, compute: float) -> tuple[float, float]:
+        """``(N, D)`` of least loss with ``6ND = compute`` (Hoffmann et al., eq. 4).
+
+        Setting the derivative along ``D = C / 6N`` to zero gives ``N = G (C/6)^a`` and
+        ``D = (C/6)^(1-a) / G`` with ``G = (alpha A / (beta B))^(1 / (alpha + beta))``.
+        """
+        if compute <= 0:
+            raise ValueError(f"compute must be positive, got {compute}")
+        g = (self.alpha * self.A / (self.beta * self.B)) ** (1 / (self.alpha + self.beta))
+        n = g * (compute / 6.0) ** self.n_exponent
+        return n, compute / (6.0 * n)
+
+
+# Hoffmann et al. (2022), Approach 3: one fit to all their runs (loss in nats)
+CHINCHILLA_FIT = ChinchillaLoss(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
+
+
+@dataclass(frozen=True)
+class IsoFLOPFit:
+    """A parabola ``loss = a·x² + b·x + c`` in ``x = ln N`` at one compute budget."""
+
+    a: float
+    b: float
+    c: float
+
+    @property
+    def n_opt(self) -> float:
+        """The N at the parabola's minimum, ``exp(−b / 2a)``."""
+        return math.exp(-self.b / (2.0 * self.a))
+
+    @property
+    def min_loss(self) -> float:
+        return self.c - self.b**2 / (4.0 * self.a)
+
+    def __call__(self, n_params: float | Sequence[float]) -> Tensor:
+        x = torch.as_tensor(n_params, dtype=torch.float64).log()
+        return self.a * x**2 + self.b * x + self.c
+
+
+def fit_isoflop(n_params: Sequence[float], losses: Sequence[float]) -> IsoFLOPFit:
+    """Least-squares parabola of loss against ``ln N`` over one budget's runs
+    (Hoffmann et al.'s Approach 2); needs 3+ sizes and a curve that opens upward."""
+    if len(n_params) != len(losses) or len(n_params) < 3:
+        raise ValueError(
+            f"need the same number (>= 3) of sizes and losses, got {len(n_params)}, "
+            f"{len(losses)}"
+        )
+    x = torch.as_tensor(n_params, dtype=torch.float64).log()
+    design = torch.stack([x**2, x, torch.ones_like(x)], dim=1)  # (n, 3)
+    y = torch.as_tensor(losses, dtype=torch.float64)[:, None]
+    a, b, c = torch.linalg.lstsq(design, y).solution[:, 0].tolist()
+    if a <= 0:
+        raise ValueError("the losses do not curve upward: this profile has no minimum")
+    return IsoFLOPFit(a, b, c)
 
 
 def span_exact_match(

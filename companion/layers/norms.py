@@ -1,9 +1,11 @@
-"""Normalization layers: LayerNorm and RMSNorm (chapters 02, 06).
+"""Normalization layers: LayerNorm and RMSNorm (chapters 02, 06), and DyT, which
+replaces them without normalizing (chapter 06).
 
 Shape legend: ``(..., d)`` in, same shape out; statistics over the last dimension.
 :func:`layer_norm_reference` and :func:`rms_norm_reference` are the formulas written
 out; :class:`LayerNorm` and :class:`RMSNorm` run the fused kernels with the same
-parameters (tests check they agree, forward and backward).
+parameters (tests check they agree, forward and backward). :class:`DyT` takes no
+statistics at all: it squashes each number on its own with a tanh of learned slope.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "NORMS",
+    "DyT",
     "LayerNorm",
     "RMSNorm",
     "build_norm",
@@ -79,6 +82,25 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one kernel
         y = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return (y * (self.offset + self.weight.float())).to(x.dtype)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu et al., 2025): ``weight ⊙ tanh(alpha · x) + bias``, ``alpha``
+    one learned scalar (the paper's default start 0.5). No mean, no RMS: each number is
+    squashed on its own, so a token's output never depends on the other tokens or
+    features. Not one of ``NORMS``: pass it to a block as a norm module."""
+
+    def __init__(self, d: int, alpha: float = 0.5, bias: bool = True) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.tanh(self.alpha * x.float()) * self.weight.float()
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
 
 
 def build_norm(
