@@ -109,6 +109,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.embedding": ("embed_tokens", "embedding_params", "normal_init"),
     "layers.ffn": (
         "ACTIVATIONS", "FeedForward", "FFN_FORMS", "GatedFeedForward", "glu_hidden_size",
+        "relu_squared",
     ),
     "layers.compressed_attention": (
         "CompressedAttention", "convert_hf_state_dict", "GroupedLinear", "HF_LAYER_TYPES",

@@ -50,12 +50,12 @@ BAD = [
     ),
     pytest.param(
         {"activation": "swish"},
-        r"activation must be one of \('relu', 'gelu', 'gelu_tanh', 'silu'\)",
+        r"activation must be one of \('relu', 'gelu', 'gelu_tanh', 'silu', 'relu2'\)",
         id="activation",
     ),
     pytest.param(
-        {"position": "alibi"},
-        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none'\)",
+        {"position": "xpos"},
+        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none', 'alibi'\)",
         id="position",
     ),
     pytest.param(

@@ -12,6 +12,10 @@ from companion.tasks.products import (
     train_regression,
 )
 
+# the activations of the form z·F(z) with F(z) + F(−z) = 1 (squared ReLU is not: its
+# odd part is z·|z|, tested in test_relu2.py)
+X_TIMES_CDF = sorted(set(ACTIVATIONS) - {"relu2"})
+
 
 @pytest.mark.parametrize("shift", [1, 3, -2], ids=lambda s: f"shift={s}")
 def test_product_task_targets(shift):
@@ -33,14 +37,14 @@ def test_product_task_rejects_bad_arguments(bad):
         product_task(**args)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", X_TIMES_CDF)
 def test_activation_is_odd_part_identity(activation):
     z = torch.linspace(-8, 8, 1001, dtype=torch.float64)
     act = ACTIVATIONS[activation]
     torch.testing.assert_close(act(z) - act(-z), z, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", X_TIMES_CDF)
 @pytest.mark.parametrize("shift", [1, 5])
 def test_exact_glu_computes_the_products(activation, shift):
     d = 6

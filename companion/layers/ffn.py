@@ -3,7 +3,9 @@
 
 Shape legend: ``(..., d) -> (..., d_ff) -> (..., d)``. Applied to each token on its own.
 The MLP has two matrices, ``down(act(up(x)))``; a GLU has three,
-``down(act(gate(x)) * up(x))`` (SwiGLU with SiLU, GeGLU with GELU).
+``down(act(gate(x)) * up(x))`` (SwiGLU with SiLU, GeGLU with GELU). ``"relu2"`` is
+Primer's squared ReLU, ``relu(x)²``, used ungated in an MLP (Nemotron-4, the
+modded-nanogpt speedrun).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = [
     "FeedForward",
     "GatedFeedForward",
     "glu_hidden_size",
+    "relu_squared",
 ]
 
 FFN_FORMS = ("mlp", "glu")  # FeedForward, GatedFeedForward
@@ -28,7 +31,18 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "silu": F.silu}
+def relu_squared(x: Tensor) -> Tensor:
+    """Primer's squared ReLU, ``max(0, x)²``: 0 below zero, ``x²`` above."""
+    return F.relu(x).square()  # slope 2·max(0, x): continuous at 0, unlike ReLU's
+
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": _gelu_tanh,
+    "silu": F.silu,
+    "relu2": relu_squared,
+}
 
 
 class FeedForward(nn.Module):

@@ -838,7 +838,13 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu_tanh": "GeGLU", "relu": "ReGLU"}
+GLU_NAMES = {
+    "silu": "SwiGLU",
+    "gelu": "GeGLU",
+    "gelu_tanh": "GeGLU",
+    "relu": "ReGLU",
+    "relu2": "ReLU²-GLU",
+}
 _PLACEMENTS = {
     "pre": "pre",
     "post": "post",
@@ -896,7 +902,9 @@ def spec_row(cfg: ModelConfig) -> dict[str, str]:
             position += f"; local b={rope_base(cfg.rope_local_theta)}"
         if cfg.nope_layers:
             position += f"; NoPE on {len(cfg.nope_layers)} of {cfg.n_layers} layers"
-    act = {"relu": "ReLU"}.get(cfg.activation, cfg.activation.split("_")[0].upper())
+    act = {"relu": "ReLU", "relu2": "ReLU²"}.get(
+        cfg.activation, cfg.activation.split("_")[0].upper()
+    )
     ffn = GLU_NAMES[cfg.activation] if cfg.ffn == "glu" else f"{act} MLP"
     moe = cfg.moe
     if moe is not None:
