@@ -54,8 +54,8 @@ BAD = [
         id="activation",
     ),
     pytest.param(
-        {"position": "xpos"},
-        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none', 'alibi'\)",
+        {"position": "alibi"},
+        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none'\)",
         id="position",
     ),
     pytest.param(
