@@ -54,8 +54,8 @@ BAD = [
         id="activation",
     ),
     pytest.param(
-        {"position": "alibi"},
-        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none'\)",
+        {"position": "xpos"},
+        r"position must be one of \('sinusoidal', 'learned', 'rope', 'none', 'alibi'\)",
         id="position",
     ),
     pytest.param(

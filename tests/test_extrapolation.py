@@ -34,7 +34,7 @@ def tiny(position: str = "rope", **fields) -> DecoderLM:
     )
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "none", "alibi"])
 def test_config_reaches_max_len_except_the_learned_table(position):
     cfg = position_config(position, V, train_len=8, max_len=32)
     assert cfg.position == position

@@ -5,9 +5,10 @@ Shape legend: B windows per batch, T positions, V vocabulary, L layers, F RoPE
 frequencies.
 
 - :func:`position_config` builds one small decoder per position scheme (``"learned"``,
-  ``"sinusoidal"``, ``"rope"``, ``"none"``) that accepts ``max_len`` tokens (the learned
-  table only ``train_len``: it has no rows past that); :func:`train_short` trains it on
-  windows of ``train_len`` tokens.
+  ``"sinusoidal"``, ``"rope"``, ``"none"``, ``"alibi"``) that accepts ``max_len`` tokens
+  (the learned table only ``train_len``: it has no rows past that); :func:`train_short`
+  trains it on windows of ``train_len`` tokens, from scratch or, for a copy made by
+  :func:`with_rope`, as a fine-tune at a new length.
 - :func:`per_position_loss` gives the held-out next-token loss at each of T positions,
   ``(T,)``; :func:`per_position_loss_scaled` does the same for a RoPE model whose
   scaling follows the length being read (linear, NTK/dynamic or YaRN,

@@ -1,5 +1,6 @@
-"""Multi-head attention: MHA, GQA, MQA, with RoPE, QK-norm and a KV cache (chapters
-02-08), attention sinks and a sigmoid output gate (chapter 12).
+"""Multi-head attention: MHA, GQA, MQA, with RoPE (or ALiBi's distance bias,
+:mod:`companion.layers.alibi`), QK-norm and a KV cache (chapters 02-08), attention sinks
+and a sigmoid output gate (chapter 12).
 
 Shape legend: B batch, T query tokens, S key tokens, d model width, H query heads, H_kv
 key/value heads (H_kv = H: MHA; 1: MQA; between: GQA), D head width, F = D/2 RoPE
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion.checks import check_cache_buffers, check_choice, check_tensor
+from companion.layers.alibi import ALIBI_IMPLS, alibi_bias, biased_attention
 from companion.layers.kv_cache import (
     KVCache,
     SlidingWindowCache,
@@ -69,6 +71,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         window: int | None = None,
         rope: RotaryEmbedding | None = None,
+        alibi: Tensor | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_kv_heads or n_heads
@@ -90,15 +93,14 @@ class MultiHeadAttention(nn.Module):
         ):
             check_choice(name, value, allowed)
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.d_model, self.impl, self.dropout, self.scale = (
-            d_model,
-            impl,
-            dropout,
-            scale,
-        )
+        self.d_model, self.impl, self.dropout, self.scale = d_model, impl, dropout, scale
         self.fused_qkv, self.rope_layout, self.qk_norm = fused_qkv, rope_layout, qk_norm
-        # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE)
+        # fixed per layer: causal or not, the window, the RoPE table (None: no RoPE) and
+        # ALiBi's (H,) slopes (None: no bias)
         self.causal, self.window, self.rope = causal, window, rope
+        if alibi is not None and (impl not in ALIBI_IMPLS or sinks):
+            raise ValueError(f"alibi needs impl in {ALIBI_IMPLS} and no sinks")
+        self.register_buffer("alibi", alibi, persistent=False)
         self._block_masks: dict[tuple, BlockMask] = {}  # FlexAttention masks, by length
         qkv_bias = bias if qkv_bias is None else qkv_bias
         if gate_layout == "separate" and not output_gate:
@@ -112,10 +114,8 @@ class MultiHeadAttention(nn.Module):
             n_kv_heads * head_dim,
         )
         self.widths = [q_out, kv_out, kv_out]
-        if fused_qkv:
-            self.qkv = nn.Linear(
-                d_model, q_out + 2 * kv_out, bias=qkv_bias
-            )  # one matmul
+        if fused_qkv:  # one matmul
+            self.qkv = nn.Linear(d_model, q_out + 2 * kv_out, bias=qkv_bias)
         else:
             self.q_proj = nn.Linear(d_model, q_out, bias=qkv_bias)
             self.k_proj = nn.Linear(d_model, kv_out, bias=qkv_bias)
@@ -178,12 +178,10 @@ class MultiHeadAttention(nn.Module):
         K/V head (no repeated K/V; chapter 08).
         """
         b, h, t, d = q.shape
-        kw = {
-            "impl": self.impl,
-            "mask": mask,
-            "scale": self.scale,
-            "dropout_p": dropout_p,
-        }
+        kw = {"impl": self.impl, "scale": self.scale, "dropout_p": dropout_p}
+        if self.alibi is not None:
+            return biased_attention(q, k, v, mask, **kw)
+        kw["mask"] = mask
         if t == 1 and not causal and self.n_kv_heads < h and self.sinks is None:
             q = q.view(b, self.n_kv_heads, h // self.n_kv_heads, d)
             return attention(q, k, v, **kw).reshape(b, h, 1, -1)
@@ -236,9 +234,9 @@ class MultiHeadAttention(nn.Module):
         v = self.heads(v, self.n_kv_heads)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        positions = query_positions(
-            x, positions, cache, needed=self.rope is not None or self.window is not None
-        )
+        uses = (self.rope, self.window, self.alibi)  # the settings that read positions
+        needed = any(u is not None for u in uses)
+        positions = query_positions(x, positions, cache, needed=needed)
         if self.rope is not None:
             cos, sin = self.rope(positions)
             q = apply_rope(q, cos, sin, layout=self.rope_layout)
@@ -249,6 +247,9 @@ class MultiHeadAttention(nn.Module):
         elif block_mask and mask is None and self.causal and context is None:
             return q, k, v, self._flex_mask(x.shape[1], x.device), False, gate
         mask, causal = attention_mask(positions, k_pos, self.window, mask, self.causal)
+        if self.alibi is not None:  # the mask becomes ALiBi's additive bias
+            k_at = positions if k_pos is None else k_pos
+            mask, causal = alibi_bias(self.alibi, positions, k_at, mask, causal), False
         return q, k, v, mask, causal, gate
 
     def check_inputs(
@@ -297,13 +298,9 @@ class MultiHeadAttention(nn.Module):
         """``(B, T, d)`` for the tokens at ``positions (T,)`` (default 0..T-1). With a
         ``cache`` the new keys are stored at their positions and the mask comes from the
         positions the cache holds (and this layer's window)."""
+        flex = self.impl == "flex"
         q, k, v, mask, causal, gate = self.attention_inputs(
-            x,
-            positions,
-            cache,
-            mask=mask,
-            context=context,
-            block_mask=self.impl == "flex",
+            x, positions, cache, mask=mask, context=context, block_mask=flex
         )
         o = self.attend(q, k, v, mask=mask, causal=causal)  # (B, T, H·D)
         if gate is not None:
@@ -319,10 +316,12 @@ class MultiHeadAttention(nn.Module):
         context: Tensor | None = None,
     ) -> Tensor:
         """The ``(B, H, T, S)`` softmax weights (with this layer's sinks, if any)."""
-        q, k, _, mask, causal, _ = self.attention_inputs(
+        q, k, v, mask, causal, _ = self.attention_inputs(
             x, positions, mask=mask, context=context
         )
         kw = {"mask": mask, "causal": causal, "scale": self.scale}
+        if self.alibi is not None:
+            return biased_attention(q, k, v, mask, scale=self.scale, weights=True)
         if self.sinks is not None:
             return sink_attention_weights(q, k, self.sinks, **kw)
         return attention_weights(q, expand_kv(k, self.n_heads), **kw)

@@ -19,8 +19,9 @@ __all__ = [
     "sinusoidal_table",
 ]
 
-# the position schemes a model can use: the two added here, rotary (layers.rotary), none (NoPE)
-POSITIONS = ("sinusoidal", "learned", "rope", "none")
+# the position schemes a model can use: the two added here, rotary (layers.rotary), none
+# (NoPE), and ALiBi's distance bias on the attention scores (layers.alibi)
+POSITIONS = ("sinusoidal", "learned", "rope", "none", "alibi")
 
 
 def sinusoidal_table(n_positions: int, d: int, base: float = 10000.0) -> Tensor:

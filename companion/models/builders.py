@@ -6,7 +6,7 @@ wires them into a :class:`~companion.layers.block.TransformerBlock`, which recei
 parts and decides nothing itself (torchtune's component builders work the same way).
 What is fixed per layer is fixed here, when the module is built: causal or not, the
 sliding window, RoPE or NoPE and the RoPE table (a local base on sliding layers if the
-config has one), the softmax scale, dense FFN or experts.
+config has one) or ALiBi's slopes, the softmax scale, dense FFN or experts.
 
 Adding a mechanism (a token mixer, an FFN, a norm) means: its own module, its config
 group (:mod:`companion.models.config_parts`), one branch here, and its entries in
@@ -21,6 +21,7 @@ import functools
 
 from torch import nn
 
+from companion.layers.alibi import alibi_slopes
 from companion.layers.block import TransformerBlock
 from companion.layers.ffn import FeedForward, GatedFeedForward
 from companion.layers.gated_deltanet import GatedDeltaNet
@@ -239,7 +240,8 @@ def build_mixer(
         return _latent_attention(
             cfg, layer, indexer_source, causal=causal, window=window, rope=rope
         )
-    return _attention(cfg, causal=causal, window=window, rope=rope)
+    alibi = alibi_slopes(cfg.n_heads) if cfg.position == "alibi" else None
+    return _attention(cfg, causal=causal, window=window, rope=rope, alibi=alibi)
 
 
 def build_ffn(cfg: ModelConfig, layer: int = 0) -> nn.Module:
