@@ -23,10 +23,13 @@
 # model gets bigger?
 # On one small trunk the encoder fills blanks better and continues text worse than the
 # decoder, real MiniLM weights run in our code to the reference library's precision and
-# feed a linear probe far above a random encoder, five model sizes fall on a straight
-# log–log line too short to establish a power law, few-shot prompting of a small real
-# model does not measurably beat zero-shot on two dozen reviews, and exact-match "jumps"
-# come from the all-or-nothing metric while the per-character loss improves smoothly.
+# feed a linear probe far above a random encoder, the released BERT and GPT
+# checkpoints' parameter counts come out of our own modules to the integer, five model
+# sizes fall on a straight log–log line too short to establish a power law, at a fixed
+# compute budget there is a best model size that grows with the budget at a rate three
+# budgets cannot pin down, few-shot prompting of a small real model does not measurably
+# beat zero-shot on two dozen reviews, and exact-match "jumps" come from the
+# all-or-nothing metric while the per-character loss improves smoothly.
 # ```
 #
 # Within a year of 2017 the Transformer split in two. BERT kept the encoder: every token
@@ -38,9 +41,13 @@
 # puts BERT's pretrain-then-fine-tune recipe to a test with a linear probe; and then asks
 # the question that took over the field after GPT-2 and GPT-3
 # {cite}`radford2019language` {cite}`brown2020language`: what happens when the model gets
-# bigger? We fit a scaling law to a sweep of small models, check the "6N FLOPs per token"
-# rule with a FLOP counter, do the Chinchilla arithmetic, prompt a real small model
-# zero-shot and few-shot, and look at "emergence" with our own numbers.
+# bigger? Between the two halves we look at the third branch, T5 and BART, which kept
+# both, and at why decoders took over most of the field. For scale we count the
+# parameters of BERT, GPT-1, GPT-2 and GPT-3 with our own modules, fit a scaling law to
+# a sweep of small models, check the "6N FLOPs per token" rule with a FLOP counter, fit
+# Chinchilla's compute-optimal split with a small IsoFLOP experiment and see why it
+# differed from Kaplan's, prompt a real small model zero-shot and few-shot, and look at
+# "emergence" with our own numbers.
 
 # %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
@@ -75,10 +82,20 @@ import torch.nn.functional as F
 from IPython.display import HTML, Code
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
+from companion.analysis.family_2018 import (
+    FAMILY,
+    corrupt_spans,
+    exact_params,
+    family_rows,
+    random_spans,
+)
 from companion.analysis.scaling import (
+    CHINCHILLA_FIT,
+    CHINCHILLA_TOKENS_PER_PARAM,
     chinchilla_tokens,
     compute_optimal,
     dense_flops_per_token,
+    fit_isoflop,
     fit_power_law,
     kaplan_flops_per_token,
     span_exact_match,
@@ -908,8 +925,164 @@ print(
 )
 
 # %% [markdown]
+# ## The third branch: T5 and BART
+#
+# BERT kept the encoder and GPT the decoder; a third branch kept both halves of the 2017
+# model and pretrained them together. T5 {cite:p}`raffel2020exploring` wrote every task as
+# text in, text out (a translation, a class label, even a similarity score spelled out as
+# a number), so that one encoder–decoder with one loss could learn them all. Its
+# pretraining objective is *span corruption*: short spans of the input are cut out and
+# each is replaced by its own sentinel token; the encoder reads what is left, and the
+# decoder writes, after each sentinel, the tokens that it stands for. BART
+# {cite:p}`lewis2020bart` is also an encoder–decoder trained to undo damage, but its
+# decoder rewrites the *whole* original text. Of the corruptions its authors compared,
+# *text infilling* did best: each span, of random length, becomes a single mask token, so
+# the model must also work out how many tokens are missing; their final models added
+# shuffled sentence order. T5's transform is two functions of
+# `companion.analysis.family_2018`: `random_spans` draws spans that hide about 15 % of the
+# tokens with a mean length of 3 (T5's settings), `corrupt_spans` builds the input and the
+# target. On a sentence, with words as tokens:
+
+# %% tags=["hide-input"]
+words = (
+    "the encoder reads the damaged sentence once and the decoder writes only the "
+    "missing pieces after each sentinel so the target stays short while every "
+    "hidden word still has to be predicted from both sides"
+).split()
+spans = random_spans(len(words), generator=torch.Generator().manual_seed(1))
+sentinels = [f"<{i}>" for i in range(len(spans) + 1)]
+t5_input, t5_target = corrupt_spans(words, spans, sentinels)
+print(wrap("input:  " + " ".join(t5_input), 85))
+print(wrap("target: " + " ".join(t5_target), 85))
+n_hidden = sum(length for _, length in spans)
+print(f"{len(words)} words, {len(spans)} spans hide {n_hidden} of them")
+assert n_hidden == round(0.15 * len(words)) and len(t5_target) == n_hidden + len(spans) + 1
+refill = {}  # sentinel -> the words that follow it in the target
+for tok in t5_target:
+    if tok in sentinels:
+        key, refill[tok] = tok, []
+    else:
+        refill[key].append(tok)
+assert [w for t in t5_input for w in refill.get(t, [t])] == words  # nothing lost
+
+# %% [markdown]
+# The target is short: the decoder spends its steps only on the hidden words, while the
+# encoder reads every other word in both directions. In T5's own comparison of
+# architectures and objectives at matched cost, this encoder–decoder with a denoising
+# objective did better on its benchmarks than a decoder-only language model
+# {cite:p}`raffel2020exploring`.
+#
+# Yet the models that grew largest from 2020 on were almost all decoders. No single
+# experiment decided it; the decoder's advantages are practical ones:
+#
+# - **every token trains.** A causal model gets a loss at every position of every
+#   sequence; BERT is graded on the 15 % it masked, and T5's targets cover the 15 % it
+#   hid (the encoder reads the rest, but earns no loss for it);
+# - **the objective is the interface.** A model that continues text can be prompted with
+#   a task and a few examples and answer in the same breath, with no new head and no
+#   fine-tuning: the zero-shot and few-shot use that GPT-2 and GPT-3 showed, tried
+#   below on a small real model;
+# - **one stack is simpler to scale and serve.** One block type, one set of shapes to
+#   tune, no choice of how to split parameters between an encoder and a decoder, and
+#   one KV cache for generation ({doc}`chapter 8 <08_kv_cache>`);
+# - **tuning on instructions** later turned many of the tasks that encoders and
+#   encoder–decoders had won by fine-tuning into prompts to a decoder.
+#
+# "Decoders won" needs that context. Encoders still produce most of the vectors behind
+# search and retrieval, as all-MiniLM-L6-v2 did above, and a small encoder is the cheap
+# choice when the output is a label or a vector rather than text. Encoder–decoders
+# remain a natural fit when input and output are different sequences, as in the
+# translation model of {doc}`chapter 3 <03_transformer_2017>`.
+
+# %% [markdown]
 # ## Scale
 #
+# ### The family in numbers
+#
+# From GPT-1 in 2018 to GPT-3 in 2020 the decoder line grew {glue:text}`ch04-growth`-fold
+# while its block hardly changed. `companion.analysis.family_2018` writes each model of
+# the family as a `ModelConfig` from its paper's table (BERT through the
+# same `bert_config` that read MiniLM above), and `exact_params` builds it with this
+# package's own `Encoder` or `DecoderLM` on PyTorch's *meta* device, which has shapes but
+# no memory, and counts the parameters. The tests check every count to the integer
+# against the reference library's `BertModel`, `OpenAIGPTLMHeadModel` and
+# `GPT2LMHeadModel`, and GPT-3's, which that library does not implement, against the
+# arithmetic $L(12d^2 + 13d) + (V + T)d + 2d$ written out in the test.
+
+# %%
+with torch.device("meta"):  # shapes and dtypes, no memory, no weights
+    gpt3 = DecoderLM(FAMILY["GPT-3 175B"].cfg)
+print(f"GPT-3 175B on the meta device: {gpt3.num_params():,} parameters")
+
+# %% tags=["hide-input"]
+print(
+    f"{'model':<13} {'L':>2} {'d':>6} {'H':>3} {'T':>5} {'V':>6} {'LN':>4} "
+    f"{'exact count':>15} {'paper':>6} {'ratio':>6}"
+)
+for r in family_rows():
+    in_millions = r["published"] < 1e9 or r["model"].startswith("GPT-2")  # "1542M"
+    paper = (
+        f"{r['published'] / 1e6:.0f}M" if in_millions else f"{r['published'] / 1e9:g}B"
+    )
+    print(
+        f"{r['model']:<13} {r['L']:>2} {r['d']:>6} {r['H']:>3} {r['T']:>5} "
+        f"{r['V']:>6} {r['LN']:>4} {r['params']:>15,} {paper:>6} {r['ratio']:>6.3f}"
+    )
+
+# %% tags=["hide-input"]
+rows = {r["model"]: r for r in family_rows()}
+n_of = {name: r["params"] for name, r in rows.items()}
+assert all(abs(r["ratio"] - 1) < 0.07 for r in rows.values())  # every name is close
+# GPT-2's paper printed GPT-1's count for its smallest model
+assert round(n_of["GPT-1"] / 1e6) == rows["GPT-2 small"]["published"] / 1e6 == 117
+assert round(n_of["GPT-2 small"] / 1e6) > 117
+bert_base_body = exact_params(FAMILY["BERT-base"], pooler=False)
+for name, n in [
+    ("bert-base", n_of["BERT-base"]), ("bert-base-body", bert_base_body),
+    ("bert-large", n_of["BERT-large"]), ("gpt1", n_of["GPT-1"]),
+    ("gpt2-small", n_of["GPT-2 small"]),
+]:
+    glue(f"ch04-n-{name}", f"{n / 1e6:.1f}M", display=False)
+gpt2_gap = [100 * (rows[f"GPT-2 {s}"]["ratio"] - 1) for s in ("medium", "large", "XL")]
+glue("ch04-gpt2-gap", f"{min(gpt2_gap):.1f}–{max(gpt2_gap):.1f} %", display=False)
+gpt3_gap = max(abs(r["ratio"] - 1) for k, r in rows.items() if k.startswith("GPT-3"))
+assert gpt3_gap < 0.02
+glue("ch04-gpt3-gap", f"{100 * gpt3_gap:.1f} %", display=False)
+assert n_of["GPT-3 175B"] == gpt3.num_params()
+growth = n_of["GPT-3 175B"] / n_of["GPT-1"]
+glue("ch04-growth", f"{growth:,.0f}", display=False)
+for family in ("BERT-base", "GPT-1", "GPT-2 small", "GPT-3 175B"):
+    print(f"{family.split()[0].split('-base')[0]:<6} data: {FAMILY[family].data}")
+
+# %% [markdown]
+# The data grew with the models: BERT read BooksCorpus and English Wikipedia, about
+# 3.3 billion words {cite:p}`devlin2019bert`; GPT-1 read BooksCorpus alone, some 7,000
+# unpublished books {cite:p}`radford2018improving`; GPT-2 read WebText, 40 GB of text
+# from some 8 million web pages {cite:p}`radford2019language`; and every GPT-3 size was
+# trained on 300 billion tokens drawn from filtered Common Crawl, WebText2, two book
+# corpora and Wikipedia {cite:p}`brown2020language`. The blocks differ in little: BERT and GPT-1 put the LayerNorm after each residual addition (Post-LN), GPT-2
+# and GPT-3 before it with one more at the end (Pre-LN, {doc}`chapter 6
+# <06_normalization>`), all with learned positions and a GELU MLP four times as wide as
+# the model; GPT-3 also alternated dense attention with locally banded sparse attention,
+# which changes no parameter count.
+#
+# The printed sizes are rounded, and not always from the same count. BERT-base's 110M
+# is the released checkpoint's {glue:text}`ch04-n-bert-base` with the *pooler*, a dense
+# layer on the `[CLS]` vector for next-sentence prediction
+# ({glue:text}`ch04-n-bert-base-body` without it, which is what our `Encoder` holds);
+# BERT-large's 340M is above the {glue:text}`ch04-n-bert-large` that the same count
+# gives, and the paper does not say how it counted. GPT-1's paper gives no count at
+# all; the 117M in its row is the figure that GPT-2's paper lists for its smallest
+# model, and it is GPT-1's count ({glue:text}`ch04-n-gpt1`, with a 40,478-token
+# vocabulary and 512 positions), while the same 12 × 768 shape with GPT-2's 50,257 tokens
+# and 1,024 positions holds {glue:text}`ch04-n-gpt2-small`; its three larger figures are
+# {glue:text}`ch04-gpt2-gap` below their counts. GPT-3's names are within
+# {glue:text}`ch04-gpt3-gap` of theirs. Two entries of GPT-3's Table 2.1 do not add up:
+# the XL model's 24 heads of width 128 make 3,072, not its $d$ = 2,048, and the 13B
+# model's $d$ = 5,140 is not 40 heads of 128; the configs use 16 heads and $d$ = 5,120
+# (how $d$ is split into heads does not change the count).
+
+# %% [markdown]
 # ### What a training step costs: the 6N rule
 #
 # In a forward pass each weight of a dense layer takes part in one multiply-add per token:
@@ -1127,6 +1300,250 @@ print(
     f"our sweep: {tokens_seen / 1e6:.1f}M tokens, {tokens_seen / max(n_params):.0f} "
     f"to {tokens_seen / min(n_params):.0f} tokens per parameter"
 )
+
+# %% [markdown]
+# The rule of 20 comes from two of the paper's three ways of reading its runs, which gave
+# $N_{opt} \propto C^{0.50}$ and $C^{0.49}$. The third fitted one formula to the final
+# loss of every run {cite:p}`hoffmann2022training`:
+#
+# $$L(N, D) = E + \frac{A}{N^{\alpha}} + \frac{B}{D^{\beta}},$$
+#
+# with $E = 1.69$, $A = 406.4$, $B = 410.7$, $\alpha = 0.34$, $\beta = 0.28$ (nats per
+# token on their data). $E$ is the *irreducible* term: the entropy of the text itself,
+# which no model of any size trained on any amount of data gets below; the power law of
+# the sweep above has no such floor, which is one reason it must bend at some size. The
+# two other terms are what a finite model and a finite dataset add. Spending
+# $C = 6ND$ to minimise $L$ gives $N_{opt} \propto C^{\beta/(\alpha+\beta)}$ and
+# $D_{opt} \propto C^{\alpha/(\alpha+\beta)}$. `ChinchillaLoss` in
+# `companion.analysis.scaling` holds the form and that split:
+
+# %%
+law = CHINCHILLA_FIT
+for name, n, d in [("Gopher", 280e9, 300e9), ("Chinchilla", n_chin, d_chin)]:
+    print(f"{name:<10} L(N, D) = {law(n, d):.3f} nats/token (the floor E = {law.E})")
+n3, d3 = law.optimal(c_gopher)
+print(
+    f"least loss at Gopher's budget: N = {n3 / 1e9:.0f}B, D = {d3 / 1e12:.1f}T "
+    f"({d3 / n3:.0f} tokens per parameter); N_opt ∝ C^{law.n_exponent:.2f}"
+)
+
+# %% tags=["hide-input"]
+assert law(n_chin, d_chin) < law(280e9, 300e9)  # the fit prefers Chinchilla's split
+assert law(n3, d3) <= law(n_chin, d_chin)  # ...and its own optimum more
+glue("ch04-chin-exp", f"{law.n_exponent:.2f}", display=False)
+glue("ch04-a3-n", f"{n3 / 1e9:.0f}", display=False)
+glue("ch04-a3-ratio", f"{d3 / n3:.0f}", display=False)
+glue("ch04-gpt3-ratio", f"{300e9 / 175e9:.1f}", display=False)
+
+# %% [markdown]
+# By their own fit Chinchilla's split of Gopher's compute was better than Gopher's, and
+# the fit's exponent, {glue:text}`ch04-chin-exp`, is close to the other two approaches'
+# 0.5. Read to the letter, the same fit would have chosen a still smaller model,
+# {glue:text}`ch04-a3-n`B parameters at {glue:text}`ch04-a3-ratio` tokens each: the
+# three readings of the same runs agree on the exponent more than on the constant, and
+# "20 tokens per parameter" is a rounded rule, not a law.
+#
+# ### An IsoFLOP experiment
+#
+# The paper's second approach can be run on a CPU: fix a compute budget $C$, train
+# several sizes each on $D = C / 6N$ tokens, and find the size with the lowest held-out
+# loss. Loss against $\log N$ at a fixed budget is an *IsoFLOP profile*; near its bottom
+# it is close to a parabola, whose minimum is $N_{opt}(C)$. We take three budgets, each
+# twice the last, and five widths of the chapter's trunk per budget (the window slides up
+# with the budget, as the paper's did), one seed per run. $N$ counts every parameter,
+# embeddings included, as Hoffmann et al. did. Each run gets its own learning-rate
+# schedule, warmup and a cosine that ends exactly at its own last step.
+
+# %%
+ISO_BATCH = 64
+BUDGETS = (  # FLOPs -> the widths tried at that budget
+    {1e11: [16, 24, 32, 48, 64], 2e11: [16, 24, 32, 48, 64], 4e11: [24, 32, 48, 64, 96]}
+    if FULL
+    else {1e10: [8, 12, 16, 24, 32], 2e10: [12, 16, 24, 32, 48], 4e10: [12, 16, 24, 32, 48]}
+)
+
+
+def isoflop_run(d: int, compute: float) -> tuple[int, torch.Tensor]:
+    """Train trunk(d) on D = C/6N tokens, its cosine ending with the run: (N, losses)."""
+    seed_everything(0)
+    model = DecoderLM(trunk(d)).to(DEVICE)
+    n = model.num_params()  # every parameter, as Chinchilla counted
+    steps = round(compute / (6 * n) / (ISO_BATCH * SEQ))
+    windows = torch.Generator().manual_seed(1)
+    train(
+        model,
+        lambda s: sample_windows(train_ids, ISO_BATCH, SEQ, windows, DEVICE),
+        steps,
+        make_adamw(model, lr=LR),
+        lr_at=lambda s: cosine_lr(s, LR, warmup=steps // 10, total=steps, min_lr=LR / 10),
+    )
+    with torch.no_grad():  # the held-out loss of each validation window
+        return n, torch.cat([
+            F.cross_entropy(model(x).float().transpose(1, 2), y, reduction="none").mean(1)
+            for x, y in val_batches
+        ]).cpu()
+
+
+iso = {c: [isoflop_run(d, c) for d in widths] for c, widths in BUDGETS.items()}
+
+# %% tags=["hide-input"]
+budgets = sorted(iso)
+profiles = {c: ([n for n, _ in iso[c]], [w.mean().item() for _, w in iso[c]]) for c in budgets}
+fits = {c: fit_isoflop(*profiles[c]) for c in budgets}
+n_opt = [fits[c].n_opt for c in budgets]
+print(f"{'C (FLOPs)':>9} {'N tried':>14} {'N_opt':>7} {'least loss':>10} {'D/N at opt':>10}")
+for c, n in zip(budgets, n_opt, strict=True):
+    ns = profiles[c][0]
+    print(
+        f"{c:>9.0e} {f'{min(ns):,}–{max(ns):,}':>14} {n:>7,.0f} "
+        f"{fits[c].min_loss:>10.3f} {c / (6 * n * n):>10.0f}"
+    )
+# each profile bottoms out inside the sizes it tried, and the best size grows with C
+assert all(min(profiles[c][0]) < fits[c].n_opt < max(profiles[c][0]) for c in budgets)
+assert all(a < b for a, b in pairwise(n_opt))
+opt_law = fit_power_law(budgets, n_opt)
+# the exponent's 95 % interval from the scatter of the three points about the line
+# (1 degree of freedom), as for the sweep's slope above
+log_c, log_opt = np.log(budgets), np.log(n_opt)
+opt_res = log_opt - (np.log(opt_law.coef) + opt_law.exponent * log_c)
+opt_dof = len(budgets) - 2
+opt_se = math.sqrt((opt_res**2).sum() / opt_dof / ((log_c - log_c.mean()) ** 2).sum())
+opt_hw = t_quantile(0.95, opt_dof) * opt_se
+lo, hi = opt_law.exponent - opt_hw, opt_law.exponent + opt_hw
+print(f"N_opt ∝ C^a: a = {opt_law.exponent:.2f} ± {opt_hw:.2f} (95 % interval)")
+if lo < 0.5 and hi > 0.73:
+    verdict = (
+        "The interval holds both Chinchilla's 0.5 and Kaplan's 0.73: three budgets of "
+        "one seed each cannot tell the two exponents apart."
+    )
+else:
+    verdict = (
+        f"The interval runs from {lo:.2f} to {hi:.2f}; with three budgets of one seed "
+        "each and no tuning per size, that is not evidence for either published exponent."
+    )
+print(wrap(verdict, 85))
+glue("ch04-iso-verdict", verdict, display=False)
+glue("ch04-iso-exp", f"{opt_law.exponent:.2f} ± {opt_hw:.2f}", display=False)
+glue("ch04-iso-nopt", " → ".join(f"{n:,.0f}" for n in n_opt), display=False)
+ratios = [c / (6 * n * n) for c, n in zip(budgets, n_opt, strict=True)]
+glue("ch04-iso-ratio", f"{min(ratios):.0f}–{max(ratios):.0f}", display=False)
+glue("ch04-iso-runs", str(sum(len(w) for w in BUDGETS.values())), display=False)
+
+# %% tags=["hide-input"]
+fig, (ax, ax_opt) = plt.subplots(1, 2, figsize=(11.5, 3.8), layout="constrained")
+for j, c in enumerate(budgets):
+    ns, losses = profiles[c]
+    ax.plot(ns, losses, "o", color=PALETTE[j], label=f"C = {c:.0e} FLOPs")
+    grid = np.geomspace(min(ns), max(ns), 100)
+    ax.plot(grid, fits[c](grid).numpy(), "-", color=PALETTE[j], lw=1)
+    ax.plot(fits[c].n_opt, fits[c].min_loss, "*", color=PALETTE[j], ms=14, mec="black")
+ax.set(
+    xscale="log",
+    xlabel="parameters N (all, log scale)",
+    ylabel="held-out loss (nats/char)",
+    title="Which size is best at a fixed compute budget?",
+)
+ax.xaxis.set_minor_formatter(NullFormatter())
+ax.legend(fontsize=8)
+ax_opt.loglog(budgets, n_opt, "*", color="black", ms=12, label="parabola minima")
+for k, (a, style) in enumerate([(opt_law.exponent, "-"), (0.5, "--"), (0.73, ":")]):
+    label = "fit" if k == 0 else ("Chinchilla" if a == 0.5 else "Kaplan")
+    ref = n_opt[0] if k else opt_law(budgets[0]).item()
+    ax_opt.loglog(
+        budgets,
+        [ref * (c / budgets[0]) ** a for c in budgets],
+        style,
+        color=PALETTE[k],
+        label=f"{label}: N ∝ C^{a:.2f}",
+    )
+ax_opt.set(
+    xlabel="compute C (FLOPs)",
+    ylabel="best size N_opt (parameters)",
+    title="Does the best size grow as C^0.5 or C^0.73?",
+)
+ax_opt.legend(fontsize=8)
+glue("fig-isoflop", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-isoflop
+# :name: fig-isoflop
+#
+# Left: held-out loss against model size at three compute budgets (points: one trained
+# model each, trained on $D = C/6N$ tokens; curves: least-squares parabolas in $\log N$;
+# stars: their minima). Right: the minima against the budget on log–log axes, with the
+# fitted power law and, through the first minimum, the slopes of Chinchilla's and
+# Kaplan's laws.
+# ```
+#
+# Every profile has its minimum inside the sizes it tried, and the best size grows with
+# the budget: {glue:text}`ch04-iso-nopt` parameters as $C$ doubles and doubles again
+# ({numref}`fig-isoflop`), at {glue:text}`ch04-iso-ratio` tokens per parameter. The fitted
+# exponent is {glue:text}`ch04-iso-exp` (95 % interval from the scatter of the three
+# minima about the line, one degree of freedom). {glue:text}`ch04-iso-verdict` The
+# {glue:text}`ch04-iso-runs` runs span a factor of four in compute, where the papers
+# spanned several orders of magnitude, and tokens per parameter at the optimum depend on
+# the data and the tokenizer: characters of one play-text corpus are not the web text
+# of Chinchilla, so neither the exponent nor the ratio transfers. What the experiment
+# shows is the method, and that at a fixed budget there *is* a best size, with too small
+# and too large both worse.
+
+# %% [markdown]
+# ### Why Kaplan and Chinchilla disagreed
+#
+# Kaplan et al. had read their runs as $N_{opt} \propto C^{0.73}$: spend extra compute
+# mostly on a bigger model {cite:p}`kaplan2020scaling`. GPT-3, 175 billion parameters on
+# 300 billion tokens, {glue:text}`ch04-gpt3-ratio` tokens per parameter, was built in that
+# spirit. Chinchilla's $C^{0.50}$ says grow both alike. Hoffmann et al. suspected the
+# learning-rate schedule: Kaplan's runs used one schedule length whatever the number of
+# tokens, so a loss read from a run stopped early was measured before its learning rate
+# had decayed. Two later studies traced the gap elsewhere. Pearce and
+# Song {cite:p}`pearce2024reconciling` found that most of it comes from Kaplan counting
+# only *non-embedding* parameters while working with small models, where the embedding
+# tables are a large share of the total: simulating Chinchilla's analysis under those
+# two conditions gives an exponent close to Kaplan's. Porian et al.
+# {cite:p}`porian2024resolving` reproduced Kaplan's exponent and removed it step by step:
+# count the FLOPs of the output layer, shorten the warmup (long for the smallest models),
+# and tune the optimizer for each size (at small batch sizes AdamW's $\beta_2$ matters);
+# with those fixed they recovered Chinchilla's law, and, against Hoffmann et al.'s
+# hypothesis, found that careful learning-rate decay was not essential to it. Our
+# experiment follows Chinchilla's protocol (every parameter counted, a schedule per run)
+# but tunes nothing per size, and is far too small to weigh in.
+#
+# ### Past the optimum on purpose
+#
+# "Compute-optimal" minimises the loss for the *training* budget. A model that will
+# answer billions of requests also costs about $2N$ FLOPs per generated token for as
+# long as it is served, so a smaller model trained on more tokens than the optimum can
+# be cheaper over its life at the same quality. Llama 3's 8-billion-parameter model was
+# trained on about 15 trillion tokens {cite:p}`grattafiori2024llama`:
+
+# %% tags=["hide-input"]
+n_llama, d_llama = 8e9, 15e12
+print(
+    f"Llama 3 8B: {d_llama / n_llama:,.0f} tokens per parameter, "
+    f"{d_llama / n_llama / CHINCHILLA_TOKENS_PER_PARAM:.0f} × the rule of 20"
+)
+n_same, _ = compute_optimal(training_compute(n_llama, d_llama))
+print(f"the rule of 20 would have spent its compute on N = {n_same / 1e9:.0f}B")
+glue("ch04-llama-ratio", f"{d_llama / n_llama:,.0f}", display=False)
+glue(
+    "ch04-llama-times",
+    f"{d_llama / n_llama / CHINCHILLA_TOKENS_PER_PARAM:.0f}",
+    display=False,
+)
+glue("ch04-llama-same", f"{n_same / 1e9:.0f}", display=False)
+glue("ch04-llama-serve", f"{n_same / n_llama:.0f}", display=False)
+
+# %% [markdown]
+# That is {glue:text}`ch04-llama-ratio` tokens per parameter, about
+# {glue:text}`ch04-llama-times` times the Chinchilla ratio; the same compute spent by the
+# rule of 20 would have bought a {glue:text}`ch04-llama-same`B model, about
+# {glue:text}`ch04-llama-serve` times the FLOPs per generated token (exercise 5 does the
+# same arithmetic for a 7B model). By the fitted $L(N, D)$ the extra tokens keep lowering
+# the loss, ever more slowly, so the smaller model pays for its cheap serving with a
+# somewhat higher loss than the optimum's, or with more training compute for the same
+# loss; for a model that is served at scale, that is the trade worth making.
 
 # %% [markdown]
 # ### Zero-shot and few-shot: GPT-2 and GPT-3
@@ -1357,8 +1774,19 @@ plt.show()
 # FLOP count matched PyTorch's counter exactly while $6N$ alone came close for the
 # widest model and missed a third of the tiniest one's work, our five sizes lay on a
 # straight log–log line that is consistent with a power law but too short and
-# single-seeded to establish one or compare exponents, and few-shot prompting of a small
-# real model did not measurably beat zero-shot on our reviews. The sharpest-looking
+# single-seeded to establish one or compare exponents. The 2018–2020 family, built from
+# its papers' tables with our own modules, has the released checkpoints' parameter
+# counts to the integer, and the papers' rounded sizes are not always the same count.
+# At a fixed compute budget there is a best model size, too small and too large both
+# worse, and it grew with the budget in our three IsoFLOP profiles; how fast, these runs
+# cannot say, and the published gap between Kaplan's $C^{0.73}$ and Chinchilla's
+# $C^{0.50}$ came from how parameters and FLOPs were counted and how small models were
+# tuned. Serving cost then pushes real models far past that optimum, as Llama 3 8B's
+# {glue:text}`ch04-llama-ratio` tokens per parameter show. Decoders took over generation
+# and most of the field for practical reasons, one objective that trains every token
+# and doubles as the interface, while encoders kept retrieval and encoder–decoders
+# remain natural where input and output are different sequences. Few-shot prompting of a
+# small real model did not measurably beat zero-shot on our reviews. The sharpest-looking
 # change with size, exact match of long spans, came from the all-or-nothing metric,
 # while the per-character loss improved smoothly.
 

@@ -80,8 +80,10 @@ class Member:
     """One model of the family: its config, the size its paper printed, its data.
 
     ``kind`` is ``"encoder"`` (built as :class:`Encoder` with BERT's two segment ids) or
-    ``"decoder"`` (:class:`DecoderLM`). ``cite`` is the bibliography key of the paper
-    that gives ``published`` and ``data``.
+    ``"decoder"`` (:class:`DecoderLM`). ``cite`` is the bibliography key of the model's
+    paper, which gives its shape, ``data`` and ``published`` size; GPT-1's paper gave no
+    size: its 117M is the figure of the GPT-2 paper's smallest model, which that paper
+    sizes like the original GPT.
     """
 
     name: str
