@@ -1847,3 +1847,17 @@ plt.show()
 # $D \approx$ {glue:text}`ch04-ex5-d`T. Models meant
 # to be *served* cheaply are often trained far past the Chinchilla point on purpose.
 # ```
+#
+# 6. Read the IsoFLOP runs the way Kaplan et al. did: take $N$ without the embedding
+#    table (`num_params(include_embeddings=False)`) when fitting the parabolas and the
+#    power law of $N_{opt}$ against $C$. Does the fitted exponent rise or fall, and why
+#    does Pearce and Song's argument predict that direction?
+#
+# ```{admonition} Hint
+# :class: dropdown
+# Keep the runs, change only the $N$ you fit against: `isoflop_run` can return both
+# counts. The token table, $(V + 1) \times d$, is a large share of the smallest models
+# and a small one of the largest, so leaving it out shrinks the small models' $N$ more
+# than the large ones': the same minima spread over a wider range of $N$ for the same
+# range of $C$.
+# ```
