@@ -248,6 +248,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "tiled_attention", "tiled_attention_forward",
     ),
     "plotting": ("animate", "glue", "heatmap", "loglog_fit", "PALETTE", "use_style"),
+    "tasks.icl_regression": (
+        "best_gd_lr", "effective_step", "gd_construction", "gd_step_prediction",
+        "least_squares_prediction", "LinearSelfAttention", "regression_prompts",
+        "train_icl_layer",
+    ),
     "tasks.induction": (
         "AttentionOnlyLM", "induction_targets", "prefix_matching_score",
         "repeated_segments",
