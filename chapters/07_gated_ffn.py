@@ -292,8 +292,11 @@ near0 = g.abs() < 0.02  # the slope's jump across x = 0: 1 for ReLU, ~0 for ReLU
 jumps = {k: (slopes[k][near0].max() - slopes[k][near0].min()).item() for k in names}
 print(
     f"slope's change across |x| < 0.02: ReLU {jumps['relu']:.2f}, "
-    f"squared ReLU {jumps['relu2']:.2f}; squared ReLU at x = 5: "
-    f"{values['relu2'][-1].item():.0f}, slope {slopes['relu2'][-1].item():.0f}"
+    f"squared ReLU {jumps['relu2']:.2f}"
+)
+print(
+    f"squared ReLU at x = 5: {values['relu2'][-1].item():.0f}, "
+    f"slope {slopes['relu2'][-1].item():.0f}"
 )
 assert jumps["relu"] == 1 and jumps["relu2"] < 0.05 and values["relu2"].min() == 0
 
@@ -853,11 +856,9 @@ assert max(task_mse["MLP (GELU)"]) < min(
 err = {name: np.array(errs) for name, errs in task_mse.items()}  # per seed
 sq_gelu = list(err["MLP (GELU)"] / err["MLP (ReLU²)"])
 sq_glu = list(err["MLP (ReLU²)"] / err["SwiGLU"])
-print(
-    f"GELU MLP error ÷ squared-ReLU MLP error: {min(sq_gelu):.0f}× to "
-    f"{max(sq_gelu):.0f}×; squared ReLU ÷ SwiGLU: {min(sq_glu):.1f}× to "
-    f"{max(sq_glu):.1f}×"
-)
+lo_hi = lambda r, f: f"{min(r):{f}}× to {max(r):{f}}×"  # noqa: E731
+print(f"GELU MLP error ÷ squared-ReLU MLP error: {lo_hi(sq_gelu, '.0f')}")
+print(f"squared-ReLU MLP error ÷ SwiGLU error: {lo_hi(sq_glu, '.1f')}")
 assert all(r > 3 for r in sq_gelu) and all(r > 1 for r in sq_glu)
 glue("ch07-task-relu2-gelu", f"{min(sq_gelu):.0f} to {max(sq_gelu):.0f}", display=False)
 glue("ch07-task-relu2-glu", f"{min(sq_glu):.1f} to {max(sq_glu):.1f}", display=False)
@@ -996,7 +997,7 @@ def lm_config(ffn: str, activation: str, hidden: int) -> ModelConfig:
 sizes = {
     name: DecoderLM(lm_config(*spec)).num_params() for name, spec in VARIANTS.items()
 }
-print({name: f"{n:,}" for name, n in sizes.items()})
+print(f"{len(VARIANTS)} variants, each with {sizes['SwiGLU']:,} parameters")
 assert len(set(sizes.values())) == 1  # equal: 2·d·4d = 3·d·(8/3)d exactly at d = 48
 
 counts_train = torch.bincount(train_ids, minlength=chars.vocab_size).double()
