@@ -199,6 +199,8 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-copy-lengths": ("chapters/05_position", 0),
     "fig-dsa-mass": ("chapters/15_select_compress_widen", 0),
     "fig-kv-bytes": ("chapters/15_select_compress_widen", 0),
+    "fig-isoflop": ("chapters/04_encoders_decoders_scale", 0),
+    "fig-ffn-shakespeare": ("chapters/07_gated_ffn", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
