@@ -32,7 +32,9 @@
 # {cite}`vaswani2017attention`.
 #
 # It then trains two-layer attention-only models until one of their heads becomes an
-# *induction head*, the circuit that copies from an earlier occurrence.
+# *induction head*, the circuit that copies from an earlier occurrence, and tests what the
+# claim "in-context learning is gradient descent" rests on, with one layer of attention
+# that learns a regression rule from its prompt.
 
 # %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
@@ -66,6 +68,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import companion.ops.tiled as tiled_ops
 from companion.analysis.peak_memory import PeakMemory
+from companion.analysis.seeds import difference
 from companion.device import default_device, describe
 from companion.layers.mha import MultiHeadAttention
 from companion.models.config import ModelConfig
@@ -85,6 +88,16 @@ from companion.ops.tiled import (
     tiled_attention_forward,
 )
 from companion.plotting import PALETTE, animate, glue, heatmap, loglog_fit, use_style
+from companion.tasks.icl_regression import (
+    LinearSelfAttention,
+    best_gd_lr,
+    effective_step,
+    gd_construction,
+    gd_step_prediction,
+    least_squares_prediction,
+    regression_prompts,
+    train_icl_layer,
+)
 from companion.tasks.induction import (
     AttentionOnlyLM,
     induction_targets,
@@ -743,6 +756,285 @@ fig.suptitle(f"An induction head, period P = {ind_periods[0].item()}")
 plt.show()
 
 # %% [markdown]
+# (ch02-icl)=
+# ### In-context learning: copying, and something like gradient descent
+#
+# An induction head is in-context learning in its plainest form: the answer is already in
+# the prompt, and the head finds it and copies it. Olsson et al. argue that heads of this
+# kind carry much of the in-context learning of large models {cite:p}`olsson2022induction`.
+# A stronger claim is often repeated as settled: that attention runs a *learning
+# algorithm* on the examples in the prompt, that in-context learning is gradient descent
+# in disguise. The claim has a precise form, and a setting small enough to test it while
+# reading every weight.
+#
+# A prompt holds $N$ examples $(x_i, y_i)$ of a linear rule $y = w \cdot x$, with a fresh
+# $w \sim \mathcal N(0, I_d)$ in every prompt, then a query $x_q$ whose label the model
+# must supply. No single $w$ can be stored in the weights: it has to be inferred from the
+# prompt. A learner given the same examples could take one step of gradient descent on
+# their squared error $L(w) = \frac{1}{2N}\sum_i (w \cdot x_i - y_i)^2$ from $w = 0$, with
+# step size $\eta$. The gradient at zero is $-\frac{1}{N}\sum_i y_i x_i$, so the step lands
+# at $w_1 = \frac{\eta}{N}\sum_i y_i x_i$ and predicts
+#
+# $$
+# \hat y_q = w_1 \cdot x_q = \frac{\eta}{N} \sum_{i=1}^{N} (x_q \cdot x_i)\, y_i .
+# $$
+#
+# Read as attention, this is a query $x_q$ scoring every key $x_i$ by a dot product and
+# summing the values $y_i$ with those scores as weights, used as they are, with no
+# softmax. Von Oswald et al. wrote down the weights with which one layer of such *linear*
+# (softmax-free) self-attention computes exactly this step, and found that layers trained
+# on these prompts come to compute it {cite:p}`vonoswald2023transformers`. Here are the
+# step and the layer; a token is the vector $(x_i, y_i)$, the query's is $(x_q, 0)$, and
+# the prediction is what the layer writes into the query's empty label slot.
+
+# %% tags=["hide-input"]
+Code(
+    inspect.getsource(gd_step_prediction)
+    + "\n"
+    + inspect.getsource(LinearSelfAttention.forward),
+    language="python",
+)
+
+# %% [markdown]
+# With query and key weights that read $x$, and a value weight that writes $\eta\, y$
+# into the label slot (`gd_construction`), the layer *is* the step. That is algebra, and
+# the cell checks it on held-out prompts, with the step size that a line search over
+# training prompts finds best.
+
+# %%
+ICL = {"n_examples": 16, "dim": 8}
+fit = regression_prompts(65536, **ICL, generator=torch.Generator().manual_seed(7))
+eta = best_gd_lr(*fit)  # the best single step, by line search on training prompts
+icl_test, icl_y = regression_prompts(
+    4096, **ICL, generator=torch.Generator().manual_seed(8)
+)
+gd_pred = gd_step_prediction(icl_test, eta)
+built = gd_construction(ICL["dim"], eta)  # the hand-set weights
+with torch.no_grad():
+    built_err = (built(icl_test) - gd_pred).abs().max().item()
+print(f"best step η = {eta:.3f}; hand-set layer vs the GD step: max |Δ| < 1e-4:",
+      built_err < 1e-4)
+assert built_err < 1e-4
+
+# %% [markdown]
+# The line search's $\eta$ = {glue:text}`ch02-icl-eta` is close to
+# $N/(N+d+1)$ = {glue:text}`ch02-icl-eta-formula`, the best step in expectation for
+# Gaussian inputs (a short calculation with their second and fourth moments). That such
+# weights *exist* is the exact part of the claim; whether training *finds* them is an
+# experiment. We train the layer from small random weights with Adam for
+# {glue:text}`ch02-icl-steps` steps of fresh prompts ($d$ = {glue:text}`ch02-icl-dim`,
+# $N$ = {glue:text}`ch02-icl-n`), over {glue:text}`ch02-icl-n-seeds` seeds, and compare
+# its predictions on the held-out prompts with the step's, with those of exact least
+# squares on the examples (with more examples than unknowns and no noise, it recovers
+# $w$ itself), and with predicting 0. The *gap* between two predictors is the mean squared
+# difference of their predictions as a fraction of the reference predictor's variance (0
+# when they agree); we also give the cosine between the two vectors of predictions. And
+# we read the layer's *effective step* $\Gamma$ (`effective_step`): the matrix through
+# which the part of its prediction shaped like gradient descent,
+# $\frac{1}{N}\sum_i y_i\, x_q^\top \Gamma\, x_i$, acts; one plain step has
+# $\Gamma = \eta I$, but nothing in training forces that shape.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
+
+# %% tags=["hide-input"]
+ICL_SEEDS, ICL_STEPS = (0, 1, 2, 3, 4), 1000
+ls_pred = least_squares_prediction(icl_test)
+
+
+@torch.no_grad()
+def icl_metrics(layer: LinearSelfAttention) -> dict[str, float]:
+    """Held-out loss, gaps to the GD step and to least squares, cosine to the step,
+    and the effective step's mean diagonal and relative off-diagonal size."""
+    pred = layer(icl_test)
+    row = {"loss": (pred - icl_y).square().mean().item()}
+    for key, ref in (("gd", gd_pred), ("ls", ls_pred)):
+        row[f"gap_{key}"] = ((pred - ref).square().mean() / ref.var()).item()
+    row["cos"] = torch.nn.functional.cosine_similarity(pred, gd_pred, dim=0).item()
+    gamma = effective_step(layer)
+    diag = gamma.diagonal().mean()
+    rest = gamma - diag * torch.eye(ICL["dim"])
+    return row | {"diag": diag.item(), "off": (rest.norm() / gamma.norm()).item()}
+
+
+icl_layers, icl_rows = {}, {}
+torch.set_num_threads(1)  # small matrices: a second thread only waits
+for seed in ICL_SEEDS:
+    seed_everything(seed)
+    icl_layers[seed] = LinearSelfAttention(ICL["dim"])
+    train_icl_layer(
+        icl_layers[seed],
+        ICL_STEPS,
+        n_examples=ICL["n_examples"],
+        generator=torch.Generator().manual_seed(200 + seed),
+    )
+    icl_rows[seed] = icl_metrics(icl_layers[seed])
+seed_everything(0)
+icl_control = icl_metrics(LinearSelfAttention(ICL["dim"]))  # untrained
+torch.set_num_threads(2)
+icl_ref = {  # held-out loss of the reference predictors
+    name: (pred - icl_y).square().mean().item()
+    for name, pred in (
+        ("predict 0", torch.zeros_like(icl_y)),
+        ("one GD step", gd_pred),
+        ("least squares", ls_pred),
+    )
+}
+print(f"{'held-out prompts':<22}{'loss':>8}{'gap GD':>9}{'gap LS':>9}{'cos GD':>9}"
+      f"{'Γ diag':>9}{'Γ rest':>9}")
+for name, loss in icl_ref.items():
+    print(f"{name:<22}{loss:>8.3f}")
+for name, r in [("untrained layer", icl_control)] + [
+    (f"trained layer, seed {s}", icl_rows[s]) for s in ICL_SEEDS
+]:
+    print(f"{name:<22}{r['loss']:>8.3f}{r['gap_gd']:>9.4f}{r['gap_ls']:>9.3f}"
+          f"{r['cos']:>9.4f}{r['diag']:>9.3f}{r['off']:>9.3f}")
+
+# %% tags=["hide-input"]
+icl_col = {k: [icl_rows[s][k] for s in ICL_SEEDS] for k in icl_rows[ICL_SEEDS[0]]}
+loss_zero, loss_gd, loss_ls = icl_ref.values()
+# every seed lands on the GD step: a gap of at most 2 % of its variance, far below
+# the gap to exact least squares (which one step cannot reach), cosine near 1
+assert max(icl_col["gap_gd"]) < 0.02 and min(icl_col["cos"]) > 0.99
+nearer_gd = difference(icl_col["gap_ls"], icl_col["gap_gd"])
+assert nearer_gd.verdict == 1
+assert max(icl_col["gap_gd"]) < 0.05 * min(icl_col["gap_ls"])
+# ...so its loss sits at the step's, far above least squares' and below predicting 0
+assert all(abs(v / loss_gd - 1) < 0.02 for v in icl_col["loss"])
+assert loss_ls < 0.01 * loss_gd and loss_gd < 0.5 * loss_zero
+# the weights have the step's structure: Γ ≈ η I, measured from the trained weights
+assert all(abs(v / eta - 1) < 0.05 for v in icl_col["diag"])
+assert max(icl_col["off"]) < 0.1
+# the measure can fail: the untrained layer is nowhere near the step
+assert icl_control["gap_gd"] > 0.5 and abs(icl_control["cos"]) < 0.5
+eta_formula = ICL["n_examples"] / (ICL["n_examples"] + ICL["dim"] + 1)
+assert abs(eta / eta_formula - 1) < 0.05  # the line search finds the best step
+excess = difference(icl_col["loss"], [loss_gd] * len(ICL_SEEDS))
+excess_pct = 100 * excess.mean / loss_gd
+print(f"trained − GD step, loss: {excess.format(4)} "
+      f"({excess_pct:+.2f} % of the step's)")
+print(f"gap to LS − gap to GD: {nearer_gd.format(3)}")
+verdict = {
+    1: "The seeds put the trained layer's loss above the step's, by a margin "
+    "beyond their spread but small against the step's loss.",
+    0: "These seeds cannot tell the trained layer's loss from the step's.",
+    -1: "The seeds put the trained layer's loss below the step's, by a margin "
+    "beyond their spread but small against the step's loss.",
+}
+glue("ch02-icl-excess-verdict", verdict[excess.verdict], display=False)
+glue("ch02-icl-excess", excess.format(3), display=False)
+glue("ch02-icl-excess-pct", f"{excess_pct:+.2f}", display=False)
+
+
+def span_fmt(vals: list[float], fmt: str) -> str:
+    lo, hi = format(min(vals), fmt), format(max(vals), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+glue("ch02-icl-eta", f"{eta:.3f}", display=False)
+n_ex, dim = ICL["n_examples"], ICL["dim"]
+glue("ch02-icl-eta-formula", f"{eta_formula:.3f}", display=False)
+glue("ch02-icl-dim", f"{dim}", display=False)
+glue("ch02-icl-n", f"{n_ex}", display=False)
+glue("ch02-icl-steps", f"{ICL_STEPS:,}", display=False)
+glue("ch02-icl-n-seeds", {3: "three", 4: "four", 5: "five"}[len(ICL_SEEDS)],
+     display=False)
+glue("ch02-icl-gap-gd", span_fmt(icl_col["gap_gd"], ".4f"), display=False)
+glue("ch02-icl-gap-ls", span_fmt(icl_col["gap_ls"], ".3f"), display=False)
+glue("ch02-icl-cos", f"{min(icl_col['cos']):.4f}", display=False)
+glue("ch02-icl-loss-layer", span_fmt(icl_col["loss"], ".3f"), display=False)
+for key, val in (("gd", loss_gd), ("ls", loss_ls), ("zero", loss_zero)):
+    glue(f"ch02-icl-loss-{key}", f"{val:.3f}", display=False)
+glue("ch02-icl-diag", span_fmt(icl_col["diag"], ".3f"), display=False)
+glue("ch02-icl-off", f"{max(icl_col['off']):.3f}", display=False)
+glue("ch02-icl-gap-untrained", f"{icl_control['gap_gd']:.2f}", display=False)
+
+# %% tags=["remove-output", "hide-input"]
+with torch.no_grad():
+    pred0 = icl_layers[ICL_SEEDS[0]](icl_test)[:800]
+fig, axes = plt.subplots(1, 3, figsize=(12.8, 4.0))
+for ax, ref, name in ((axes[0], gd_pred, "one GD step"),
+                      (axes[1], ls_pred, "exact least squares")):
+    ref = ref[:800]
+    lim = 1.05 * max(ref.abs().max().item(), pred0.abs().max().item())
+    ax.plot([-lim, lim], [-lim, lim], color="grey", lw=1, label="equal predictions")
+    ax.scatter(ref, pred0, s=5, alpha=0.4, color=PALETTE[0], label="held-out prompt")
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), xlabel=f"{name}: prediction of y_q",
+           ylabel="trained layer: prediction of y_q", title=f"Layer against {name}")
+    ax.legend(loc="upper left", fontsize=8)
+gamma0 = effective_step(icl_layers[ICL_SEEDS[0]]).numpy()
+vmax = abs(gamma0).max()
+im = axes[2].imshow(gamma0, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+axes[2].grid(False)
+axes[2].set(title="The trained layer's effective step Γ",
+            xlabel="coordinate of the example x_i",
+            ylabel="coordinate of the query x_q")
+fig.colorbar(im, ax=axes[2], label="entry of Γ (η I for one GD step)")
+fig.suptitle(
+    "Does a trained attention layer predict like one step of gradient descent?"
+)
+glue("fig-icl-gd", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-icl-gd
+# :name: fig-icl-gd
+#
+# The layer trained with seed 0, on 800 of the held-out prompts. Left: its prediction
+# for each prompt against the one-step gradient-descent prediction; the points lie on
+# the grey line of equal predictions. Middle: against exact least squares, which
+# recovers $w$ and predicts the true label; the points scatter, because one step falls
+# short of the solution. Right: the effective step $\Gamma$ read from the trained
+# weights; red is positive, blue negative. A plain gradient step is $\eta I$, a
+# constant diagonal; the trained $\Gamma$ is close to that, which training did not
+# have to produce.
+# ```
+
+# %% [markdown]
+# In every seed the trained layer lands on the gradient step. Its predictions differ
+# from the step's by {glue:text}`ch02-icl-gap-gd` of their variance (cosine at least
+# {glue:text}`ch02-icl-cos`), and from exact least squares' by
+# {glue:text}`ch02-icl-gap-ls`; the untrained layer, the control, sits at a gap of
+# {glue:text}`ch02-icl-gap-untrained` from the step. On held-out prompts its squared
+# error is {glue:text}`ch02-icl-loss-layer`, the step's {glue:text}`ch02-icl-loss-gd`,
+# least squares' {glue:text}`ch02-icl-loss-ls` and predicting 0 costs
+# {glue:text}`ch02-icl-loss-zero`. The paired difference of the layer's loss and the
+# step's is {glue:text}`ch02-icl-excess` ({glue:text}`ch02-icl-excess-pct` % of the
+# step's loss). {glue:text}`ch02-icl-excess-verdict` The weights agree too
+# ({numref}`fig-icl-gd`): the diagonal of $\Gamma$ averages {glue:text}`ch02-icl-diag`
+# across the seeds, against the line search's $\eta$ = {glue:text}`ch02-icl-eta`, and
+# what is left of $\Gamma$ once that diagonal is removed is at most
+# {glue:text}`ch02-icl-off` of its norm.
+#
+# What this shows, and what it does not. The equivalence is *exact* for the hand-set
+# weights and *measured* for the trained ones, and it is measured here for one layer of
+# softmax-free attention trained on nothing but regression prompts. One layer computes
+# one step, and it stays there: its loss is the step's, far above what least squares
+# reaches on the same examples. Akyürek et al. trained deeper transformers on the same
+# kind of prompts and found their in-context predictions close to gradient descent, to
+# ridge regression or to exact least squares depending on depth and label noise,
+# approaching the best possible estimator as width and depth grew; they also built
+# weights that implement these algorithms {cite:p}`akyurek2023what`. Shen et al. question
+# the step from such models to language models {cite:p}`shen2024position`: the
+# experiments train explicitly for in-context learning, as ours does, whereas a language
+# model's in-context learning emerges from predicting text; the hand-built weights have
+# properties the weights of real models lack; and in a pretrained model (LLaMA-7B),
+# learning from demonstrations in the prompt and fine-tuning on the same demonstrations
+# by gradient descent react differently to their order and move the output distribution
+# differently. "In-context learning is gradient descent" is thus a theorem about
+# constructed weights, an observation about small models trained on regression prompts,
+# and an open hypothesis for pretrained language models. Our experiment supports the
+# middle part only: one linear-attention layer on a synthetic task, not a softmax
+# transformer and not a pretrained LLM. Induction heads and this layer are two readings of
+# the same fact, that attention treats the prompt as data: the induction head looks an
+# answer up in it, the regression layer fits a rule to all of it at once.
+
+# %% [markdown]
 # ## The $n^2$ bill
 #
 # The score matrix has one entry per (query, key) pair: $n^2$ of them per head. Doubling the
@@ -1140,7 +1432,12 @@ glue("ch02-loop-vs-sdpa", f"{t_loop / t_sdpa:.1f}", display=False)
 # into heads gives each its own softmax for the same parameters. In our small trained
 # models the first layer's heads turned local and the second layer's broad and alike, with
 # no long-range specialists, and two attention layers formed an induction head where one
-# layer never did, though not in every seed within the budget. The price is the
+# layer never did, though not in every seed within the budget. Attention can also fit a
+# rule to the examples in its prompt: one softmax-free layer computes one step of
+# gradient descent on them exactly with hand-set weights, and trained on in-context
+# regression it learned that step in every seed, weights included; that supports
+# "in-context learning as gradient descent" in such small trained models, and says
+# nothing yet about pretrained language models. The price is the
 # $n \times n$ score matrix, whose memory and work grow quadratically; FlashAttention's
 # online softmax computes the same outputs and gradients tile by tile in memory at most
 # linear in $n$, and the traffic it saves through a GPU's HBM we counted, not timed.
