@@ -34,7 +34,10 @@
 #    one after another, however many processors are idle.
 # 2. **The fading signal.** What the loss says about a token $d$ steps back has to travel
 #    back through those $d$ steps, and it shrinks on the way.
-# 3. **The consequence.** On a task that needs one token from far back, an LSTM and a
+# 3. **The scorecard.** The 2017 paper's Table 1 compares attention, recurrence and
+#    convolution by arithmetic per layer, operations in sequence and path length; we
+#    count all three, for the dilated convolutions that were the other way out as well.
+# 4. **The consequence.** On a task that needs one token from far back, an LSTM and a
 #    Transformer of the same size, trained the same way, end up far apart.
 #
 # The chapter closes with the idea that broke the cage from inside: *attention*, first added
@@ -62,6 +65,7 @@ pin_cpu_path()
 import copy
 import inspect
 import time
+from functools import partial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -69,6 +73,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import HTML, Code
 
+from companion.analysis.scaling import count_flops
 from companion.analysis.seeds import difference, spread
 from companion.device import default_device, describe
 from companion.layers.additive_attention import (
@@ -76,6 +81,8 @@ from companion.layers.additive_attention import (
     AttentionSeq2Seq,
     reversal_task,
 )
+from companion.layers.conv import CausalConvStack, dilations
+from companion.layers.mha import MultiHeadAttention
 from companion.layers.recording import recorded_inputs
 from companion.layers.rnn import (
     GRU,
@@ -538,6 +545,291 @@ plt.show()
 # {glue:text}`ch01-attn-w-min` and {glue:text}`ch01-attn-w-max` of it (the folded check above;
 # 1/128 is 0.0078) — but that share does not depend on how far away the input is.
 #
+# ## The 2017 scorecard
+#
+# The Transformer paper summed up this comparison in one table, its Table 1
+# {cite:p}`vaswani2017attention`. For a layer that turns $n$ vectors of width $d$ into
+# $n$ new ones (the paper's names: $n$ is our $T$, and $d$ is now a width, no longer a
+# distance), it lists what the layer costs in arithmetic, how many of its operations must
+# run one after another, and the longest path a signal takes between any input position
+# and any output position:
+#
+# | Layer type | Cost per layer | Sequential operations | Maximum path length |
+# |:---|:---:|:---:|:---:|
+# | Self-attention | $O(n^2 \cdot d)$ | $O(1)$ | $O(1)$ |
+# | Recurrent | $O(n \cdot d^2)$ | $O(n)$ | $O(n)$ |
+# | Convolutional, kernel $k$ | $O(k \cdot n \cdot d^2)$ | $O(1)$ | $O(\log_k n)$ |
+# | Self-attention over $r$ neighbours | $O(r \cdot n \cdot d)$ | $O(1)$ | $O(n/r)$ |
+#
+# The chain above measured the sequential operations of the first two rows, and the
+# fading gradient is what the recurrent row's long path costs. This section measures the
+# other two columns and the third row, the convolutional networks that were the other way
+# out of the cage in 2017. (The last row, attention restricted to a neighbourhood, is the
+# sliding window of {doc}`chapter 9 <09_sliding_windows>`.)
+#
+# ### What one layer costs
+#
+# The table drops the constants; written out, with a multiply-add counted as two FLOPs,
+# they are simple. A vanilla recurrent layer multiplies each of the $n$ inputs and each of
+# the $n$ states by a $d \times d$ matrix: $2 \cdot 2nd^2 = 4nd^2$ FLOPs, and the LSTM,
+# with four gates, $16nd^2$. A convolution multiplies the $k$ inputs it reads at each
+# position by $d \times d$ matrices: $2knd^2$. Self-attention's scores $QK^\top$ and its
+# weighted sum of the values cost $2n^2d$ each, $4n^2d$ together. So mixing the positions
+# by attention takes fewer FLOPs than the recurrence exactly when $4n^2d < 4nd^2$, that
+# is when $n < d$. The paper points out that this is the usual case for sentences cut
+# into word pieces, next to its base model's $d = 512$. We count what each layer
+# actually runs with PyTorch's FLOP counter, at that width and at a quarter of it.
+
+# %% tags=["hide-input"]
+seed_everything(0)
+COST_N, COST_D, COST_K = np.array([32, 128, 512, 2048]), (128, 512), 3
+flops = {}  # (layer, d) -> FLOPs at each n in COST_N
+for d in COST_D:
+    with torch.device("meta"):  # a FLOP count needs shapes, not values
+        mha = MultiHeadAttention(d, 8, impl="reference", causal=True)
+        conv1 = CausalConvStack(d, COST_K, 1)
+    rnn_d, lstm_d = RNN(d, d), LSTM(d, d)  # their Python loop runs faster on the CPU
+    for n in COST_N:
+        xm, xc = torch.empty(1, n, d, device="meta"), torch.zeros(1, n, d)
+        q, k, v = (mha.heads(t, 8) for t in mha.project(xm))
+        counts = {
+            "attention: QKᵀ and AV": partial(mha.attend, q, k, v, causal=True),
+            "attention with projections": partial(mha, xm),
+            "vanilla RNN": partial(rnn_d, xc),
+            "LSTM": partial(lstm_d, xc),
+            f"convolution, k = {COST_K}": partial(conv1, xm),
+        }
+        with torch.no_grad():
+            for name, fn in counts.items():
+                flops.setdefault((name, d), []).append(count_flops(fn))
+flops = {key: np.array(v) for key, v in flops.items()}
+layer_names = list(counts)
+d = COST_D[-1]
+print(f"FLOPs of one layer over n positions, width d = {d} (millions)")
+print(f"{'n':>28}" + "".join(f"{n:>9}" for n in COST_N))
+for name in layer_names:
+    print(f"{name:>28}" + "".join(f"{f / 1e6:>9,.0f}" for f in flops[name, d]))
+mix_over_rnn = flops[layer_names[0], d] / flops["vanilla RNN", d]
+ratios = "".join(f"{r:>9.3g}" for r in mix_over_rnn)
+print(f"{'QKᵀ and AV / vanilla RNN':>28}" + ratios)
+
+# %% tags=["hide-input"]
+# Table 1's rows with the constants written out above, checked against the counts
+for d in COST_D:
+    n = COST_N
+    mix, full = flops[layer_names[0], d], flops[layer_names[1], d]
+    assert (mix == 4 * n**2 * d).all() and (full - mix == 8 * n * d**2).all()
+    assert (flops["vanilla RNN", d] == 4 * n * d**2).all()
+    assert (flops["LSTM", d] == 16 * n * d**2).all()
+    assert (flops[layer_names[-1], d] == 2 * COST_K * n * d**2).all()
+    # attention's mixing is cheaper than the recurrence exactly when n < d...
+    assert ((mix < flops["vanilla RNN", d]) == (n < d)).all() and d in n
+    # ...the whole layer is cheaper than an LSTM while n < 2d, never than an RNN
+    assert ((full < flops["LSTM", d]) == (n < 2 * d)).all()
+    assert (full > flops["vanilla RNN", d]).all()
+# Table 1's middle column for the convolution: its chain does not grow with T
+conv_chain = [
+    autograd_depth(CausalConvStack(16, COST_K, 4)(torch.randn(1, t, 16)))
+    for t in (32, 128, 512)
+]
+assert len(set(conv_chain)) == 1
+glue("ch01-cost-d", f"{COST_D[-1]}", display=False)
+glue("ch01-cost-d-small", f"{COST_D[0]}", display=False)
+glue("ch01-cost-short", f"{mix_over_rnn[0]:.4g}", display=False)
+glue("ch01-cost-long", f"{mix_over_rnn[-1]:.0f}", display=False)
+glue("ch01-cost-n-short", f"{COST_N[0]}", display=False)
+glue("ch01-cost-n-long", f"{COST_N[-1]}", display=False)
+
+fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8))
+styles = ("s-", "s--", "o-", "o--", "^-")
+colors = (COLORS["attention"],) * 2 + (COLORS["RNN"], COLORS["LSTM"], PALETTE[3])
+for name, style, color in zip(layer_names, styles, colors, strict=True):
+    axes[0].loglog(COST_N, flops[name, d], style, color=color, label=name)
+axes[0].axvline(d, color="grey", ls=":")
+axes[0].set(
+    xlabel="sequence length n (tokens)",
+    ylabel="FLOPs of one layer",
+    title=f"Which layer does less arithmetic? (d = {d})",
+)
+axes[0].legend(fontsize=8)
+for d_, style in zip(COST_D, ("o-", "s--"), strict=True):
+    ratio = flops[layer_names[0], d_] / flops["vanilla RNN", d_]
+    axes[1].loglog(
+        COST_N / d_, ratio, style, color=COLORS["attention"], label=f"d = {d_}"
+    )
+axes[1].axhline(1, color="grey", ls=":")
+axes[1].axvline(1, color="grey", ls=":")
+axes[1].set(
+    xlabel="n / d (sequence length over width)",
+    ylabel="attention's QKᵀ, AV / RNN's FLOPs",
+    title="Attention's mixing is cheaper when n < d",
+)
+axes[1].legend()
+for ax in axes:
+    ax.minorticks_off()
+glue("fig-layer-cost", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-layer-cost
+# :name: fig-layer-cost
+#
+# FLOPs of one layer, counted by PyTorch's FLOP counter as the layer runs. Left: at the
+# base model's width, against the sequence length; the dotted line is $n = d$. Right:
+# attention's two products over the recurrent layer's, against $n/d$, at two widths.
+# ```
+#
+# Every count equals the formula above, at both widths and every length. At
+# $n$ = {glue:text}`ch01-cost-n-short` and $d$ = {glue:text}`ch01-cost-d`, attention's
+# mixing costs {glue:text}`ch01-cost-short` of the recurrent layer's products; at
+# $n$ = {glue:text}`ch01-cost-n-long` it costs {glue:text}`ch01-cost-long` times as
+# much, and at both widths the two cross where $n = d$. Table 1's row leaves out what
+# every attention layer also pays: the four projections that make its queries, keys,
+# values and output, $8nd^2$, the same order as a recurrent layer. Counted in, the
+# attention layer costs $8nd^2 + 4n^2d$ FLOPs: fewer than an LSTM layer while $n < 2d$,
+# never fewer than the bare RNN. The case for attention was not less arithmetic. It was
+# the other two columns: arithmetic that can all run at once, and a path of one layer.
+#
+# ### The other way out: convolutions
+#
+# Recurrence was not the only alternative in 2017. A convolution also computes every
+# position at once: each output reads a fixed neighbourhood of $k$ inputs through the same
+# weights, and no state passes from one position to the next. WaveNet
+# {cite:p}`oord2016wavenet` generated raw audio with *causal* convolutions, which read only
+# the past, and *dilated* them: each layer's taps lie further apart than the previous
+# layer's, so the span a stack reads grows exponentially with its depth. ByteNet
+# {cite:p}`kalchbrenner2016neural` translated characters with stacks of dilated
+# convolutions, in time linear in the length of the sentences, and ConvS2S
+# {cite:p}`gehring2017convolutional` translated words with undilated convolutions and an
+# attention step in every decoder layer, beating strong recurrent translators while
+# running faster. What a convolution cannot remove is distance. One layer reads $k$
+# positions, so a signal between two tokens $n$ apart must climb through a stack of
+# layers: about $n/(k-1)$ of them without dilation, about $\log_k n$ with it, where
+# attention needs one. `companion.layers.conv.CausalConvStack` is such a stack, with
+# residual connections as all three networks used. Layer $l$ has dilation $k^l$ and pads
+# $(k-1)$ times its dilation with zeros on the left only, so output $t$ never reads an
+# input after $t$:
+
+# %%
+Code(
+    inspect.getsource(dilations) + "\n" + inspect.getsource(CausalConvStack.layer),
+    language="python",
+)
+
+# %% [markdown]
+# ### Path length, measured
+#
+# Why $\log_k n$? Layer $l$'s taps read $0, k^l, 2k^l, \dots, (k-1)k^l$ positions back:
+# choosing a tap is choosing one digit of a number written in base $k$. So $L$ layers
+# connect an output to every input whose offset has at most $L$ digits in base $k$, from
+# $0$ to $k^L - 1$, and to nothing further back. The fewest layers that join two positions
+# $n$ apart is therefore the number of digits of $n$ in base $k$,
+# $\lceil \log_k (n + 1) \rceil$. Without dilation each layer adds at most $k - 1$ to
+# the offset, so it takes $\lceil n / (k-1) \rceil$ layers. A recurrent signal from $n$
+# steps back passes through $n + 1$ cells, and attention joins any two positions in one
+# layer.
+#
+# We measure these counts rather than trust them. For each architecture we take the
+# output at the last of 128 positions after $m$ layers (for the RNN, after $m$ cells: it
+# starts from a zero state $m$ steps before the end), and find for each distance $n$ the
+# smallest $m$ at which that output's gradient with respect to the input $n$ positions
+# back is not zero. Exactly zero means no path: tanh has no flat stretch that could zero
+# a connection by accident, and float64 keeps the smallest gradients from rounding to
+# zero.
+
+
+# %%
+def fewest_hops(outputs: list[torch.Tensor], x: torch.Tensor) -> np.ndarray:
+    """``outputs[m - 1]``: the last position's output after m layers (or cells).
+    Returns, for each distance n back, the fewest m whose gradient reaches x."""
+    hops = np.zeros(x.shape[1], dtype=int)  # 0: not reached yet
+    for m, out in enumerate(outputs, start=1):
+        (g,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
+        reached = (g[0] != 0).any(-1).flip(0).numpy()  # index n = distance back
+        hops[(hops == 0) & reached] = m
+    return hops
+
+
+seed_everything(0)
+P_LEN, P_WIDTH, K = 128, 16, 3
+x_p = torch.randn(1, P_LEN, P_WIDTH, dtype=torch.float64, requires_grad=True)
+dilated = CausalConvStack(P_WIDTH, K, 5).double()  # dilations 1, 3, 9, 27, 81
+plain = CausalConvStack(P_WIDTH, K, 64, dilation_base=1).double()
+rnn_p = RNN(P_WIDTH, P_WIDTH).double()
+h, attn_outs = x_p, []
+p_cfg = ModelConfig(vocab_size=VOCAB, d_model=P_WIDTH, n_heads=4)
+for _ in range(2):  # two attention blocks
+    h = build_block(p_cfg).double()(h)
+    attn_outs.append(h[:, -1])
+rnn_outs = [rnn_p(x_p[:, -m:], impl="torch")[0][:, -1] for m in range(1, P_LEN + 1)]
+hops = {
+    "RNN (cells)": fewest_hops(rnn_outs, x_p),
+    f"convolution, k = {K}": fewest_hops(
+        [h[:, -1] for h in plain.hidden_states(x_p)], x_p
+    ),
+    f"dilated, k = {K}": fewest_hops(
+        [h[:, -1] for h in dilated.hidden_states(x_p)], x_p
+    ),
+    "attention": fewest_hops(attn_outs, x_p),
+}
+shown = [1, 2, 3, 8, 9, 26, 27, 80, 81, 127]
+print(f"{'distance n':>20}" + "".join(f"{n:>6}" for n in shown))
+for name, hop in hops.items():
+    print(f"{name:>20}" + "".join(f"{hop[n]:>6}" for n in shown))
+
+# %% tags=["hide-input"]
+# the measured hops against the counts derived in the text, at every distance
+n = np.arange(1, P_LEN)
+digits = np.array([len(np.base_repr(i, K)) for i in n])  # n's digits in base k
+assert (hops["RNN (cells)"][1:] == n + 1).all()
+assert (hops[f"convolution, k = {K}"][1:] == -(-n // (K - 1))).all()  # ⌈n / (k − 1)⌉
+assert (hops[f"dilated, k = {K}"][1:] == digits).all()
+assert (hops["attention"][1:] == 1).all()
+glue("ch01-path-n", f"{n[-1]}", display=False)
+for key, name in (
+    ("rnn", "RNN (cells)"),
+    ("plain", f"convolution, k = {K}"),
+    ("dilated", f"dilated, k = {K}"),
+):
+    glue(f"ch01-path-{key}", f"{hops[name][-1]}", display=False)
+
+fig, ax = plt.subplots(figsize=(6.6, 3.8))
+path_colors = (COLORS["RNN"], PALETTE[3], PALETTE[4], COLORS["attention"])
+for (name, hop), color in zip(hops.items(), path_colors, strict=True):
+    ax.step(n, hop[1:], where="post", color=color, label=name)
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set(
+    xlabel="distance n between the two positions (tokens)",
+    ylabel="fewest layers (cells) on a path",
+    title="How many layers must a signal cross to travel n tokens?",
+)
+ax.legend()
+glue("fig-path-length", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-path-length
+# :name: fig-path-length
+#
+# The fewest layers (cells, for the RNN) through which the last of 128 outputs depends on
+# the input $n$ positions back, measured by exact input gradients: a recurrent layer, a
+# stack of kernel-3 convolutions without and with dilation ($1, 3, 9, 27, 81$), and
+# attention blocks. Both axes are logarithmic.
+# ```
+#
+# The measured counts are the derived ones at every distance. To join two tokens
+# {glue:text}`ch01-path-n` apart, the RNN's signal crosses {glue:text}`ch01-path-rnn`
+# cells, the plain stack's {glue:text}`ch01-path-plain` layers, the dilated stack's
+# {glue:text}`ch01-path-dilated`, and attention's one. The convolutional stacks' chain of
+# operations does not grow with $T$ (checked in the hidden cell above), so they escape the
+# chain as attention does; their path still grows with distance, slowly with dilations.
+# That is the column the previous section showed to matter for learning: each layer on
+# the path multiplies the gradient by one more Jacobian, as each recurrent step did. A
+# dilated stack needs a deep network to keep that product short for long sequences,
+# attention keeps it at one factor, and pays for it with the $n^2 d$ of the first column.
+
+# %% [markdown]
 # ## A long-range task
 #
 # Does the fading signal matter after training? A clean test: a sequence of random
@@ -950,6 +1242,11 @@ plt.show()
 # Transformer's, so the gap we measured is one of budget and tuning, not of possibility;
 # nor did our one-thread CPU timings show attention faster, because the chain's real cost
 # is the parallel hardware it leaves idle, which we did not measure on a GPU.
+# The 2017 paper's Table 1 sums up the trade, and our counts agree with it: one attention
+# layer does more arithmetic than a recurrent one once the sequence is longer than the
+# width, but its chain does not grow with the sequence and its path is one layer long, while a
+# convolution, parallel like attention, still needs a stack of layers to join distant tokens (about $\log_k n$
+# of them with dilations, $n/(k-1)$ without).
 # Bahdanau's additive attention opened the way inside a recurrent translator; the
 # Transformer kept the attention and dropped the recurrence.
 #
