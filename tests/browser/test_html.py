@@ -201,6 +201,7 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-kv-bytes": ("chapters/15_select_compress_widen", 0),
     "fig-isoflop": ("chapters/04_encoders_decoders_scale", 0),
     "fig-ffn-shakespeare": ("chapters/07_gated_ffn", 0),
+    "fig-icl-gd": ("chapters/02_attention", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
