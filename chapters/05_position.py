@@ -1041,7 +1041,7 @@ for key, claim in (("inside", "RoPE: tuned − as trained, 32-63"),
                    ("repair", "linear: tuned − as trained, 64-255"),
                    ("pi-mid", "tuned: linear − RoPE, 64-255"),
                    ("pi-far", "tuned: linear − RoPE, 256-511")):  # fmt: skip
-    glue(f"ch05-ft-d-{key}", ft_diff[claim].format(2), display=False)
+    glue(f"ch05-ft-d-{key}", ft_diff[claim].format(3), display=False)
 for m in ("none", "linear"):
     for b in FT_BANDS:
         glue(f"ch05-ft-{m}-{b}", f"{spread(ft_band[m, b]).mean:.2f}", display=False)
