@@ -42,7 +42,10 @@
 # trains the same 8-layer model with Post-LN and Pre-LN at three learning rates, with and
 # without warmup, and looks at gradients and Jacobians to see why Post-LN needs warmup at
 # the higher ones; scales the initial residual writes by depth; and tracks attention
-# logits with and without QK-norm across learning rates.
+# logits with and without QK-norm across learning rates. Three alternatives are measured
+# without training: DyT (2025), which drops the statistics altogether, against what
+# SmolLM2's norms do; DeepNorm, a Post-LN made for depth, at initialisation; and logit
+# soft-capping and the z-loss, the remedies that QK-norm displaced.
 
 # %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
@@ -95,9 +98,11 @@ from companion.analysis.seeds import compare, difference, spread
 from companion.checkpoints.smollm2 import load_smollm2
 from companion.device import default_device, describe
 from companion.layers.block import TransformerBlock
-from companion.layers.norms import layer_norm_reference, rms_norm_reference
+from companion.layers.deepnorm import DeepNormResidual, deepnorm_, deepnorm_constants
+from companion.layers.norms import DyT, layer_norm_reference, rms_norm_reference
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
+from companion.ops.softcap import soft_cap, z_loss
 from companion.plotting import PALETTE, animate, glue, loglog_fit, use_style
 from companion.tasks.text import (
     CharTokenizer,
@@ -527,6 +532,147 @@ assert ratio.median() < 2 * d_smol**-0.5 and 1 - factor.min() < 0.01
 glue("ch06-mu-ratio", f"{ratio.median():.3f}", display=False)
 glue("ch06-random-ratio", f"{d_smol**-0.5:.3f}", display=False)
 glue("ch06-ln-rms-gap", f"{1 - factor.min():.2%}", display=False)
+
+# %% [markdown]
+# ### Normalizing without statistics: DyT
+#
+# In 2025 Zhu et al. asked whether a Transformer needs the statistics at all
+# {cite}`zhu2025transformers`. Plotting a trained LayerNorm's input against its output,
+# element by element over many tokens, they saw an S-shaped curve: close to a line in the
+# middle, squashed at the extremes. Their *Dynamic Tanh* keeps only that shape,
+# $\mathrm{DyT}(x) = \gamma \odot \tanh(\alpha x) + \beta$, with one learned scalar
+# $\alpha$ per layer (it starts at 0.5 by default; for their LLaMA models they tune the
+# start), and computes no mean and no root mean square: nothing that looks across
+# features or tokens.
+
+# %%
+Code(inspect.getsource(DyT), language="python")
+
+# %% [markdown]
+# Replacing every norm by DyT, they report models that match their normalized
+# counterparts in vision Transformers, diffusion Transformers, speech models and LLaMA
+# pretraining from 7 to 70 billion parameters {cite}`zhu2025transformers`: the 2025
+# challenge to normalization itself. We did not train a DyT model. What we can test is
+# the observation it starts from, on SmolLM2's RMSNorms: every stream state a norm reads
+# (the input of each block and of the final norm), element by element over the
+# sentence's tokens, against what the norm makes of it before the gain,
+# $x_j/\mathrm{rms}(x)$. For each of these {glue:text}`ch06-dyt-n` maps we fit the best
+# line through the origin and the best $a\tanh(\alpha x)$ ($\alpha$ on a grid, $a$ by
+# least squares), and ask how much of the output's variance each explains ($R^2$).
+
+# %% tags=["hide-input"]
+S_all = torch.stack(smol_states)[:, 0]  # (L + 1, T, d): every state a norm reads
+Y_all = S_all * torch.rsqrt(S_all.pow(2).mean(-1, keepdim=True) + smol.cfg.norm_eps)
+slopes = torch.logspace(-4, 0.5, 200)  # the grid of α
+
+
+def r_squared(y: torch.Tensor, fit: torch.Tensor) -> torch.Tensor:
+    residual = (y - fit).pow(2).sum(-1)
+    return 1 - residual / (y - y.mean(-1, keepdim=True)).pow(2).sum(-1)
+
+
+def best_fits(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, torch.Tensor]:
+    """R² of the best line through 0 and of the best a·tanh(αx); that tanh's
+    (α, a)."""
+    line = (x @ y) / (x @ x) * x
+    th = torch.tanh(slopes[:, None] * x)  # (α grid, elements)
+    amps = (th @ y) / th.pow(2).sum(1)  # a by least squares, for every α
+    r2 = r_squared(y, amps[:, None] * th)
+    best = r2.argmax()
+    fit = (slopes[best].item(), amps[best].item())
+    return r_squared(y, line).item(), r2[best].item(), fit
+
+
+fits = [best_fits(x, y) for x, y in zip(S_all.flatten(1), Y_all.flatten(1),
+                                        strict=True)]  # fmt: skip
+r2_line = np.array([f[0] for f in fits])
+r2_tanh = np.array([f[1] for f in fits])
+r2_rest = np.array([  # the line again, token 0 left out
+    best_fits(x, y)[0]
+    for x, y in zip(S_all[:, 1:].flatten(1), Y_all[:, 1:].flatten(1), strict=True)
+])
+rms_all = S_all.pow(2).mean(-1).sqrt()  # (L + 1, T)
+rms_ratio = (rms_all[:, 0] / rms_all[:, 1:].median(dim=1).values).numpy()
+M = slice(m_lo, m_hi + 1)  # the states where token 0 is massive (found above)
+print(f"R² over the {len(fits)} maps, median: line {np.median(r2_line):.2f}, "
+      f"tanh {np.median(r2_tanh):.2f}")
+print(f"states {m_lo}-{m_hi} (token 0 massive): line {r2_line[M].min():.2f} to "
+      f"{r2_line[M].max():.2f}, tanh {r2_tanh[M].min():.2f} to "
+      f"{r2_tanh[M].max():.2f},\n  line without token 0 {r2_rest[M].min():.3f} "
+      f"to {r2_rest[M].max():.3f}; token 0's rms ÷ the median token's: "
+      f"{rms_ratio[M].min():.0f} to {rms_ratio[M].max():.0f}")
+assert (r2_tanh >= r2_line - 1e-3).all()  # the line is (nearly) a tanh's limit
+assert np.median(r2_tanh) > np.median(r2_line) + 0.2  # a tanh describes it better
+assert r2_line[M].max() < 0.2 and (r2_tanh - r2_line)[M].min() > 0.3  # (most here)
+assert r2_rest[M].min() > 0.95  # because of token 0: without it, a line fits
+assert r2_tanh[M].max() < 0.8  # and no function of one element fits token 0 too
+assert rms_ratio[M].min() > 20
+glue("ch06-dyt-n", f"{len(fits)}", display=False)
+glue("ch06-dyt-line", f"{np.median(r2_line):.2f}", display=False)
+glue("ch06-dyt-tanh", f"{np.median(r2_tanh):.2f}", display=False)
+glue("ch06-dyt-line-max", f"{r2_line[M].max():.2f}", display=False)
+glue("ch06-dyt-tanh-range", f"{r2_tanh[M].min():.2f} to {r2_tanh[M].max():.2f}",
+     display=False)  # fmt: skip
+glue("ch06-dyt-rest-min", f"{r2_rest[M].min():.3f}", display=False)
+glue("ch06-dyt-rms-ratio", f"{rms_ratio[M].min():.0f} to {rms_ratio[M].max():.0f}",
+     display=False)  # fmt: skip
+glue("ch06-dyt-miss", f"{1 - r2_tanh[M].max():.0%}", display=False)
+
+# %% tags=["hide-input", "remove-output"]
+# two states: the best tanh outside token 0's massive layers, and the middle of those
+early = int(np.argmax(np.where(np.arange(len(fits)) < m_lo, r2_tanh - r2_line, -1)))
+shown = (early, (m_lo + m_hi) // 2)
+fig, axes = plt.subplots(1, 2, figsize=(11.5, 3.8))
+for ax, ell in zip(axes, shown, strict=True):
+    x_in, y_out = S_all[ell], Y_all[ell]  # (T, d)
+    ax.scatter(x_in[1:].flatten(), y_out[1:].flatten(), s=2, alpha=0.3,
+               color=PALETTE[0], rasterized=True, label="tokens 1 to T − 1")
+    ax.scatter(x_in[0], y_out[0], s=4, color=PALETTE[1], rasterized=True,
+               label="token 0")  # fmt: skip
+    alpha_fit, amp_fit = fits[ell][2]
+    x_grid = torch.linspace(x_in.min().item(), x_in.max().item(), 2001)
+    ax.plot(x_grid, amp_fit * torch.tanh(alpha_fit * x_grid), color="black", lw=1.2,
+            label=f"best a·tanh(αx): R² {r2_tanh[ell]:.2f} "
+            f"(line: {r2_line[ell]:.2f})")  # fmt: skip
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set(
+        xlabel=f"input element x_j (the stream after block {ell}; symlog axis)",
+        ylabel="x_j / rms(x) (the norm's output, before the gain)",
+        title=f"Does the norm look like a tanh? State {ell}",
+    )
+    ax.legend(fontsize=8, loc="upper left", markerscale=3)
+glue("fig-dyt-smollm2", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-dyt-smollm2
+# :name: fig-dyt-smollm2
+#
+# SmolLM2-135M-Instruct on the chapter's sentence: every element of a stream state
+# (horizontal, on a symmetric-log axis that is linear between −1 and 1) against the
+# RMSNorm's output for it before the gain (vertical), token 0 in its own colour, with the
+# best $a\tanh(\alpha x)$ and its $R^2$. Left: the state outside token 0's massive
+# layers where the tanh gains most over a line; right: the middle of those layers, where
+# token 0's ordinary features lie on a nearly flat line of their own.
+# ```
+
+# %% [markdown]
+# Over the {glue:text}`ch06-dyt-n` maps the median $R^2$ is {glue:text}`ch06-dyt-line`
+# for the line and {glue:text}`ch06-dyt-tanh` for the tanh: SmolLM2's norms do look more
+# like a tanh than like a line. {numref}`fig-dyt-smollm2` shows where the S comes from.
+# Within a token an RMSNorm *is* a line, with slope $1/\mathrm{rms}(x)$; the S is many
+# tokens' lines seen together, and the extreme values belong to tokens whose RMS is
+# large. In the states where token 0 carries the massive activations (after blocks
+# {glue:text}`ch06-massive-from` to {glue:text}`ch06-massive-to`), a line explains at most
+# {glue:text}`ch06-dyt-line-max` of the map and a tanh {glue:text}`ch06-dyt-tanh-range`;
+# leave token 0 out and a line explains at least {glue:text}`ch06-dyt-rest-min`. Token
+# 0's RMS is {glue:text}`ch06-dyt-rms-ratio` times the median token's there, so the norm
+# shrinks an ordinary feature of token 0 that many times more than the same value in
+# another token. No function of one element can do that, a tanh included, which is why
+# even the best tanh misses at least {glue:text}`ch06-dyt-miss` of the variance there.
+# A model trained with DyT from the start never relies on such a per-token division;
+# whether it then grows massive activations, or how it does without them, this page
+# does not test.
 
 # %% [markdown]
 # ## Where the norm sits
@@ -1196,6 +1342,76 @@ plt.show()
 # could reach the top again. (The input of block 0, the raw embedding, is left out: its
 # scale is set by the embedding initialisation, and Post-LN's first norm magnifies it.)
 #
+# ### DeepNorm: Post-LN kept, and made deep
+#
+# Post-LN is not dead in principle. Wang et al. kept the norm on the identity path and
+# added two constants that depend on the depth {cite}`wang2022deepnet`. *DeepNorm*
+# weights the stream by $\alpha > 1$ before the branch is added,
+# $x_{\ell+1} = \mathrm{LN}(\alpha x_\ell + f(x_\ell))$, and multiplies the initial
+# weights of the value path (the FFN's matrices, the attention's value and output
+# projections; not the query and key projections) by $\beta < 1$. For one stack of $N$
+# layers (decoder-only or encoder-only), $\alpha = (2N)^{1/4}$ and
+# $\beta = (8N)^{-1/4}$; an encoder-decoder uses $\alpha = 0.81\,(N^4M)^{1/16}$,
+# $\beta = 0.87\,(N^4M)^{-1/16}$ in its $N$-layer encoder and $\alpha = (3M)^{1/4}$,
+# $\beta = (12M)^{-1/4}$ in its $M$-layer decoder (`deepnorm_constants`). The paper
+# trains Transformers of 1,000 layers (2,500 sublayers) this way, and its 200-layer,
+# 3.2-billion-parameter translation model beats a 48-layer, 12-billion-parameter one by
+# 5 BLEU {cite}`wang2022deepnet`. In `companion` the rule is a module the block calls in
+# place of its own, and `deepnorm_` installs it in a Post-LN stack and scales the
+# weights:
+
+# %%
+Code(inspect.getsource(DeepNormResidual), language="python")
+
+# %% [markdown]
+# The measurement above, for the input of block 1 only, in the chapter's model at 8, 16
+# and 32 blocks: Post-LN, and the same stack made DeepNorm with the constants for its
+# depth.
+
+# %% tags=["hide-input"]
+DEEP_DEPTHS = (DEPTH, 2 * DEPTH, 4 * DEPTH)
+bottom = {("post", DEPTH): paths["post"]}  # (variant, L) -> ∂x_L/∂x_ℓ, as above
+for n in DEEP_DEPTHS:
+    for name in ("post", "deepnorm"):
+        if (name, n) in bottom:
+            continue
+        seed_everything(0)
+        model = deep_model("post", n_layers=n)
+        if name == "deepnorm":
+            deepnorm_(model, *deepnorm_constants(decoder_layers=n)["decoder"])
+        probes = torch.Generator().manual_seed(0)
+        bottom[name, n] = identity_path_jacobian(
+            model, probe_x, n_probes=4, generator=probes
+        )
+print("∂x_L/∂x_1 per coordinate: trace (norm)")
+print(f"{'L':>3} {'α':>5} {'β':>5} {'Post-LN':>13} {'DeepNorm':>13}")
+for n in DEEP_DEPTHS:
+    a, b = deepnorm_constants(decoder_layers=n)["decoder"]
+    cells = "".join(f" {bottom[k, n].trace[1]:>6.2f} ({bottom[k, n].norm[1]:.2f})"
+                    for k in ("post", "deepnorm"))  # fmt: skip
+    print(f"{n:>3} {a:>5.2f} {b:>5.2f}{cells}")
+post_tr = [float(bottom["post", n].trace[1]) for n in DEEP_DEPTHS]
+deep_tr = [float(bottom["deepnorm", n].trace[1]) for n in DEEP_DEPTHS]
+assert (np.diff(post_tr) < 0).all()  # Post-LN: the identity share fades with depth
+assert post_tr[-1] < 0.2
+assert min(deep_tr) > 0.85  # DeepNorm: the identity survives at every depth
+# and the norm on the path still holds the total dependence near 1
+assert all(abs(bottom["deepnorm", n].norm[1] - 1) < 0.1 for n in DEEP_DEPTHS)
+glue("ch06-deep-post-first", f"{post_tr[0]:.2f}", display=False)
+glue("ch06-deep-post-last", f"{post_tr[-1]:.2f}", display=False)
+glue("ch06-deep-range", f"{min(deep_tr):.2f} to {max(deep_tr):.2f}", display=False)
+
+# %% [markdown]
+# In Post-LN the identity share of block 1's route to the top falls from
+# {glue:text}`ch06-deep-post-first` at 8 blocks to {glue:text}`ch06-deep-post-last` at
+# 32: every sublayer takes its cut, and the cuts multiply. With DeepNorm it stays at
+# {glue:text}`ch06-deep-range` at every depth, with the total dependence still held near
+# 1 by the norms: the up-weighted stream dominates each sum, so at initialisation the
+# stack is close to the identity, as Pre-LN's is. That is all we measured. The paper's
+# argument concerns training (with these constants the change of the model's output
+# under an update stays bounded as the depth grows), and we did not train DeepNorm here;
+# the open models this book follows moved the norm off the identity path instead.
+#
 # ### Back to the stream: trained models
 #
 # With the models trained, we can repeat the SmolLM2 measurement on seed 0's models
@@ -1688,11 +1904,88 @@ plt.show()
 # the logits without it grow large {cite}`wortsman2023small`. At $10^{-1}$, though,
 # neither of our models trains well (both end far above the runs at $10^{-2}$): this is a
 # milder degradation than a large model's divergence, and we saw no loss spike in fp32.
-# Two related remedies are not run here: Wortsman et al.'s z-loss, which keeps the
-# output logits from diverging, and Gemma 2's soft cap on the attention logits in place
-# of normalizing $q$ and $k$ {cite}`gemmateam2024gemma2` (`companion` has no
-# soft-capping option). The cap has a price: a head can no longer sharpen its attention
-# at will by growing $q$ and $k$, only through the gains.
+# The cap has a price: a head can no longer sharpen its attention at will by growing $q$
+# and $k$, only through the gains.
+#
+# ### What QK-norm replaced: soft-capping and the z-loss
+#
+# Two older remedies bound logits without normalizing anything. Gemma 2 *soft-caps*
+# them: every attention logit passes through $50\tanh(x/50)$ and every final logit
+# through $30\tanh(x/30)$ before its softmax {cite}`gemmateam2024gemma2`; Gemma 3
+# replaced that soft-capping by QK-norm {cite}`gemmateam2025gemma3`. PaLM adds an
+# auxiliary *z-loss* to the training loss, $10^{-4}\log^2 Z$ with $Z = \sum_j e^{z_j}$
+# the softmax's normalizer over the vocabulary, which keeps $\log Z$ close to 0 and,
+# they report, made training more stable {cite}`chowdhery2022palm`; ST-MoE puts the same loss on a router's logits
+# {cite}`zoph2022stmoe`, and Wortsman et al. use PaLM's against the divergence of the
+# output logits that QK-norm does not touch {cite}`wortsman2023small`. Both are one line
+# each:
+
+# %%
+Code(inspect.getsource(soft_cap) + "\n\n" + inspect.getsource(z_loss),
+     language="python")  # fmt: skip
+
+# %% [markdown]
+# What each does to a growing logit scale, without training: one row of 64 attention
+# logits (standard normal) multiplied by a growing factor, with and without Gemma 2's
+# cap; and a batch of output logits over the chapter's vocabulary, all shifted up by a
+# constant.
+
+# %% tags=["hide-input"]
+seed_everything(0)
+row = torch.randn(64)  # one query's logits at scale 1
+print(f"{'scale':>6} {'max logit':>10} {'capped':>7} {'top weight':>11} "
+      f"{'capped':>7}")  # fmt: skip
+capped_rows = {}
+for scale in (1, 3, 10, 30, 100, 1000):
+    z, c = scale * row, soft_cap(scale * row, 50.0)
+    capped_rows[scale] = (z, c)
+    top, top_capped = z.softmax(-1).max(), c.softmax(-1).max()
+    print(f"{scale:>6} {z.max():>10.1f} {c.max():>7.1f} {top:>11.3f} "
+          f"{top_capped:>7.3f}")  # fmt: skip
+raw_top = {s: z.softmax(-1).max().item() for s, (z, _) in capped_rows.items()}
+cap_top = {s: c.softmax(-1).max().item() for s, (_, c) in capped_rows.items()}
+assert all(c.abs().max() <= 50.0 for _, c in capped_rows.values())  # bounded
+z1, c1 = capped_rows[1]
+near = ((c1 - z1).abs() / z1.abs()).max().item()
+assert near < 0.01  # ≈ the identity at small scale
+assert raw_top[100] > 0.99  # uncapped, the softmax goes one-hot...
+assert cap_top[100] < raw_top[100] - 0.2  # capped, the largest ones tie at the cap
+logits, targets = torch.randn(BATCH, V), torch.randint(0, V, (BATCH,))
+shifted_by = (0.0, 10.0, 100.0)
+ce_z = [(F.cross_entropy(logits + c, targets).item(), z_loss(logits + c).item())
+        for c in shifted_by]  # fmt: skip
+print(f"\n{'shift':>6} {'cross-entropy':>14} {'z-loss':>9}")
+for c, (ce, zl) in zip(shifted_by, ce_z, strict=True):
+    print(f"{c:>6g} {ce:>14.4f} {zl:>9.4f}")
+assert max(ce for ce, _ in ce_z) - min(ce for ce, _ in ce_z) < 1e-4  # CE ignores it
+assert ce_z[0][1] < ce_z[1][1] < ce_z[2][1]  # the z-loss does not
+glue("ch06-cap-near", f"{near:.2%}", display=False)
+glue("ch06-cap-max-100", f"{capped_rows[100][0].max():.0f}", display=False)
+glue("ch06-cap-top-raw", f"{raw_top[100]:.3f}", display=False)
+glue("ch06-cap-top", f"{cap_top[100]:.2f}", display=False)
+glue("ch06-cap-top-30", f"{cap_top[30]:.2f}", display=False)
+glue("ch06-cap-top-raw-30", f"{raw_top[30]:.2f}", display=False)
+glue("ch06-z-0", f"{ce_z[0][1]:.4f}", display=False)
+glue("ch06-z-100", f"{ce_z[2][1]:.2f}", display=False)
+
+# %% [markdown]
+# The cap leaves small logits alone (at scale 1 every capped logit is within
+# {glue:text}`ch06-cap-near` of the raw one) and never lets one pass 50, so a logit can
+# neither overflow nor lose its resolution in bf16 however large $q$ and $k$ grow. It
+# does not keep the softmax from sharpening: at scale 30 the capped row's largest weight
+# is {glue:text}`ch06-cap-top-30` (uncapped {glue:text}`ch06-cap-top-raw-30`), since two
+# capped logits can still differ by up to 100. Only at larger scales do the largest
+# logits pile up at the cap and tie: at scale 100, where the raw row's largest logit is
+# {glue:text}`ch06-cap-max-100`, the capped row's top weight is
+# {glue:text}`ch06-cap-top` and the uncapped {glue:text}`ch06-cap-top-raw`.
+#
+# The z-loss acts on a direction the loss itself cannot see: shifting every logit by the
+# same constant leaves the softmax and the cross-entropy unchanged, so nothing in the
+# loss stops the logits from drifting up together. The z-loss grows with the square of
+# that drift ({glue:text}`ch06-z-0` at no shift, {glue:text}`ch06-z-100` at a shift of
+# 100), and its gradient pulls $\log Z$ back towards 0. Neither was trained here:
+# `companion`'s models have no soft-capping option, and the chapter's training loss has
+# no z-loss.
 
 # %% [markdown]
 # ## What we learned
@@ -1712,7 +2005,12 @@ plt.show()
 # the attention logits that otherwise grow at high learning rates, though in our small
 # runs it lowered the loss only at the highest rate. None of this showed a better model
 # at a comfortable learning rate; what the modern placement bought is room to train a
-# deep model hard.
+# deep model hard. Post-LN itself is not doomed: DeepNorm's two constants kept its
+# identity path intact at every depth we measured, at initialisation. Nor are the
+# statistics beyond question: across tokens SmolLM2's norms look more like a tanh than a
+# line, the observation behind DyT, because a few tokens carry extreme values; a tanh of
+# each element cannot give those tokens their own division, and whether a model trained
+# without norms does as well, the 2025 claim, we did not test.
 #
 # | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
 # |---|---|---|---|---|
