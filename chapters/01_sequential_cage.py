@@ -576,9 +576,10 @@ plt.show()
 # position by $d \times d$ matrices: $2knd^2$. Self-attention's scores $QK^\top$ and its
 # weighted sum of the values cost $2n^2d$ each, $4n^2d$ together. So mixing the positions
 # by attention takes fewer FLOPs than the recurrence exactly when $4n^2d < 4nd^2$, that
-# is when $n < d$. The paper points out that this is the usual case for sentences cut
-# into word pieces, next to its base model's $d = 512$. We count what each layer
-# actually runs with PyTorch's FLOP counter, at that width and at a quarter of it.
+# is when $n < d$. The paper notes that this was the usual case in translation, where
+# sentences cut into word pieces or byte pairs were mostly shorter than the models were
+# wide (its base model has $d = 512$). We count what each layer actually runs with
+# PyTorch's FLOP counter, at that width and at a quarter of it.
 
 # %% tags=["hide-input"]
 seed_everything(0)
@@ -733,9 +734,9 @@ Code(
 # output at the last of 128 positions after $m$ layers (for the RNN, after $m$ cells: it
 # starts from a zero state $m$ steps before the end), and find for each distance $n$ the
 # smallest $m$ at which that output's gradient with respect to the input $n$ positions
-# back is not zero. Exactly zero means no path: tanh has no flat stretch that could zero
-# a connection by accident, and float64 keeps the smallest gradients from rounding to
-# zero.
+# back is not zero. Exactly zero means no path: none of these layers has a flat stretch
+# (no ReLU) that could zero a connection by accident, and float64 keeps the smallest
+# gradients from rounding to zero.
 
 
 # %%
@@ -822,12 +823,13 @@ plt.close(fig)
 # {glue:text}`ch01-path-n` apart, the RNN's signal crosses {glue:text}`ch01-path-rnn`
 # cells, the plain stack's {glue:text}`ch01-path-plain` layers, the dilated stack's
 # {glue:text}`ch01-path-dilated`, and attention's one. The convolutional stacks' chain of
-# operations does not grow with $T$ (checked in the hidden cell above), so they escape the
+# operations does not grow with $T$ (a hidden cell above checks it), so they escape the
 # chain as attention does; their path still grows with distance, slowly with dilations.
-# That is the column the previous section showed to matter for learning: each layer on
+# That is the column the gradient section showed to matter for learning: each layer on
 # the path multiplies the gradient by one more Jacobian, as each recurrent step did. A
-# dilated stack needs a deep network to keep that product short for long sequences,
-# attention keeps it at one factor, and pays for it with the $n^2 d$ of the first column.
+# dilated stack keeps that product to about $\log_k n$ factors, provided it is deep
+# enough to span the whole sequence; attention keeps it at one factor at any length, and
+# pays for that with the $n^2 d$ of the first column.
 
 # %% [markdown]
 # ## A long-range task
@@ -1242,11 +1244,11 @@ plt.show()
 # Transformer's, so the gap we measured is one of budget and tuning, not of possibility;
 # nor did our one-thread CPU timings show attention faster, because the chain's real cost
 # is the parallel hardware it leaves idle, which we did not measure on a GPU.
-# The 2017 paper's Table 1 sums up the trade, and our counts agree with it: one attention
-# layer does more arithmetic than a recurrent one once the sequence is longer than the
-# width, but its chain does not grow with the sequence and its path is one layer long, while a
-# convolution, parallel like attention, still needs a stack of layers to join distant tokens (about $\log_k n$
-# of them with dilations, $n/(k-1)$ without).
+# The 2017 paper's Table 1 sums up the trade, and our counts agree with it: attention's
+# mixing does more arithmetic than a recurrent layer once the sequence is longer than the
+# width, but its chain does not grow with the sequence and its path is one layer long,
+# while a convolution, parallel like attention, still needs a stack of layers to join
+# distant tokens (about $\log_k n$ of them with dilations, $n/(k-1)$ without).
 # Bahdanau's additive attention opened the way inside a recurrent translator; the
 # Transformer kept the attention and dropped the recurrence.
 #
