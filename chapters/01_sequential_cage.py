@@ -680,7 +680,8 @@ plt.close(fig)
 # attention's two products over the recurrent layer's, against $n/d$, at two widths.
 # ```
 #
-# Every count equals the formula above, at both widths and every length. At
+# Every count equals the formula above, at both widths ($d$ = {glue:text}`ch01-cost-d-small`
+# and {glue:text}`ch01-cost-d`) and every length. At
 # $n$ = {glue:text}`ch01-cost-n-short` and $d$ = {glue:text}`ch01-cost-d`, attention's
 # mixing costs {glue:text}`ch01-cost-short` of the recurrent layer's products; at
 # $n$ = {glue:text}`ch01-cost-n-long` it costs {glue:text}`ch01-cost-long` times as
