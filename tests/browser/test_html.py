@@ -202,6 +202,8 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-isoflop": ("chapters/04_encoders_decoders_scale", 0),
     "fig-ffn-shakespeare": ("chapters/07_gated_ffn", 0),
     "fig-icl-gd": ("chapters/02_attention", 0),
+    "fig-layer-cost": ("chapters/01_sequential_cage", 0),
+    "fig-path-length": ("chapters/01_sequential_cage", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
