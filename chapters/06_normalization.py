@@ -630,15 +630,19 @@ for ax, ell in zip(axes, shown, strict=True):
     ax.scatter(x_in[0], y_out[0], s=4, color=PALETTE[1], rasterized=True,
                label="token 0")  # fmt: skip
     alpha_fit, amp_fit = fits[ell][2]
-    x_grid = torch.linspace(x_in.min().item(), x_in.max().item(), 2001)
+    reach = 1.2 * x_in[1:].abs().quantile(0.999).item()  # the other tokens' range
+    x_grid = torch.linspace(-reach, reach, 2001)
     ax.plot(x_grid, amp_fit * torch.tanh(alpha_fit * x_grid), color="black", lw=1.2,
             label=f"best a·tanh(αx): R² {r2_tanh[ell]:.2f} "
             f"(line: {r2_line[ell]:.2f})")  # fmt: skip
-    ax.set_xscale("symlog", linthresh=1.0)
+    off, off_0 = int((x_in.abs() > reach).sum()), int((x_in[0].abs() > reach).sum())
+    ax.text(0.99, 0.04, f"{off} elements lie beyond the axis ({off_0} of token 0)",
+            transform=ax.transAxes, ha="right", fontsize=8)  # fmt: skip
     ax.set(
-        xlabel=f"input element x_j (the stream after block {ell}; symlog axis)",
+        xlim=(-reach, reach),
+        xlabel=f"input element x_j (the stream after block {ell})",
         ylabel="x_j / rms(x) (the norm's output, before the gain)",
-        title=f"Does the norm look like a tanh? State {ell}",
+        title=f"Does the norm look like a tanh? After block {ell}",
     )
     ax.legend(fontsize=8, loc="upper left", markerscale=3)
 glue("fig-dyt-smollm2", fig)
@@ -649,11 +653,13 @@ plt.close(fig)
 # :name: fig-dyt-smollm2
 #
 # SmolLM2-135M-Instruct on the chapter's sentence: every element of a stream state
-# (horizontal, on a symmetric-log axis that is linear between −1 and 1) against the
-# RMSNorm's output for it before the gain (vertical), token 0 in its own colour, with the
-# best $a\tanh(\alpha x)$ and its $R^2$. Left: the state outside token 0's massive
-# layers where the tanh gains most over a line; right: the middle of those layers, where
-# token 0's ordinary features lie on a nearly flat line of their own.
+# (horizontal) against the RMSNorm's output for it before the gain (vertical), token 0 in
+# its own colour, with the best $a\tanh(\alpha x)$ over all elements and its $R^2$. The
+# horizontal axis spans all but the largest 0.1 % of the other tokens' elements; the
+# elements beyond it (among them token 0's massive activations, whose outputs approach
+# $\pm\sqrt d = \pm 24$) are counted in each panel. Left: the state outside token 0's massive layers where the tanh gains
+# most over a line; right: the middle of those layers, where token 0's ordinary features
+# lie on a nearly flat line of their own.
 # ```
 
 # %% [markdown]
@@ -1915,10 +1921,10 @@ plt.show()
 # replaced that soft-capping by QK-norm {cite}`gemmateam2025gemma3`. PaLM adds an
 # auxiliary *z-loss* to the training loss, $10^{-4}\log^2 Z$ with $Z = \sum_j e^{z_j}$
 # the softmax's normalizer over the vocabulary, which keeps $\log Z$ close to 0 and,
-# they report, made training more stable {cite}`chowdhery2022palm`; ST-MoE puts the same loss on a router's logits
-# {cite}`zoph2022stmoe`, and Wortsman et al. use PaLM's against the divergence of the
-# output logits that QK-norm does not touch {cite}`wortsman2023small`. Both are one line
-# each:
+# they report, made training more stable {cite}`chowdhery2022palm`; ST-MoE puts the same
+# loss on a router's logits {cite}`zoph2022stmoe`, and Wortsman et al. use PaLM's
+# against the divergence of the output logits that QK-norm does not touch
+# {cite}`wortsman2023small`. Both are short:
 
 # %%
 Code(inspect.getsource(soft_cap) + "\n\n" + inspect.getsource(z_loss),
