@@ -204,6 +204,7 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-icl-gd": ("chapters/02_attention", 0),
     "fig-layer-cost": ("chapters/01_sequential_cage", 0),
     "fig-path-length": ("chapters/01_sequential_cage", 0),
+    "fig-dyt-smollm2": ("chapters/06_normalization", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
