@@ -9,7 +9,7 @@ device (no memory, no weights) and counts its parameters: BERT through
 :func:`companion.checkpoints.minilm.bert_config` and
 :class:`~companion.models.encoder.Encoder`, the GPTs as
 :class:`~companion.models.decoder.DecoderLM`. These configs are *not* in
-:data:`companion.models.presets.PRESETS`, which later chapters iterate.
+``companion.models.presets.PRESETS``, which later chapters iterate.
 
 :func:`random_spans` and :func:`corrupt_spans` are T5's span corruption: spans of the
 input are replaced by sentinels, and the target lists each sentinel followed by the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
@@ -40,8 +39,6 @@ __all__ = [
     "pooler_params",
     "random_spans",
 ]
-
-T = TypeVar("T")
 
 
 def bert_hf_config(n_layers: int, d_model: int, n_heads: int) -> dict[str, object]:
@@ -79,10 +76,11 @@ def _gpt(n_layers: int, d_model: int, n_heads: int, ctx: int = 1024) -> ModelCon
 class Member:
     """One model of the family: its config, the size its paper printed, its data.
 
-    ``kind`` is ``"encoder"`` (built as :class:`Encoder` with BERT's two segment ids) or
-    ``"decoder"`` (:class:`DecoderLM`). ``cite`` is the bibliography key of the model's
-    paper, which gives its shape, ``data`` and ``published`` size; GPT-1's paper gave no
-    size: its 117M is the figure of the GPT-2 paper's smallest model, which that paper
+    ``kind`` is ``"encoder"`` (built as :class:`~companion.models.encoder.Encoder`
+    with BERT's two segment ids) or ``"decoder"``
+    (:class:`~companion.models.decoder.DecoderLM`). ``cite`` is the bibliography key of
+    the model's paper, which gives its shape, ``data`` and ``published`` size; GPT-1's
+    paper gave no size: its 117M is the figure of the GPT-2 paper's smallest model, which that paper
     sizes like the original GPT.
     """
 
@@ -151,8 +149,8 @@ def exact_params(member: Member, *, pooler: bool = True) -> int:
 
     BERT counts the released checkpoint's body: embeddings (tokens, positions, two
     segments, a LayerNorm), the blocks and, with ``pooler=True``, the ``[CLS]`` pooler
-    that :class:`Encoder` leaves out; not the pretraining heads. The GPTs count the
-    language model, whose output layer is the token embedding.
+    that :class:`~companion.models.encoder.Encoder` leaves out; not the pretraining
+    heads. The GPTs count the language model, whose output layer is the token embedding.
     """
     with torch.device("meta"):
         if member.kind == "encoder":
@@ -226,8 +224,10 @@ def random_spans(
 
 
 def corrupt_spans(
-    tokens: Sequence[T], spans: Sequence[tuple[int, int]], sentinels: Sequence[T]
-) -> tuple[list[T], list[T]]:
+    tokens: Sequence[object],
+    spans: Sequence[tuple[int, int]],
+    sentinels: Sequence[object],
+) -> tuple[list[object], list[object]]:
     """T5's span corruption: ``(input, target)`` for ``tokens`` with ``spans`` hidden.
 
     The input keeps the other tokens and puts the i-th sentinel where the i-th span

@@ -13,7 +13,7 @@ L blocks, T context length, d model width, V vocabulary.
 - :func:`chinchilla_tokens`, :func:`training_compute`, :func:`compute_optimal` are the
   arithmetic of Hoffmann et al. (2022): ``C ≈ 6ND`` and about 20 tokens per parameter.
 - :class:`ChinchillaLoss` is their fitted loss ``L(N, D) = E + A/N^α + B/D^β``
-  (:data:`CHINCHILLA_FIT`: their Approach 3 constants) and its compute-optimal split;
+  (``CHINCHILLA_FIT``: their Approach 3 constants) and its compute-optimal split;
   :func:`fit_isoflop` fits one IsoFLOP profile, loss against ``log N`` at fixed C, with
   a parabola and reads off its minimum.
 - :func:`span_exact_match` scores whole multi-token spans, the "sharp" metric of the

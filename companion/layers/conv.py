@@ -60,8 +60,8 @@ class CausalConvStack(nn.Module):
 
     @property
     def receptive_field(self) -> int:
-        """How many positions one output reads: itself and the
-        ``(k − 1)·Σ dilations`` before it."""
+        """The number of positions one output reads (itself and the
+        ``(k − 1)·Σ dilations`` before it)."""
         return 1 + (self.kernel_size - 1) * sum(self.dilations)
 
     def layer(self, h: Tensor, index: int) -> Tensor:
