@@ -956,7 +956,8 @@ print(wrap("input:  " + " ".join(t5_input), 85))
 print(wrap("target: " + " ".join(t5_target), 85))
 n_hidden = sum(length for _, length in spans)
 print(f"{len(words)} words, {len(spans)} spans hide {n_hidden} of them")
-assert n_hidden == round(0.15 * len(words)) and len(t5_target) == n_hidden + len(spans) + 1
+assert n_hidden == round(0.15 * len(words))
+assert len(t5_target) == n_hidden + len(spans) + 1
 refill = {}  # sentinel -> the words that follow it in the target
 for tok in t5_target:
     if tok in sentinels:
@@ -1359,7 +1360,11 @@ ISO_BATCH = 64
 BUDGETS = (  # FLOPs -> the widths tried at that budget
     {1e11: [16, 24, 32, 48, 64], 2e11: [16, 24, 32, 48, 64], 4e11: [24, 32, 48, 64, 96]}
     if FULL
-    else {1e10: [8, 12, 16, 24, 32], 2e10: [12, 16, 24, 32, 48], 4e10: [12, 16, 24, 32, 48]}
+    else {
+        1e10: [8, 12, 16, 24, 32],
+        2e10: [12, 16, 24, 32, 48],
+        4e10: [12, 16, 24, 32, 48],
+    }
 )
 
 
@@ -1388,7 +1393,10 @@ iso = {c: [isoflop_run(d, c) for d in widths] for c, widths in BUDGETS.items()}
 
 # %% tags=["hide-input"]
 budgets = sorted(iso)
-profiles = {c: ([n for n, _ in iso[c]], [w.mean().item() for _, w in iso[c]]) for c in budgets}
+profiles = {
+    c: ([n for n, _ in iso[c]], [w.mean().item() for _, w in iso[c]])
+    for c in budgets
+}
 fits = {c: fit_isoflop(*profiles[c]) for c in budgets}
 n_opt = [fits[c].n_opt for c in budgets]
 print(f"{'C (FLOPs)':>9} {'N tried':>14} {'N_opt':>7} {'least loss':>10} {'D/N at opt':>10}")

@@ -620,10 +620,8 @@ print(
     f"{models['rope'].num_params():,} parameters each (RoPE); "
     f"{STEPS} steps of {BATCH} × {TRAIN_LEN} characters"
 )
-print(
-    "final training loss:",
-    {s: round(float(np.mean(h.loss[-30:])), 2) for s, h in histories.items()},
-)
+final_loss = {s: round(float(np.mean(h.loss[-30:])), 2) for s, h in histories.items()}
+print(textwrap.fill(f"final training loss: {final_loss}", 85))
 
 # %% [markdown]
 # The learned model cannot even be asked about position 64:

@@ -442,7 +442,8 @@ Code(inspect.getsource(GatedFeedForward), language="python")
 
 # %%
 Code(inspect.getsource(relu_squared), language="python")
-#
+
+# %% [markdown]
 # ## The 8/3 accounting
 #
 # A third matrix costs parameters, unless the hidden layer shrinks. An MLP with hidden width
@@ -860,7 +861,9 @@ lo_hi = lambda r, f: f"{min(r):{f}}× to {max(r):{f}}×"  # noqa: E731
 print(f"GELU MLP error ÷ squared-ReLU MLP error: {lo_hi(sq_gelu, '.0f')}")
 print(f"squared-ReLU MLP error ÷ SwiGLU error: {lo_hi(sq_glu, '.1f')}")
 assert all(r > 3 for r in sq_gelu) and all(r > 1 for r in sq_glu)
-glue("ch07-task-relu2-gelu", f"{min(sq_gelu):.0f} to {max(sq_gelu):.0f}", display=False)
+glue(
+    "ch07-task-relu2-gelu", f"{min(sq_gelu):.0f} to {max(sq_gelu):.0f}", display=False
+)
 glue("ch07-task-relu2-glu", f"{min(sq_glu):.1f} to {max(sq_glu):.1f}", display=False)
 
 # %% tags=["hide-input"]

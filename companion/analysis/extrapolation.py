@@ -135,11 +135,11 @@ def per_position_loss(
     """Mean next-token loss at each position of ``n_windows`` windows of ``seq_len``:
     ``(T,)``.
 
-    Position t predicts token t + 1 from the t + 1 tokens before it. The windows depend
-    only on ``seed`` and ``window_len`` (default ``seq_len``): windows of ``window_len``
-    tokens are drawn and their first ``seq_len`` read, so that calls with different
-    ``seq_len`` and the same ``window_len`` score the same text. A model that cannot
-    read ``seq_len`` tokens raises its own error.
+    Position t predicts token t + 1 from the t + 1 tokens before it. The windows
+    depend only on ``seed`` and ``window_len`` (default ``seq_len``): windows of
+    ``window_len`` tokens are drawn and their first ``seq_len`` read, so that calls
+    with different ``seq_len`` and the same ``window_len`` score the same text. A
+    model that cannot read ``seq_len`` tokens raises its own error.
     """
     window_len = _check_windows(seq_len, n_windows, batch_size, window_len)
     was_training = model.training
