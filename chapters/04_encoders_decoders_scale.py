@@ -1395,7 +1395,10 @@ profiles = {
 }
 fits = {c: fit_isoflop(*profiles[c]) for c in budgets}
 n_opt = [fits[c].n_opt for c in budgets]
-print(f"{'C (FLOPs)':>9} {'N tried':>14} {'N_opt':>7} {'least loss':>10} {'D/N at opt':>10}")
+print(
+    f"{'C (FLOPs)':>9} {'N tried':>14} {'N_opt':>7} {'least loss':>10} "
+    f"{'D/N at opt':>10}"
+)
 for c, n in zip(budgets, n_opt, strict=True):
     ns = profiles[c][0]
     print(
@@ -1423,7 +1426,8 @@ if lo < 0.5 and hi > 0.73:
 else:
     verdict = (
         f"The interval runs from {lo:.2f} to {hi:.2f}; with three budgets of one seed "
-        "each and no tuning per size, that is not evidence for either published exponent."
+        "each and no tuning per size, that is not evidence for either published "
+        "exponent."
     )
 print(wrap(verdict, 85))
 glue("ch04-iso-verdict", verdict, display=False)
