@@ -1364,8 +1364,8 @@ BUDGETS = (  # FLOPs -> the widths tried at that budget
 )
 
 
-def isoflop_run(d: int, compute: float) -> tuple[int, torch.Tensor]:
-    """Train trunk(d) on D = C/6N tokens, its cosine ending with the run: (N, losses)."""
+def isoflop_run(d: int, compute: float) -> tuple[int, float]:
+    """Train trunk(d) on D = C/6N tokens, its cosine ending with the run: (N, loss)."""
     seed_everything(0)
     model = DecoderLM(trunk(d)).to(DEVICE)
     n = model.num_params()  # every parameter, as Chinchilla counted
@@ -1378,21 +1378,14 @@ def isoflop_run(d: int, compute: float) -> tuple[int, torch.Tensor]:
         make_adamw(model, lr=LR),
         lr_at=lambda s: cosine_lr(s, LR, warmup=steps // 10, total=steps, min_lr=LR / 10),
     )
-    with torch.no_grad():  # the held-out loss of each validation window
-        return n, torch.cat([
-            F.cross_entropy(model(x).float().transpose(1, 2), y, reduction="none").mean(1)
-            for x, y in val_batches
-        ]).cpu()
+    return n, evaluate(model, val_batches)  # the sweep's held-out loss
 
 
 iso = {c: [isoflop_run(d, c) for d in widths] for c, widths in BUDGETS.items()}
 
 # %% tags=["hide-input"]
 budgets = sorted(iso)
-profiles = {
-    c: ([n for n, _ in iso[c]], [w.mean().item() for _, w in iso[c]])
-    for c in budgets
-}
+profiles = {c: ([n for n, _ in iso[c]], [loss for _, loss in iso[c]]) for c in budgets}
 fits = {c: fit_isoflop(*profiles[c]) for c in budgets}
 n_opt = [fits[c].n_opt for c in budgets]
 print(
