@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -35,13 +36,21 @@ class DecodeCache(nn.Module):
     """The per-layer caches of one generation and how many positions they hold.
 
     The layer caches are position-indexed and keep no count; ``length`` is the next
-    position, advanced by :meth:`DecoderLM.forward` and by the decode loop.
+    position, advanced by :meth:`DecoderLM.forward` and by the decode loop. ``convert``
+    is what turned each layer's plain cache into the one held (a quantised cache,
+    chapter 16), ``None`` for the plain caches.
     """
 
-    def __init__(self, layers: list[nn.Module], max_len: int) -> None:
+    def __init__(
+        self,
+        layers: list[nn.Module],
+        max_len: int,
+        convert: Callable[[nn.Module], nn.Module] | None = None,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.max_len, self.length = max_len, 0
+        self.convert = convert
 
     def positions(self, t: int, device: torch.device | str | None = None) -> Tensor:
         """The positions ``(T,)`` of the next ``t`` tokens; a ValueError if they do not
@@ -130,7 +139,8 @@ class DecoderLM(nn.Module):
     def check_cache(self, cache: object, batch: int) -> None:
         """Raise an error naming ``cache`` unless it is a cache this model could have
         made for ``batch`` sequences: per layer the same kind, buffer shapes and dtypes
-        as :meth:`new_cache` makes (compared on the meta device, so nothing is
+        as :meth:`new_cache` makes with the cache's ``convert`` (compared on the meta
+        device, so nothing is
         allocated), on the weights' device. Run before any layer writes, so a step that
         fails leaves every layer's cache as it was."""
         if not isinstance(cache, DecodeCache):
@@ -149,6 +159,8 @@ class DecoderLM(nn.Module):
             want = block.attn.new_cache(
                 batch, cache.max_len, dtype=ref.dtype, device="meta"
             )
+            if cache.convert is not None:
+                want = cache.convert(want)
             (have_kind, have), (need_kind, need) = _layout(got), _layout(want)
             if have_kind != need_kind or have != need:
                 raise ValueError(
@@ -194,14 +206,17 @@ class DecoderLM(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        convert: Callable[[nn.Module], nn.Module] | None = None,
     ) -> DecodeCache:
         """Empty caches for ``batch`` sequences of up to ``max_len`` positions, one per
-        layer, each made by its token mixer (default: the weights' dtype and device)."""
+        layer, each made by its token mixer (default: the weights' dtype and device)
+        and passed through ``convert`` if given (e.g. into a quantised cache)."""
         ref = self.tok_emb.weight
         kw = {"dtype": dtype or ref.dtype, "device": device or ref.device}
-        return DecodeCache(
-            [b.attn.new_cache(batch, max_len, **kw) for b in self.blocks], max_len
-        )
+        layers = [b.attn.new_cache(batch, max_len, **kw) for b in self.blocks]
+        if convert is not None:
+            layers = [convert(c) for c in layers]
+        return DecodeCache(layers, max_len, convert)
 
     def forward(
         self,
