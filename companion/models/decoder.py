@@ -36,10 +36,8 @@ class DecodeCache(nn.Module):
     """The per-layer caches of one generation and how many positions they hold.
 
     The layer caches are position-indexed and keep no count; ``length`` is the next
-    position, advanced by :meth:`DecoderLM.forward` and by the decode loop. ``convert``
-    is what turned each layer's plain cache into the one held (a quantised cache,
-    chapter 16), ``None`` for the plain caches.
-    """
+    position, advanced by :meth:`DecoderLM.forward` and by the decode loop; ``convert``
+    turned each layer's plain cache into the one held (``None``: plain caches)."""
 
     def __init__(
         self,
@@ -209,13 +207,12 @@ class DecoderLM(nn.Module):
         convert: Callable[[nn.Module], nn.Module] | None = None,
     ) -> DecodeCache:
         """Empty caches for ``batch`` sequences of up to ``max_len`` positions, one per
-        layer, each made by its token mixer (default: the weights' dtype and device)
-        and passed through ``convert`` if given (e.g. into a quantised cache)."""
+        layer, made by its token mixer (default: the weights' dtype and device), then
+        passed through ``convert`` if given (a quantised cache)."""
         ref = self.tok_emb.weight
         kw = {"dtype": dtype or ref.dtype, "device": device or ref.device}
         layers = [b.attn.new_cache(batch, max_len, **kw) for b in self.blocks]
-        if convert is not None:
-            layers = [convert(c) for c in layers]
+        layers = layers if convert is None else [convert(c) for c in layers]
         return DecodeCache(layers, max_len, convert)
 
     def forward(
