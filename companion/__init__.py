@@ -130,8 +130,18 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "attention_mask", "IndexKeyCache", "KVCache", "LatentCache", "position_mask",
         "query_positions", "SlidingWindowCache", "SparseLatentCache",
     ),
+    "layers.page_pool": ("CacheFootprint", "cache_footprint", "PagePool", "pages_needed"),
+    "layers.paged_cache": (
+        "fork_cache", "paged", "PagedKVCache", "PagedLatentCache", "PageTable",
+        "release_cache",
+    ),
     "layers.lightning_indexer": (
         "check_indexer", "DSAIndexer", "key_mask", "LightningIndexer", "SharedIndexer",
+    ),
+    "layers.kv_quant": (
+        "dequantize_rows", "FORMATS", "quantize_cache", "quantize_rows",
+        "QuantizedKVCache", "QuantizedLatentCache", "QuantizedSlidingWindowCache",
+        "SCALE_BYTES", "stored_bytes",
     ),
     "layers.v4_cache": ("CompressedAttentionCache", "CompressorState"),
     "layers.v4_compressor": ("Compressor", "rope_tail"),
