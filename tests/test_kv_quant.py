@@ -254,3 +254,44 @@ def test_a_failed_update_leaves_the_cache_as_it_was():
 def _bits(b: torch.Tensor) -> torch.Tensor:
     """One-byte codes as uint8 (float8 has no equality on the CPU)."""
     return b.view(torch.uint8) if b.element_size() == 1 else b
+
+
+def test_cached_nll_reads_the_cache_as_a_token_by_token_decode():
+    from companion.bench.kvquant import cached_nll
+
+    torch.manual_seed(0)
+    model = DecoderLM(CONFIGS["gqa"]).eval()
+    ids = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        full = model(ids)[:, 3:-1]
+        want = torch.nn.functional.cross_entropy(
+            full.transpose(1, 2), ids[:, 4:], reduction="none"
+        )
+        torch.testing.assert_close(cached_nll(model, ids, 4), want)
+        # quantised: the one-pass score equals scoring one token at a time
+        convert = quantize_cache("fp8")
+        step = _decode(model, ids[:, :-1], model.new_cache(2, 11, convert=convert), 4)
+        want = torch.nn.functional.cross_entropy(
+            step[:, 3:].transpose(1, 2), ids[:, 4:], reduction="none"
+        )
+        torch.testing.assert_close(cached_nll(model, ids, 4, convert), want)
+    with pytest.raises(ValueError, match="prompt must be in"):
+        cached_nll(model, ids, 11)
+
+
+def test_kvquant_bench_on_a_tiny_model():
+    from companion.bench.kvquant import bench_kvquant, format_kvquant
+
+    torch.manual_seed(0)
+    model = DecoderLM(CONFIGS["gqa"]).eval()
+    rows = bench_kvquant(model, torch.randint(0, 50, (1, 5)), 6, repeats=1)
+    assert list(rows) == ["fp32", "int8", "fp8"]
+    assert rows["fp32"]["ratio"] == 1 and rows["fp32"]["agreeing"] == 6
+    assert all(r["tps"] > 0 and 0 <= r["agreeing"] <= 6 for r in rows.values())
+    # one byte per number plus 4 per row of D = 8: 12 bytes where fp32 keeps 32
+    for fmt in FORMATS:
+        assert rows[fmt]["cache_mb"] * 32 == pytest.approx(
+            rows["fp32"]["cache_mb"] * 12
+        )
+    table = format_kvquant(rows, 6)
+    assert "greedy = fp32" in table and "6 of 6" in table
