@@ -51,6 +51,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "decode_attention_bytes", "decode_attention_flops", "max_context_tokens",
         "projected_tokens", "ridge_point",
     ),
+    "analysis.expert_traffic": (
+        "all_to_all_bytes", "moe_layers", "rank_load", "traffic_matrix",
+    ),
     "analysis.diagrams": (
         "block_diagram", "block_parts", "changed_parts", "COLORS", "end_parts",
         "layer_groups", "model_diagram", "Part",
@@ -148,6 +151,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.v4_indexer": ("index_scores", "Indexer", "top_k_mask"),
     "layers.mha": ("GATE_LAYOUTS", "MultiHeadAttention", "QK_NORMS"),
     "layers.alibi": ("ALIBI_IMPLS", "alibi_bias", "alibi_slopes", "biased_attention"),
+    "layers.expert_parallel": (
+        "AllToAll", "all_to_all", "exchange_counts", "ExpertParallelMoE", "Traffic",
+    ),
     "layers.gated_mla": ("HeadGatedLatentAttention",),
     "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
     "layers.moe": (
@@ -198,6 +204,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "sample",
     ),
     "models.mtp": ("mtp_losses", "MTPModule", "trunk_forward"),
+    "models.speculative": (
+        "accept_or_resample", "check_rollback", "Drafter", "expected_tokens_per_step",
+        "MTPDrafter", "PromptLookupDrafter", "speculative_generate", "SpeculativeResult",
+        "target_probs",
+    ),
     "models.presets": (
         "SOURCES", "Source",
         "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base", "spec_row", "tiny",
