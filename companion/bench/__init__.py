@@ -27,6 +27,8 @@ BENCHMARKS = (
     "kda",
     "mla",
     "sparse",
+    "kvquant",
+    "expert_parallel",
 )
 
 
