@@ -32,6 +32,7 @@ from .common import positive_int
 __all__ = [
     "add_parser",
     "bench_kvquant",
+    "cached_logits",
     "cached_nll",
     "format_kvquant",
     "greedy_tokens",
@@ -54,21 +55,28 @@ def greedy_tokens(
     return torch.cat([first, *rest], dim=1), cache
 
 
-def cached_nll(
+def cached_logits(
     model: nn.Module, ids: Tensor, prompt: int, convert: Convert = None
 ) -> Tensor:
-    """Negative log-likelihood ``(B, T - prompt)`` of ``ids[:, prompt:]`` given
-    everything before, read through a cache made with ``convert``: the first
-    ``prompt`` tokens as a prefill, the rest in one pass. A quantised cache returns
-    the new rows as it stored them, so the pass reads every key as a token-by-token
-    decode would."""
+    """Logits ``(B, T - prompt, V)`` predicting ``ids[:, prompt:]`` from everything
+    before, read through a cache made with ``convert``: the first ``prompt`` tokens as
+    a prefill, the rest in one pass. A quantised cache returns the new rows as it
+    stored them, so the pass reads every key as a token-by-token decode would."""
     b, t = ids.shape
     if not 1 <= prompt <= t - 2:
         raise ValueError(f"prompt must be in [1, {t - 2}] for {t} tokens, got {prompt}")
     cache = model.new_cache(b, t - 1, convert=convert)
     with torch.no_grad():
         head = model(ids[:, :prompt], cache=cache, last_only=True)
-        logits = torch.cat([head, model(ids[:, prompt:-1], cache=cache)], dim=1)
+        return torch.cat([head, model(ids[:, prompt:-1], cache=cache)], dim=1)
+
+
+def cached_nll(
+    model: nn.Module, ids: Tensor, prompt: int, convert: Convert = None
+) -> Tensor:
+    """Negative log-likelihood ``(B, T - prompt)`` of ``ids[:, prompt:]`` from
+    :func:`cached_logits` (teacher-forced through the cache)."""
+    logits = cached_logits(model, ids, prompt, convert)
     target = ids[:, prompt:]
     return F.cross_entropy(logits.transpose(1, 2).float(), target, reduction="none")
 
