@@ -104,8 +104,16 @@ from matplotlib.patches import Rectangle
 
 from companion import COLORS
 from companion.analysis.calculator import count_params, flops_per_token
+from companion.analysis.expert_traffic import (
+    all_to_all_bytes,
+    moe_layers,
+    rank_load,
+    traffic_matrix,
+)
 from companion.analysis.seeds import difference, spread
+from companion.bench.expert_parallel import format_rows, spawn_compare
 from companion.device import default_device, describe
+from companion.layers.expert_parallel import AllToAll, ExpertParallelMoE
 from companion.layers.moe import MoEFeedForward
 from companion.layers.router import (
     TopKRouter,
@@ -199,10 +207,7 @@ assert (
 assert counts["DeepSeek-V3"].total == 671_026_419_200
 assert counts["DeepSeek-V3"].active == 37_552_297_472
 shares = {name: c.active / c.total for name, c in counts.items()}
-assert (
-    0.27 < shares["Mixtral 8×7B"] < 0.28
-    and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
-)
+assert 0.27 < shares["Mixtral 8×7B"] < 0.28 and 0.09 < shares["Qwen3-235B-A22B"] < 0.10
 assert 0.05 < shares["DeepSeek-V3"] < 0.06
 assert all(c.breakdown["experts"] / c.total > 0.95 for c in counts.values())
 glue("ch10-share-v3", f"{shares['DeepSeek-V3']:.1%}", display=False)
@@ -226,18 +231,26 @@ glue("ch10-qnext-total", f"{qnext.total / 1e9:.1f}B", display=False)
 glue("ch10-qnext-active", f"{qnext.active / 1e9:.2f}B", display=False)
 glue("ch10-qnext-share", f"{qnext.active / qnext.total:.1%}", display=False)
 # the 2026 rows of the opening table, from the presets
-Y2026 = {"kimi-k25": "kimi-k2.5", "trinity": "trinity-large", "glm5": "glm-5",
-         "qwen35": "qwen3.5-397b-a17b", "v4-flash": "deepseek-v4-flash",
-         "v4-pro": "deepseek-v4-pro"}
+Y2026 = {
+    "kimi-k25": "kimi-k2.5",
+    "trinity": "trinity-large",
+    "glm5": "glm-5",
+    "qwen35": "qwen3.5-397b-a17b",
+    "v4-flash": "deepseek-v4-flash",
+    "v4-pro": "deepseek-v4-pro",
+}
 share_2026 = {}
 for key, name in Y2026.items():
     c, moe = count_params(preset(name)), preset(name).moe
     share_2026[key] = c.active / c.total
-    for col, value in (("total", f"{c.total / 1e9:,.0f}B"),
-                       ("active", f"{c.active / 1e9:.1f}B"),
-                       ("share", f"{c.active / c.total:.1%}"),
-                       ("e", f"{moe.n_experts}"), ("k", f"{moe.experts_per_token}"),
-                       ("shared", f"{int(moe.shared_d_ff > 0)}")):
+    for col, value in (
+        ("total", f"{c.total / 1e9:,.0f}B"),
+        ("active", f"{c.active / 1e9:.1f}B"),
+        ("share", f"{c.active / c.total:.1%}"),
+        ("e", f"{moe.n_experts}"),
+        ("k", f"{moe.experts_per_token}"),
+        ("shared", f"{int(moe.shared_d_ff > 0)}"),
+    ):
         glue(f"ch10-{key}-{col}", value, display=False)
 assert all(preset(n).moe.shared_d_ff > 0 for n in Y2026.values())
 assert max(share_2026.values()) < shares["Qwen3-235B-A22B"]  # sparser than Qwen3
@@ -417,10 +430,7 @@ for label, e, k, _ in LAYOUTS:
     assert abs(log_count - math.log(combos[label])) < 1e-9
 # at the same active width, finer experts give more sets, each step by > 10^10
 same_active = [combos[label] for label, *_ in LAYOUTS[:3]]
-assert (
-    same_active[1] > 1e10 * same_active[0]
-    and same_active[2] > 1e10 * same_active[1]
-)
+assert same_active[1] > 1e10 * same_active[0] and same_active[2] > 1e10 * same_active[1]
 assert all(e * w == 256 for _, e, _, w in LAYOUTS)  # every layout: the same total
 assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -540,6 +550,7 @@ def moe_config(selection_bias: bool) -> ModelConfig:
 
 # scores (n, T, E), chosen experts (n, T, K)
 Probe = tuple[torch.Tensor, torch.Tensor]
+trained = {}  # (mode, seed) -> the trained model (expert parallelism, below)
 
 
 def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
@@ -550,9 +561,7 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
     moe = model.blocks[0].ffn
     loads, lm, probed = [], [], []
 
-    def loss_fn(
-        m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # the probe, before this step
         if len(loads) % PROBE_EVERY == PROBE_EVERY - 1:
             with torch.no_grad():
@@ -584,6 +593,7 @@ def run(mode: str, seed: int) -> tuple[torch.Tensor, list[float], Probe]:
         loss_fn=loss_fn,
     )
     scores, chosen = (torch.stack(t) for t in zip(*probed, strict=True))
+    trained[mode, seed] = model
     return torch.stack(loads).double(), lm, (scores, chosen)
 
 
@@ -610,9 +620,7 @@ print(
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{final[m, seed]:>16.2f}" for m in MODES))
 print(
-    f"{'seed':>4} "
-    + "".join(f"{m:>16}" for m in MODES)
-    + "   (LM loss, last 50 steps)"
+    f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)"
 )
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
@@ -692,10 +700,7 @@ print("  " + ", ".join(f"{mode} {v:.2f}" for mode, v in top_share.items()))
 assert all(top_share["no balancing"] > top_share[m] + 0.1 for m in MODES[1:])
 # the idlest expert of the unbalanced run
 starved = shares["no balancing"][LAST].min()
-print(
-    f"smallest expert share without balancing: {starved:.3f}"
-    f" (uniform: {1 / E:.3f})"
-)
+print(f"smallest expert share without balancing: {starved:.3f} (uniform: {1 / E:.3f})")
 glue("ch10-starved", f"{starved:.3f}", display=False)
 for key, row in (("first", 0), ("last", LAST)):  # the figure's first and last frame
     busiest = shares["no balancing"][row].max() * E
@@ -703,9 +708,7 @@ for key, row in (("first", 0), ("last", LAST)):  # the figure's first and last f
 glue("ch10-uniform", f"{1 / E:.3f}", display=False)
 # step 1: the same weights and batch, so the same load in every mode
 for seed in SEEDS:
-    assert all(
-        torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES
-    )
+    assert all(torch.equal(loads[m, seed][0], loads[MODES[0], seed][0]) for m in MODES)
 # the outlined experts are the k most probable ones, except where the selection bias
 # chooses: there at least one character of the line goes elsewhere at the last probe
 is_top = {
@@ -862,9 +865,7 @@ def memorise(cfg: ModelConfig, alpha: float, seed: int, lr: float) -> DecoderLM:
     model = DecoderLM(cfg).to(DEVICE)
     ffn = model.blocks[0].ffn
 
-    def loss_fn(
-        m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = scored_loss(m, x, y)
         if alpha:
             r = ffn.last_routing
@@ -913,9 +914,7 @@ print(
     f"{MEM_FACTS} facts, {MEM_STEPS} steps of {MEM_BATCH}, seeds {list(MEM_SEEDS)}; "
     f"chance {1 / MEM_VALUES:.3f}"
 )
-print(
-    f"{'variant':<20} {'total':>6} {'active':>6} {'lr':>6} {'accuracy':>12}  seeds"
-)
+print(f"{'variant':<20} {'total':>6} {'active':>6} {'lr':>6} {'accuracy':>12}  seeds")
 for name, acc in mem_acc.items():
     c = mem_counts[name]
     print(
@@ -965,9 +964,7 @@ glue("ch10-mem-gained", f"{gained:.0%}", display=False)
 KEYS = ("aux-active", "free-active", "aux-free", "total-aux")
 for key, d in zip(KEYS, PAIRS.values(), strict=True):
     glue(f"ch10-mem-d-{key}", d.format(2), display=False)
-glue(
-    "ch10-mem-presentations", f"{MEM_STEPS * MEM_BATCH // MEM_FACTS}", display=False
-)
+glue("ch10-mem-presentations", f"{MEM_STEPS * MEM_BATCH // MEM_FACTS}", display=False)
 glue("ch10-mem-steps", f"{MEM_STEPS}", display=False)
 glue("ch10-mem-facts", f"{MEM_FACTS:,}", display=False)
 glue("ch10-mem-lr", f"{MEM_LR:g}", display=False)
@@ -991,8 +988,7 @@ ax.axhline(1 / MEM_VALUES, color="black", lw=1, ls=":", label="chance 1/64")
 ax.set_xticks(
     range(len(mem_acc)),
     [
-        f"{name}\ntotal {mem_counts[name].total:,}"
-        f"\nactive {mem_counts[name].active:,}"
+        f"{name}\ntotal {mem_counts[name].total:,}\nactive {mem_counts[name].active:,}"
         for name in mem_acc
     ],
     fontsize=8,
@@ -1105,20 +1101,239 @@ assert all(row["max_abs_diff"] < 1e-5 for row in bench_rows)
 # synchronisations to dominate and the grouped kernel to pull ahead; this chapter does not
 # measure that, and `python -m companion.bench moe --device cuda` is the measurement to
 # run.
+
+# %% [markdown]
+# ## Experts on many devices: expert parallelism
 #
-# In a real deployment the experts do not fit on one device. They are sharded across
-# devices (**expert parallelism**), and the gather and scatter become two all-to-all
-# exchanges per MoE layer, one to send each token to the devices that hold its experts and
-# one to bring the results back: 58 MoE layers in DeepSeek-V3, each twice. Then the
-# interconnect, not the FLOPs, often sets the speed, and an unbalanced router makes it
-# worse, since the busiest device makes all the others wait. DeepSeek-V3 bounds that
-# traffic already in training: its **node-limited routing** sends each token to experts on
-# at most 4 nodes, chosen by the sum of the best expert scores on each node
-# {cite}`deepseekai2024deepseekv3`. Its released config writes the same constraint as
-# group-limited routing, 8 groups of 32 experts of which each token may search 4
-# (`router_groups=8, router_topk_groups=4` in its preset's `moe`, `TopKRouter`'s `n_groups` and
-# `topk_groups`); with the experts of one node in one group, fewer groups per token means
-# fewer nodes to send it to.
+# In a real deployment the experts do not fit on one device. GShard sharded them across
+# devices, each holding a few experts, and moved the tokens with an all-to-all exchange
+# {cite}`lepikhin2020gshard`; the Switch Transformer trained this way
+# {cite}`fedus2022switch`, and DeepSpeed-MoE built an inference system on it
+# {cite}`rajbhandari2022deepspeedmoe`. This is **expert parallelism**: with $P$ ranks
+# and contiguous placement, rank $r$ holds experts $rE/P$ to $(r+1)E/P - 1$, while the
+# router and the shared expert are copied on every rank. Each rank routes its own tokens,
+# and the gather and scatter of the previous section become two all-to-all exchanges per
+# MoE layer: the **dispatch** sends each (token, expert) copy to the rank that holds the
+# expert, the **combine** sends each expert's output back, where the routing weights add
+# them up. The counts go first, so that every rank knows how many rows will arrive from
+# each other rank. In training the backward pass runs the same exchanges in reverse, each
+# gradient row returning to the rank its value came from, which is all the backward of
+# an all-to-all is. `ExpertParallelMoE` is this layer, built from a single-process
+# `MoEFeedForward` so that the two can be compared:
+
+# %%
+Code(
+    inspect.getsource(AllToAll)
+    + "\n\n"
+    + textwrap.dedent(inspect.getsource(ExpertParallelMoE.dispatch_combine)),
+    language="python",
+)
+
+# %% [markdown]
+# The test suite starts 2 and 4 CPU processes talking over gloo, PyTorch's CPU
+# backend, and checks this layer against `MoEFeedForward` on the same tokens, forward
+# and backward: equal outputs and input gradients, each expert's gradient on the rank
+# that holds it, and the replicated router's gradients equal per rank to the full layer's
+# on that rank's tokens, summing to the full layer's after an all-reduce. Here we split
+# the trained layer of the unbalanced run (seed 0) over 4 processes, two experts each,
+# on the hidden states of {glue:text}`ch10-ep-tokens` held-out characters, a quarter on
+# each rank, and count the bytes each rank puts on the wire in fp32 (its copies going
+# out and the outputs it returns) against the count from the routing:
+
+# %% tags=["hide-input"]
+# the trained layer's input on held-out text: hook the MoE, run the model
+_, held_ids = split_tokens(ids, 0.1)
+held = sample_windows(held_ids, 8, SEQ, torch.Generator().manual_seed(7), DEVICE)[0]
+ep_model = trained["no balancing", 0]
+ep_moe = ep_model.blocks[0].ffn
+seen = []
+hook = ep_moe.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+with torch.no_grad():
+    ep_model(held)
+hook.remove()
+hidden = seen[0].reshape(-1, ep_moe.router.weight.shape[1])  # (tokens, d)
+ep_rows = spawn_compare(ep_moe, hidden, ranks=4)
+print(format_rows(ep_rows))
+# equal to one process; the bytes counted in the layer equal those from the routing
+assert all(r["max_abs_diff"] < 1e-5 for r in ep_rows)
+assert all(r["sent_bytes"] == r["routing_bytes"] for r in ep_rows)
+glue("ch10-ep-tokens", f"{len(hidden)}", display=False)
+worst = max(r["max_abs_diff"] for r in ep_rows)
+glue("ch10-ep-maxdiff", f"{worst:.1e}", display=False)
+sent = [r["sent_bytes"] for r in ep_rows]
+glue("ch10-ep-sent", f"{min(sent):,} to {max(sent):,}", display=False)
+glue("ch10-ep-uniform", f"{ep_rows[0]['uniform_bytes']:,.0f}", display=False)
+
+# %% [markdown]
+# The largest difference from the single process is {glue:text}`ch10-ep-maxdiff`, and
+# the bytes the layer counted are those the routing implies: {glue:text}`ch10-ep-sent`
+# bytes per rank, against {glue:text}`ch10-ep-uniform` each if the router spread its
+# copies evenly. The same check runs from the command line with
+# `torchrun --nproc-per-node 2 -m companion.bench.expert_parallel` (gloo on a CPU, NCCL
+# with `--device cuda`).
+#
+# **The volume.** Per token and MoE layer, the dispatch sends $k$ copies of the
+# $d$-wide hidden state and the combine brings $k$ back; a copy whose expert sits on the
+# token's own rank stays there, a share $(P-1)/P$ of them leaves when routing is even.
+# In bf16 that is $k \cdot d \cdot (2 + 2) \cdot (P-1)/P$ bytes. With DeepSeek-V3's 32-way
+# expert parallelism for prefill {cite}`deepseekai2024deepseekv3` (for Qwen3-235B-A22B no
+# deployment is published, and the same $P = 32$ is our choice), from their presets:
+#
+# | Model | $d$ | top-$k$ | MoE layers | dispatch / combine | KiB per token per MoE layer | MiB per token, all MoE layers |
+# |---|---|---|---|---|---|---|
+# | DeepSeek-V3 | 7,168 | 8 | {glue:text}`ch10-ep-v3-layers` | bf16 / bf16 | {glue:text}`ch10-ep-v3-bf16-layer` | {glue:text}`ch10-ep-v3-bf16-model` |
+# | DeepSeek-V3 | 7,168 | 8 | {glue:text}`ch10-ep-v3-layers` | fp8 / bf16 | {glue:text}`ch10-ep-v3-fp8-layer` | {glue:text}`ch10-ep-v3-fp8-model` |
+# | Qwen3-235B-A22B | 4,096 | 8 | {glue:text}`ch10-ep-qwen3-layers` | bf16 / bf16 | {glue:text}`ch10-ep-qwen3-bf16-layer` | {glue:text}`ch10-ep-qwen3-bf16-model` |
+#
+# DeepSeek-V3 quantises the activations to FP8 before dispatching them and keeps the
+# combine in BF16 {cite}`deepseekai2024deepseekv3` (the second row; the FP8 scales, one
+# per 128 values, are not counted). A token that passes through the whole model moves
+# megabytes between devices, against its few kilobytes of hidden state, and since each
+# copy is counted once per expert, two experts of one token on the same rank cost two
+# copies here. DeepSeek-V3 bounds the traffic already in training: its **node-limited
+# routing** sends each token to experts on at most 4 nodes, chosen by the sum of the best
+# expert scores on each node, and sends a token to each of those nodes once, forwarding
+# it to the GPUs inside the node {cite}`deepseekai2024deepseekv3`. Its released config
+# writes the same constraint as group-limited routing, 8 groups of 32 experts of which
+# each token may search 4 (`router_groups=8, router_topk_groups=4` in its preset's
+# `moe`, `TopKRouter`'s `n_groups` and `topk_groups`).
+
+# %% tags=["hide-input"]
+EP_RANKS = 32
+ep_cases = {  # glue key: preset, dispatch and combine bytes per value
+    "v3-bf16": ("deepseek-v3", 2, 2),
+    "v3-fp8": ("deepseek-v3", 1, 2),
+    "qwen3-bf16": ("qwen3-235b-a22b", 2, 2),
+}
+for key, (name, disp, comb) in ep_cases.items():
+    cfg = preset(name)
+    per_layer = all_to_all_bytes(
+        cfg,
+        EP_RANKS,
+        dispatch_bytes=disp,
+        combine_bytes=comb,
+    )
+    off_rank = (EP_RANKS - 1) / EP_RANKS  # the share of copies that leave the rank
+    by_hand = cfg.moe.experts_per_token * cfg.d_model * (disp + comb) * off_rank
+    assert per_layer == by_hand
+    glue(f"ch10-ep-{key}-layer", f"{per_layer / 2**10:,.0f}", display=False)
+    model_mib = per_layer * moe_layers(cfg) / 2**20
+    glue(f"ch10-ep-{key}-model", f"{model_mib:,.1f}", display=False)
+for name, key in (("deepseek-v3", "v3"), ("qwen3-235b-a22b", "qwen3")):
+    glue(f"ch10-ep-{key}-layers", f"{moe_layers(preset(name))}", display=False)
+
+# %% [markdown]
+# **The busiest rank.** Both exchanges and the expert matmuls end when the busiest rank
+# is done, so the cost of uneven routing is that rank's load over the mean. The loads
+# recorded while training the three routers above give it directly: summing each
+# expert's load over the experts of one rank, for $P$ = 2, 4 and 8 ranks (at $P = 8$
+# each rank holds one expert, and this is the imbalance measured above), averaged over
+# the last 50 steps:
+
+# %% tags=["hide-input"]
+P_LIST = (2, 4, 8)
+# (mode, seed, P) -> the busiest rank's load over the mean, last 50 steps
+busiest = {
+    (m, seed, p): imbalance(rank_load(loads[m, seed][-TAIL:], p)).mean().item()
+    for m in MODES
+    for seed in SEEDS
+    for p in P_LIST
+}
+print(f"{'P':>2} " + "".join(f"{m:>22}" for m in MODES))
+for p in P_LIST:
+    cells = [spread([busiest[m, s, p] for s in SEEDS]).format(2) for m in MODES]
+    print(f"{p:>2} " + "".join(f"{c:>22}" for c in cells))
+d_rank = {  # paired over the seeds: each remedy − no balancing
+    (m, p): difference(
+        [busiest[m, s, p] for s in SEEDS], [busiest[MODES[0], s, p] for s in SEEDS]
+    )
+    for m in MODES[1:]
+    for p in P_LIST
+}
+for (m, p), d in d_rank.items():
+    print(f"P={p} {m} − no balancing: {d.format(2)}")
+    glue(f"ch10-ep-d-{m.split()[0]}-{p}", d.format(2), display=False)
+for p in P_LIST:
+    values = [busiest[MODES[0], s, p] for s in SEEDS]
+    low_high = f"{min(values):.2f} to {max(values):.2f}"
+    glue(f"ch10-ep-none-{p}", low_high, display=False)
+# the verdicts the text states: beyond the interval at P = 8 only
+for m in MODES[1:]:
+    assert d_rank[m, 8].verdict == -1
+    assert d_rank[m, 2].verdict == 0 and d_rank[m, 4].verdict == 0
+# fewer, larger ranks can only average the unevenness away (nested placements)
+for m, seed in itertools.product(MODES, SEEDS):
+    assert busiest[m, seed, 2] <= busiest[m, seed, 4] <= busiest[m, seed, 8]
+# at P = 8 a rank is an expert: the imbalance of the training section
+assert all(abs(busiest[m, s, 8] - final[m, s]) < 1e-9 for m in MODES for s in SEEDS)
+
+# %% [markdown]
+# Without balancing, the busiest of 2 ranks carries {glue:text}`ch10-ep-none-2` times
+# the mean load, depending on the seed, the busiest of 4 {glue:text}`ch10-ep-none-4`,
+# of 8 {glue:text}`ch10-ep-none-8`: the more ranks, the fewer experts each one averages
+# over, and the more one popular expert shows. Paired against the unbalanced run, the
+# auxiliary loss changes it by {glue:text}`ch10-ep-d-auxiliary-2`,
+# {glue:text}`ch10-ep-d-auxiliary-4` and {glue:text}`ch10-ep-d-auxiliary-8` at $P$ = 2,
+# 4 and 8, the selection bias by {glue:text}`ch10-ep-d-selection-2`,
+# {glue:text}`ch10-ep-d-selection-4` and {glue:text}`ch10-ep-d-selection-8`. Only at
+# $P = 8$, one expert per rank, do the intervals exclude zero; at 2 and 4 ranks our three
+# seeds cannot tell the balanced routers from the unbalanced one, since a rank holding
+# several experts already averages much of the unevenness away.
+# {numref}`fig-ep-traffic` shows where the copies go, with 4 ranks each holding 2
+# experts and a quarter of a held-out batch.
+
+# %% tags=["remove-output", "hide-input"]
+# P = 4 ranks, data-parallel: rank r holds sequences 8r .. 8r + 7 of a held-out batch
+FIG_RANKS, FIG_BATCH = 4, 32
+fig_gen = torch.Generator().manual_seed(8)
+fig_x = sample_windows(held_ids, FIG_BATCH, SEQ, fig_gen, DEVICE)[0]
+source = torch.arange(FIG_BATCH * SEQ) // (FIG_BATCH * SEQ // FIG_RANKS)
+row_bytes = moe_config(False).d_model * 4  # one fp32 copy of a hidden state
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8), sharey=True)
+shown = ("no balancing", "selection bias")
+heaviest = {}  # mode -> the largest column: the busiest rank's KiB received
+for ax, mode in zip(axes, shown, strict=True):
+    model = trained[mode, SHOW_SEED]
+    with torch.no_grad():
+        model(fig_x)
+    chosen = model.blocks[0].ffn.last_routing.indices.cpu()  # (B·T, K)
+    kib = traffic_matrix(chosen, source, E, FIG_RANKS) * row_bytes / 2**10
+    assert kib.sum() == FIG_BATCH * SEQ * K * row_bytes / 2**10
+    heaviest[mode] = kib.sum(0).max().item()
+    ax.imshow(kib.numpy(), cmap=score_cmap, vmin=0)
+    for i, j in np.ndindex(FIG_RANKS, FIG_RANKS):
+        label = f"{kib[i, j]:.0f}" + ("\n(stays)" if i == j else "")
+        ax.text(j, i, label, ha="center", va="center", fontsize=8)
+    ticks = range(FIG_RANKS)
+    ax.set(xticks=ticks, yticks=ticks, xlabel="to rank (holds the experts)")
+    ax.set_title(f"{mode}: off-rank {(kib.sum() - kib.trace()) / 2**10:.2f} MiB")
+    ax.grid(False)
+axes[0].set_ylabel("from rank (holds the tokens)")
+fig.suptitle(
+    f"Who sends what to whom: dispatch KiB, {FIG_RANKS} ranks, seed {SHOW_SEED}"
+)
+fig.tight_layout()
+glue("fig-ep-traffic", fig)
+glue("ch10-ep-fig-tokens", f"{FIG_BATCH * SEQ // FIG_RANKS}", display=False)
+mean_column = FIG_BATCH * SEQ * K * row_bytes / 2**10 / FIG_RANKS
+for mode in shown:
+    ratio = f"{heaviest[mode] / mean_column:.2f}"
+    glue(f"ch10-ep-fig-{mode.split()[0]}", ratio, display=False)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-ep-traffic
+# :name: fig-ep-traffic
+#
+# KiB of (token, expert) copies the dispatch sends from each rank (rows, a quarter of
+# a held-out batch of {glue:text}`ch10-ep-fig-tokens` characters each) to each rank
+# (columns, two experts each), in fp32, for the trained routers of seed 0 without
+# balancing and with the selection bias. The diagonal stays on its rank; the combine
+# sends the same amounts back, transposed. A column is what one rank's experts must
+# process: on this batch the heaviest column is {glue:text}`ch10-ep-fig-no` times the
+# mean without balancing and {glue:text}`ch10-ep-fig-selection` times with the
+# selection bias (one batch, one seed).
+# ```
 
 # %% [markdown]
 # ## What we learned
