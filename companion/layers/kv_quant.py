@@ -139,10 +139,14 @@ class QuantizedKVCache(_QuantizedRows, KVCache):
         """Quantise ``(B, H_kv, T, D)`` into slots ``input_pos (T,)``; return all keys
         and values, dequantised, and the position each slot holds."""
         self.check_update(input_pos, k_new, v_new)
-        rows = quantize_rows(k_new, self.fmt), quantize_rows(v_new, self.fmt)
-        self._store(input_pos, rows, input_pos.numel())
+        k_codes, k_scale = quantize_rows(k_new, self.fmt)
+        v_codes, v_scale = quantize_rows(v_new, self.fmt)
+        _put(self.k_q, 2, input_pos, k_codes)
+        _put(self.v_q, 2, input_pos, v_codes)
+        self.k_scale.index_copy_(2, input_pos, k_scale)
+        self.v_scale.index_copy_(2, input_pos, v_scale)
         self.pos.index_copy_(0, input_pos, input_pos)
-        return self.k, self.v, self.pos
+        return self.k, self.v, self.pos  # k, v: dequantize_rows of codes and scales
 
 
 class QuantizedSlidingWindowCache(_QuantizedRows, SlidingWindowCache):
