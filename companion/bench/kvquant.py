@@ -91,7 +91,7 @@ def leading_agreement(a: Tensor, b: Tensor) -> list[int]:
 def bench_kvquant(
     model: nn.Module, input_ids: Tensor, new_tokens: int, repeats: int
 ) -> dict[str, dict[str, float]]:
-    """Per cache (``"fp32"`` and each of :data:`~companion.layers.kv_quant.FORMATS`):
+    """Per cache (``"fp32"`` and each of ``kv_quant.FORMATS``):
     greedy tokens/s (median of ``repeats`` rounds after a warm-up round, the caches
     alternated), its ratio to fp32, the cache's MB and the greedy tokens equal to
     fp32's before the first difference."""

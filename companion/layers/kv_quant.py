@@ -5,14 +5,14 @@ Shape legend: B batch, H_kv key/value heads, S_max capacity, W window, T new tok
 head width, C+R an MLA latent row. A *row* is what one token adds to one head: a key
 ``(D,)``, a value, or an MLA latent row ``[c | k_rope]`` ``(C+R,)``. Each row keeps one
 scale, its absolute maximum over the format's largest value (127 for int8, 448 for
-e4m3), stored in fp32 (:data:`SCALE_BYTES`): a row of D = 64 then costs 64 + 4 bytes
+e4m3), stored in fp32 (``SCALE_BYTES``): a row of D = 64 then costs 64 + 4 bytes
 instead of 256. fp32 keeps the error bound exact (the scale itself is not rounded); a
 half-precision scale would halve the overhead at the price of one more rounding.
 
-Why per token rather than KIVI's per-channel keys {cite:p}`liu2024kivi`
-{cite:p}`hooper2024kvquant`: a channel's scale needs a group of tokens before it can be
-computed, but a decoding cache must serve the token it has just written, so each row is
-quantised alone, the moment it arrives. The caches follow the same protocol as the
+Why per token rather than per-channel keys, as KIVI (Liu et al., 2024) and KVQuant
+(Hooper et al., 2024) quantise them: a channel's scale needs a group of tokens before it
+can be computed, but a decoding cache must serve the token it has just written, so each
+row is quantised alone, the moment it arrives. The caches follow the same protocol as the
 plain ones (``update`` writes rows at their positions and returns every key and value
 with the position each slot holds) and dequantise on read to the compute dtype; a real
 kernel would fuse the dequantisation into attention instead of materialising the keys.
