@@ -1289,35 +1289,38 @@ fig_gen = torch.Generator().manual_seed(8)
 fig_x = sample_windows(held_ids, FIG_BATCH, SEQ, fig_gen, DEVICE)[0]
 source = torch.arange(FIG_BATCH * SEQ) // (FIG_BATCH * SEQ // FIG_RANKS)
 row_bytes = moe_config(False).d_model * 4  # one fp32 copy of a hidden state
-fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8), sharey=True)
 shown = ("no balancing", "selection bias")
-heaviest = {}  # mode -> the largest column: the busiest rank's KiB received
-for ax, mode in zip(axes, shown, strict=True):
+kib = {}  # mode -> (P, P) KiB each rank sends each rank
+for mode in shown:
     model = trained[mode, SHOW_SEED]
     with torch.no_grad():
         model(fig_x)
     chosen = model.blocks[0].ffn.last_routing.indices.cpu()  # (B·T, K)
-    kib = traffic_matrix(chosen, source, E, FIG_RANKS) * row_bytes / 2**10
-    assert kib.sum() == FIG_BATCH * SEQ * K * row_bytes / 2**10
-    heaviest[mode] = kib.sum(0).max().item()
-    ax.imshow(kib.numpy(), cmap=score_cmap, vmin=0)
+    kib[mode] = traffic_matrix(chosen, source, E, FIG_RANKS) * row_bytes / 2**10
+    assert kib[mode].sum() == FIG_BATCH * SEQ * K * row_bytes / 2**10
+top = max(m.max().item() for m in kib.values())
+fig, axes = plt.subplots(1, 2, figsize=(8.8, 3.8), sharey=True)
+for ax, mode in zip(axes, shown, strict=True):
+    image = ax.imshow(kib[mode].numpy(), cmap=score_cmap, vmin=0, vmax=top)
     for i, j in np.ndindex(FIG_RANKS, FIG_RANKS):
-        label = f"{kib[i, j]:.0f}" + ("\n(stays)" if i == j else "")
+        label = f"{kib[mode][i, j]:.0f}" + ("\n(stays)" if i == j else "")
         ax.text(j, i, label, ha="center", va="center", fontsize=8)
     ticks = range(FIG_RANKS)
     ax.set(xticks=ticks, yticks=ticks, xlabel="to rank (holds the experts)")
-    ax.set_title(f"{mode}: off-rank {(kib.sum() - kib.trace()) / 2**10:.2f} MiB")
+    off = (kib[mode].sum() - kib[mode].trace()) / 2**10
+    ax.set_title(f"{mode}: {off:.2f} MiB leave their rank")
     ax.grid(False)
+fig.colorbar(image, ax=axes, label="KiB sent (fp32 copies)", shrink=0.9)
 axes[0].set_ylabel("from rank (holds the tokens)")
 fig.suptitle(
     f"Who sends what to whom: dispatch KiB, {FIG_RANKS} ranks, seed {SHOW_SEED}"
 )
-fig.tight_layout()
 glue("fig-ep-traffic", fig)
 glue("ch10-ep-fig-tokens", f"{FIG_BATCH * SEQ // FIG_RANKS}", display=False)
 mean_column = FIG_BATCH * SEQ * K * row_bytes / 2**10 / FIG_RANKS
 for mode in shown:
-    ratio = f"{heaviest[mode] / mean_column:.2f}"
+    # the largest column: what the busiest rank's experts receive
+    ratio = f"{kib[mode].sum(0).max().item() / mean_column:.2f}"
     glue(f"ch10-ep-fig-{mode.split()[0]}", ratio, display=False)
 plt.close(fig)
 
@@ -1348,8 +1351,14 @@ plt.close(fig)
 # detect either. On a memorisation probe
 # the extra parameters did count, storing more facts than a dense FFN of the same active
 # size, though fewer than a dense FFN of the same total size, and fewer still without
-# balancing. We did not show that an MoE language model is better per FLOP, which only
-# large training runs settle, nor what dispatch costs on a GPU or across devices.
+# balancing. Split over processes, the layer gave the outputs and gradients of one
+# process; what that costs across devices we counted rather than timed:
+# {glue:text}`ch10-ep-v3-bf16-layer` KiB of all-to-all traffic per token and MoE layer
+# for DeepSeek-V3 in bf16, and a busiest rank
+# whose excess load the balancing reduced beyond our seeds' spread only at one expert
+# per rank. We did not show that an MoE language model is better per FLOP, which only
+# large training runs settle, nor what dispatch costs in time on a GPU or an
+# interconnect.
 #
 # | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
 # |---|---|---|---|---|
