@@ -1,7 +1,8 @@
 """The static calculator page (chapter 13): its dials describe every preset completely
 (DeepSeek-V4's included), and its HTML follows the contract the browser test uses. The
 page's arithmetic itself is checked against companion.calc in the browser
-(tests/browser/test_html.py)."""
+(tests/browser/test_html.py), and its cache bytes with a quantised cache's scales here,
+its script run by Node."""
 
 from __future__ import annotations
 
@@ -238,3 +239,127 @@ def test_html_contract() -> None:
     assert '"gpt2" selected' in page
     with pytest.raises(ValueError, match="default must be one of"):
         calculator_html("gpt-5")
+
+
+# The page's script run by Node on a stand-in for the few DOM calls it makes: each
+# setting loads a preset, turns dials, and reads the five outputs and the problems line.
+_STUB_JS = r"""
+const fs = require("fs");
+const { page, settings } = JSON.parse(fs.readFileSync(0, "utf8"));
+const els = {};
+for (const [id, value] of Object.entries(page.controls)) {
+  els[id] = { id: "calc-" + id, value, checked: false, dataset: {}, textContent: "",
+    title: "", on: [], addEventListener(_, f) { this.on.push(f); } };
+}
+const problems = { textContent: "" };
+const root = {
+  querySelector(sel) {
+    if (sel === "script.calc-data") return { textContent: page.data };
+    if (sel === ".calc-problems") return problems;
+    return els[sel.replace("#calc-", "")];
+  },
+  querySelectorAll() { return Object.values(els); },
+};
+const document = { currentScript: { closest: () => root } };
+new Function("document", page.script)(document);
+const out = settings.map(({ preset, dials }) => {
+  els.preset.value = preset;
+  els.preset.on.forEach((f) => f({ target: els.preset }));
+  for (const [name, value] of Object.entries(dials)) {
+    if (typeof value === "boolean") els[name].checked = value;
+    else els[name].value = String(value);
+  }
+  els.d_model.on[0]();
+  const ids = ["total", "active", "kv-per-token", "kv-total", "flops-per-token"];
+  return [ids.map((i) => els[i].dataset.value ?? null), problems.textContent];
+});
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def _node() -> str | None:
+    """Node: on the PATH, or the one Playwright (a dev dependency) ships."""
+    import shutil
+    from pathlib import Path
+
+    if found := shutil.which("node"):
+        return found
+    try:
+        import playwright
+    except ImportError:
+        return None
+    bundled = Path(playwright.__file__).parent / "driver" / "node"
+    return str(bundled) if bundled.exists() else None
+
+
+def _run_page(settings: list[dict]) -> list[tuple[list[int | None], str]]:
+    """The page's five numbers (None: empty) and its problems line, per setting."""
+    import subprocess
+
+    node = _node()
+    if node is None:
+        pytest.skip("no Node to run the page's script (the browser test covers it)")
+    html = calculator_html("llama3-8b")
+    controls = {
+        m[1]: m[2] or ""
+        for m in re.finditer(r'id="calc-([\w-]+)"[^>]*?(?:value="(\d+)")?', html)
+    }
+    outputs = ("total", "active", "kv-per-token", "kv-total", "flops-per-token")
+    controls |= dict.fromkeys(outputs, "") | {"preset": "llama3-8b"}
+    page = {
+        "controls": controls,
+        "data": re.search(r'class="calc-data">(.*?)</script>', html, re.S)[1],
+        "script": re.search(r"<script>(.*)</script>", html, re.S)[1],
+    }
+    done = subprocess.run(
+        [node, "-e", _STUB_JS],
+        input=json.dumps({"page": page, "settings": settings}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return [
+        ([None if v is None else int(v) for v in values], problems)
+        for values, problems in json.loads(done.stdout)
+    ]
+
+
+def test_page_prices_the_scale_dial_as_the_formulas_do() -> None:
+    """Every preset and each small variant, at bf16 and at 1-byte numbers with a 2- or
+    4-byte scale per row: the page's cache bytes (and its other numbers) equal
+    companion's; a negative scale is the formula's own error."""
+    configs = dict(PAGE_PRESETS) | _variants()
+    usages = [
+        {"context": 8192, "batch": 1, "dtype_bytes": 2, "scale_bytes": 0},
+        {"context": 131_073, "batch": 3, "dtype_bytes": 1, "scale_bytes": 4},
+        {"context": 77, "batch": 2, "dtype_bytes": 1, "scale_bytes": 2},
+    ]
+    settings, want = [], []
+    for name, cfg in configs.items():
+        for usage in usages:
+            state = 2 if usage["scale_bytes"] == 2 else 4
+            dials = dial_values(cfg) | usage | {"state_dtype_bytes": state}
+            preset = name if name in PAGE_PRESETS else "llama3-8b"
+            settings.append({"preset": preset, "dials": dials})
+            b, s, tokens = usage["dtype_bytes"], usage["scale_bytes"], usage["context"]
+            pc = count_params(cfg)
+            kv = kv_cache_bytes(
+                cfg,
+                tokens,
+                b,
+                batch=usage["batch"],
+                state_dtype_bytes=state,
+                scale_bytes=s,
+            )
+            per_token = kv_cache_bytes_per_token(cfg, b, scale_bytes=s)
+            flops = flops_per_token(cfg, tokens)
+            want.append(([pc.total, pc.active, per_token, kv, flops], ""))
+    bad = {"scale_bytes": -1}
+    settings.append({"preset": "llama3-8b", "dials": bad})
+    with pytest.raises(ValueError) as err:
+        kv_cache_bytes(PRESETS["llama3-8b"], 8, scale_bytes=-1)
+    got = _run_page(settings)
+    assert got[:-1] == want
+    assert got[-1][0] == [None] * 5 and str(err.value) in got[-1][1]
+    assert "scale_bytes" in USAGE and USAGE["scale_bytes"][1] == 0

@@ -35,7 +35,9 @@ Conventions, each a choice the published figures force or the chapter argues for
   (a "shared" indexer layer caches none). A DeepSeek-V4 layer keeps its window ring
   (min(tokens, w) keys of D), and on CSA/HCA layers tokens // m pooled entries, CSA's
   index keys (c each) and the compressors' source rows of the open block; per token,
-  the entries are amortised (rounded up to a whole byte).
+  the entries are amortised (rounded up to a whole byte). A quantised cache's scales
+  (``scale_bytes``, one per row held in the cache dtype) are priced as
+  :mod:`companion.analysis.cache_size` says.
 - **DeepSeek-V4**: hyper-connections are the ``residual`` component; a hash layer's
   table of V·k expert ids is stored in the checkpoint: counted in ``total`` and
   ``frozen``, and active in full like the embedding it is indexed with.

@@ -189,5 +189,6 @@ USAGE: dict[str, tuple[str, int]] = {
     "context": ("sequence length s", 8192),
     "batch": ("batch", 1),
     "dtype_bytes": ("bytes per cached number", 2),
+    "scale_bytes": ("bytes of scale per cached row", 0),
     "state_dtype_bytes": ("bytes per state number", 4),
 }

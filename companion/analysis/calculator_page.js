@@ -110,7 +110,7 @@
     for (const name of ["partial_rotary_factor", "swiglu_limit"]) { // the page's own: a number
       if (c[name] === null && (on.moe || name !== "swiglu_limit")) out.push(`${field(name)} must be a number, got ${quote(dial(name).value)}`);
     }
-    const usage = [whole("context", 0n), ...ints("batch", "dtype_bytes", "state_dtype_bytes")]
+    const usage = [whole("context", 0n), ...ints("batch", "dtype_bytes", "state_dtype_bytes"), whole("scale_bytes", 0n)]
       .map((check) => check()).filter(Boolean);
     if (out.length) return out.concat(usage); // the model is checked once its groups are built
     const w = c.sliding_window, L = c.n_layers, idx = c.indexer_layers_kinds, pf = c.partial_rotary_factor;
@@ -294,13 +294,24 @@
     return numbers;
   }
 
-  // bytes per token: the window's D per layer + pooled entries amortised, rounded up
+  // rows a compressed layer holds, each with a scale (cache_size._compressed_rows)
+  function compressedRows(c, kind, tokens) {
+    const m = ratio(c, kind);
+    let rows = min(tokens, c.sliding_window);
+    if (kind !== "sliding") rows += tokens / m + 2n * (kind === "csa" ? 2n : 1n) * m;
+    if (kind === "csa") rows += tokens / m + 4n * m;
+    return rows;
+  }
+
+  // bytes per token: the window's key per layer + pooled entries amortised, their
+  // numbers and their rows' scales, rounded up once
   function compressedPerToken(c) {
     const D = c.head_dim, mc = c.compression_csa_ratio, mh = c.compression_hca_ratio;
     const count = (k) => BigInt(c.kinds.filter((x) => x === k).length);
     const num = c.n_layers * D * mc * mh + count("csa") * (D + c.compression_index_head_dim) * mh + count("hca") * D * mc;
+    const rows = c.n_layers * mc * mh + count("csa") * 2n * mh + count("hca") * mc;
     const den = mc * mh;
-    return (num * c.dtype_bytes + den - 1n) / den;
+    return (num * c.dtype_bytes + rows * c.scale_bytes + den - 1n) / den;
   }
 
   // one hyper-connection (parameters, matrix weights) and the head over n streams
@@ -369,6 +380,10 @@
   const cacheWidth = (c, i) =>
     (c.kv_lora_rank > 0n ? c.kv_lora_rank + c.qk_rope_head_dim : 2n * c.n_kv_heads * c.head_dim)
     + (ownIndexer(c, i) ? c.indexer_head_dim : 0n);
+  // and the rows they make, one scale each: K and V per head, or one latent row
+  const cacheRows = (c, i) =>
+    (c.kv_lora_rank > 0n ? 1n : 2n * c.n_kv_heads) + (ownIndexer(c, i) ? 1n : 0n);
+  const rowBytes = (c, i) => cacheWidth(c, i) * c.dtype_bytes + cacheRows(c, i) * c.scale_bytes;
 
   function kvBytes(c, tokens) {
     let total = 0n;
@@ -377,12 +392,13 @@
         const hk = c.linear_key_heads, hv = c.linear_value_heads;
         const dk = c.linear_key_dim, dv = c.linear_value_dim;
         total += hv * dk * dv * c.state_dtype_bytes;
-        total += (2n * hk * dk + hv * dv) * (c.linear_conv_kernel - 1n) * c.dtype_bytes;
+        const conv = (2n * hk * dk + hv * dv) * c.dtype_bytes + (2n * hk + hv) * c.scale_bytes;
+        total += conv * (c.linear_conv_kernel - 1n); // one row per head and position
       } else if (c.compression_q_lora_rank > 0n) {
-        total += compressedCache(c, kind, tokens) * c.dtype_bytes;
+        total += compressedCache(c, kind, tokens) * c.dtype_bytes + compressedRows(c, kind, tokens) * c.scale_bytes;
       } else {
         const kept = kind === "sliding" ? min(tokens, c.sliding_window) : tokens;
-        total += kept * cacheWidth(c, i) * c.dtype_bytes;
+        total += kept * rowBytes(c, i);
       }
     });
     return c.batch * total;
@@ -455,8 +471,8 @@
     show("total", t.total, "count");
     show("active", t.active, "count");
     let perToken = 0n;
-    c.kinds.forEach((kind, i) => { if (kind !== "linear") perToken += cacheWidth(c, i); });
-    perToken = c.compression_q_lora_rank > 0n ? compressedPerToken(c) : perToken * c.dtype_bytes;
+    c.kinds.forEach((kind, i) => { if (kind !== "linear") perToken += rowBytes(c, i); });
+    if (c.compression_q_lora_rank > 0n) perToken = compressedPerToken(c);
     show("kv-per-token", perToken, "bytes");
     show("kv-total", kvBytes(c, c.context), "bytes");
     show("flops-per-token", flops(c, t.macs), "count");

@@ -10,7 +10,9 @@ exact integers, after the config's rules. The contract the browser test relies o
 - a dial per entry of ``companion.analysis.calculator_dials.DIALS``, id
   ``calc-<dial>``: ``<input>`` for numbers (``FLOAT_DIALS`` take fractions) and the
   two patterns, checkbox for flags, ``<select>`` for a field with fixed choices; plus
-  ``calc-context``, ``calc-batch``, ``calc-dtype_bytes`` and ``calc-state_dtype_bytes``;
+  ``calc-context``, ``calc-batch``, ``calc-dtype_bytes``, ``calc-scale_bytes`` (a
+  quantised cache's scale per row, :mod:`companion.analysis.cache_size`) and
+  ``calc-state_dtype_bytes``;
 - outputs ``#calc-total``, ``#calc-active``, ``#calc-kv-per-token``, ``#calc-kv-total``
   and ``#calc-flops-per-token``, each holding its exact integer in ``data-value``;
 - ``.calc-problems``: when the dials describe a config that ``ModelConfig``
