@@ -244,3 +244,35 @@ def test_bad_generate_arguments():
     assert torch.equal(
         speculative_generate(model, ids, 0, PromptLookupDrafter()).ids, ids
     )
+
+
+def test_bench_on_a_tiny_model(capsys):
+    from companion.bench.speculative import (
+        bench_speculative,
+        format_speculative,
+        predicted,
+    )
+
+    model = _model()
+    rows = bench_speculative(model, _prompts(2), 12, (2, 4), n_gram=2, repeats=1)
+    assert [r["k"] for r in rows] == [0, 2, 4]
+    for r in rows[1:]:
+        assert r["identical"] == 1.0 and 1.0 <= r["tokens_per_step"] <= r["k"] + 1
+        assert 0.0 <= r["alpha"] <= 1.0 and r["drafted"] <= r["k"]
+    table = format_speculative(rows)
+    assert (
+        "identical" in table and "DIFFERS" not in table and len(table.splitlines()) == 6
+    )
+    # the prediction: no drafts predict one token a step at one step's cost
+    r = SpeculativeResult(torch.zeros(1, 1), drafted=[0, 0], accepted=[0, 0])
+    assert predicted([r], {0: 1.0}) == (0.0, 1.0, 1.0)
+    r = SpeculativeResult(torch.zeros(1, 1), drafted=[2, 2], accepted=[2, 1])
+    alpha, tokens, speedup = predicted([r], {0: 1.0, 1: 1.1, 2: 1.5})
+    assert alpha == 3 / 4 and tokens == pytest.approx(1 + 0.75 + 0.75**2)
+    assert speedup == pytest.approx(tokens / 1.5)
+
+
+def test_bench_is_registered():
+    from companion.bench import BENCHMARKS
+
+    assert "speculative" in BENCHMARKS

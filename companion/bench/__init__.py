@@ -29,6 +29,7 @@ BENCHMARKS = (
     "sparse",
     "kvquant",
     "expert_parallel",
+    "speculative",
 )
 
 

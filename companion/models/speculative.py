@@ -181,13 +181,17 @@ class SpeculativeResult:
         return sum(a + 1 for a in self.accepted) / max(len(self.accepted), 1)
 
     @property
-    def acceptance(self) -> float:
-        """Kept drafts over drafts the target judged (those after a rejection are not
-        judged): the per-token acceptance rate α."""
-        judged = sum(
+    def acceptance_judged(self) -> int:
+        """Drafts the target judged: the kept ones and each step's first rejected one
+        (drafts after a rejection are never judged)."""
+        return sum(
             a + (a < d) for a, d in zip(self.accepted, self.drafted, strict=True)
         )
-        return sum(self.accepted) / max(judged, 1)
+
+    @property
+    def acceptance(self) -> float:
+        """Kept drafts over judged drafts: the per-token acceptance rate α."""
+        return sum(self.accepted) / max(self.acceptance_judged, 1)
 
 
 _ROLLBACK_SAFE = (KVCache, LatentCache, SparseLatentCache)
