@@ -9,8 +9,8 @@ slots ``j·P .. j·P + P - 1``, and keeps ``pos (N·P,)``, the position each slo
 (``-1``: empty). Sequences point at pages through page tables
 (:mod:`companion.layers.paged_cache`); a page's reference count is how many tables point
 at it, and it returns to the free list when that count reaches 0. This is the memory
-manager of PagedAttention {cite:p}`kwon2023efficient`; the bookkeeping is plain Python,
-as in a server's scheduler, which runs on the CPU beside the accelerator.
+manager of PagedAttention (Kwon et al., 2023); the bookkeeping is plain Python, as in a
+server's scheduler, which runs on the CPU beside the accelerator.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ position p is ``table[p // P]·P + p % P`` instead of p, over the pool's ``k (1,
 N·P, D)``, so the attention layers take it unchanged. ``update`` allocates pages on
 demand, writes, and returns the live pages' keys gathered in logical order with their
 positions: a copy, the reference form; a paged-attention kernel reads the pages in
-place through the table {cite:p}`kwon2023efficient`. A sliding layer's pages that fall
-wholly out of its window go back to the free list. :meth:`PageTable.fork` starts a
-second sequence on the same pages (a shared prompt, {cite:p}`zheng2024sglang`); the
+place through the table (PagedAttention, Kwon et al., 2023). Keeping the KVCache's
+head-major buffer makes a page H_kv strided runs of P slots, where vLLM stores each page
+in one block; the bookkeeping is the same. A sliding layer's pages that fall wholly out
+of its window go back to the free list. :meth:`PageTable.fork` starts a second sequence
+on the same pages (a shared prompt, as in SGLang, Zheng et al., 2024); the
 first write into a shared page copies that page.
 """
 
@@ -107,8 +109,9 @@ class PageTable:
 
 
 class PagedKVCache(PageTable, KVCache):
-    """Keys and values of one sequence in pages of a :class:`PagePool` whose tensors
-    are ``k, v (1, H_kv, N·P, D)``; ``max_len`` is the pool's N·P slots."""
+    """Keys and values of one sequence in pages of a
+    :class:`~companion.layers.page_pool.PagePool` whose tensors are ``k, v (1, H_kv,
+    N·P, D)``; ``max_len`` is the pool's N·P slots."""
 
     def __init__(self, pool: PagePool, *, window: int | None = None) -> None:
         nn.Module.__init__(self)
@@ -141,8 +144,9 @@ class PagedKVCache(PageTable, KVCache):
 
 
 class PagedLatentCache(PageTable, LatentCache):
-    """MLA's latent rows of one sequence in pages of a :class:`PagePool` whose tensor is
-    ``kv (1, N·P, C+R)``."""
+    """MLA's latent rows of one sequence in pages of a
+    :class:`~companion.layers.page_pool.PagePool` whose tensor is ``kv (1, N·P,
+    C+R)``."""
 
     def __init__(self, pool: PagePool, *, window: int | None = None) -> None:
         nn.Module.__init__(self)
