@@ -199,3 +199,31 @@ def test_footprint_of_a_ragged_batch():
         cache_footprint([65], 16, 64)
     with pytest.raises(ValueError, match=r"lengths\[0\] must be an integer >= 8"):
         pages_needed([5], 4, shared_prefix=8)
+
+
+def test_forked_sliding_sequences_free_shared_pages_by_reference():
+    """A sliding layer drops pages that both forks share: one reference each, so the
+    page is free only once neither sequence can read it."""
+    model = _model("sliding")
+    prompt, a, b = _ids(2, 6), _ids(3, 9), _ids(4, 9)
+    first = model.new_cache(1, 16, convert=paged(P, 8))
+    with torch.no_grad():
+        model(prompt, cache=first)
+        second = fork_cache(first)
+        outs = [
+            torch.cat([model(x[:, i : i + 1], cache=c) for i in range(9)], 1)
+            for c, x in ((first, a), (second, b))
+        ]
+    pool = first.layers[0].pool
+    assert first.layers[0].table[0] == second.layers[0].table[0] == -1
+    # every page's count is the number of tables holding it; the rest are free
+    held = first.layers[0].pages + second.layers[0].pages
+    assert [pool.refs[p] for p in range(8)] == [held.count(p) for p in range(8)]
+    assert pool.n_free == 8 - len(set(held))
+    for out, cont in zip(outs, (a, b), strict=True):
+        full = torch.cat([prompt, cont], dim=1)
+        alone = _decode(model, full, model.new_cache(1, 16), prompt=6)
+        torch.testing.assert_close(out, alone[:, 6:], atol=1e-6, rtol=0)
+    release_cache(first)
+    release_cache(second)
+    assert pool.n_free == 8 and set(pool.refs) == {0}
