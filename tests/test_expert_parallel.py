@@ -97,6 +97,12 @@ def _worker(rank: int, world: int, path: str) -> None:
     try:
         for case in ("shared", "skewed"):
             _check(case, rank, world)
+        # bad input: experts that do not split over the ranks, hash routing
+        with pytest.raises(ValueError, match="must divide the moe's n_experts=3"):
+            ExpertParallelMoE(MoEFeedForward(D, 3, 1, F))
+        hashed = MoEFeedForward(D, E, K, F, routing="hash", vocab_size=16)
+        with pytest.raises(ValueError, match="top-k"):
+            ExpertParallelMoE(hashed)
     finally:
         dist.destroy_process_group()
 

@@ -45,12 +45,18 @@ class AllToAll(torch.autograd.Function):
     to the rank it came from (the same exchange, ``send`` and ``recv`` swapped)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, send: list[int], recv: list[int], group) -> Tensor:
+    def forward(
+        ctx: object,
+        x: Tensor,
+        send: list[int],
+        recv: list[int],
+        group: ProcessGroup | None,
+    ) -> Tensor:
         ctx.send, ctx.recv, ctx.group = send, recv, group
         return _exchange(x, send, recv, group)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    def backward(ctx: object, grad: Tensor) -> tuple[Tensor, None, None, None]:
         return _exchange(grad, ctx.recv, ctx.send, ctx.group), None, None, None
 
 
@@ -98,8 +104,8 @@ class ExpertParallelMoE(nn.Module):
         n_experts, d_ff2, d_model = moe.experts.gate_up.shape
         if n_experts % self.n_ranks:
             raise ValueError(
-                f"the group's size must divide n_experts={n_experts}, got "
-                f"{self.n_ranks} ranks"
+                f"group has {self.n_ranks} ranks, which must divide the moe's "
+                f"n_experts={n_experts}"
             )
         self.n_local = n_experts // self.n_ranks
         self.first = self.rank * self.n_local  # first expert this rank holds
