@@ -189,14 +189,16 @@ def check_cache_buffers(
     """Raise an error naming ``cache`` unless it is one of ``kinds`` whose buffers have
     the given shapes and dtypes (None: any) and lie on ``device``: a cache this layer
     could have made. ``hint`` says how to make the right one. Shapes, dtypes and devices
-    only: no value is read."""
+    only: no value is read (a cache that stores a buffer in another form, a quantised
+    one, describes it through its ``layout(name)``)."""
     if not isinstance(cache, kinds):
         allowed = " or ".join(k.__name__ for k in kinds)
         raise TypeError(
             f"cache must be a {allowed} from {hint}, got {type(cache).__name__}"
         )
     for name, (shape, dtype) in buffers.items():
-        buf = getattr(cache, name)
+        layout = getattr(cache, "layout", None)
+        buf = getattr(cache, name) if layout is None else layout(name)
         kind = type(cache).__name__
         if tuple(buf.shape) != shape or (dtype is not None and buf.dtype != dtype):
             want = f"{shape}" + ("" if dtype is None else f" of {dtype}")

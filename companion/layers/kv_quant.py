@@ -86,6 +86,13 @@ class _QuantizedRows:
         pos = torch.full((shape[-1],), -1, device=device)
         self.register_buffer("pos", pos, persistent=False)
 
+    def layout(self, name: str) -> Tensor:
+        """What buffer ``name`` (``k`` or ``v``) reads as: its shape, compute dtype and
+        device, with nothing dequantised or allocated (the layers' cache checks)."""
+        codes = getattr(self, f"{name}_q")
+        one = torch.empty((), dtype=self.dtype, device=codes.device)
+        return one.expand(codes.shape)
+
     @property
     def k(self) -> Tensor:
         """Every slot's key ``(B, H_kv, S, D)``, dequantised to the compute dtype."""
