@@ -69,6 +69,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "rope_scaling_for", "rope_used_per_layer", "same_weights", "SCALING_METHODS",
         "train_short", "with_rope",
     ),
+    "analysis.phases": (
+        "decode_step_cost", "latent_attention_flops", "meta_model", "phase_cost",
+        "PhaseCost", "prefill_cost",
+    ),
     "analysis.op_counts": ("count_aten_ops", "count_reductions", "REDUCTIONS"),
     "analysis.peak_memory": ("PeakMemory",),
     "analysis.receptive_fields": (
