@@ -276,3 +276,28 @@ def test_bench_is_registered():
     from companion.bench import BENCHMARKS
 
     assert "speculative" in BENCHMARKS
+
+
+class _Bad:
+    needs_hidden = False
+
+    def __init__(self, out, q=None):
+        self.out, self.q = out, q
+
+    def draft(self, tokens, hidden, limit, temperature, generator):
+        return self.out, self.q
+
+
+@pytest.mark.parametrize(
+    ("drafter", "match"),
+    [
+        (_Bad(torch.tensor([1.0])), "at most limit=4 integer ids"),
+        (_Bad(torch.zeros(9, dtype=torch.long)), "at most limit=4 integer ids"),
+        (_Bad(torch.tensor([V])), r"draft ids must be in \[0, vocab_size=37\)"),
+        (_Bad(torch.tensor([1]), torch.ones(2, V)), r"q must be \(m, V\) = \(1, 37\)"),
+    ],
+)
+def test_a_drafter_returning_bad_drafts_is_a_clear_error(drafter, match):
+    model = _model()
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(model, _prompts(1)[0][:, :8], 6, drafter)

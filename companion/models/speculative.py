@@ -236,6 +236,22 @@ def _judge(
     return m, torch.multinomial(p[m : m + 1], 1, generator=generator)[0]
 
 
+def _check_drafts(drafts: Tensor, q: Tensor | None, limit: int, vocab: int) -> None:
+    """Raise an error naming what a drafter returned that the verify cannot take."""
+    if drafts.ndim != 1 or drafts.numel() > limit or drafts.is_floating_point():
+        raise ValueError(
+            f"a drafter must return at most limit={limit} integer ids (m,), got "
+            f"{drafts.dtype} {tuple(drafts.shape)}"
+        )
+    if drafts.numel() and not 0 <= int(drafts.min()) <= int(drafts.max()) < vocab:
+        raise ValueError(f"draft ids must be in [0, vocab_size={vocab}), got {drafts}")
+    if q is not None and q.shape != (drafts.numel(), vocab):
+        raise ValueError(
+            f"a drafter's q must be (m, V) = ({drafts.numel()}, {vocab}), got "
+            f"{tuple(q.shape)}"
+        )
+
+
 @torch.no_grad()
 def speculative_generate(
     model: nn.Module,
@@ -285,6 +301,7 @@ def speculative_generate(
         while tokens.numel() < total:
             limit = total - tokens.numel() - 1  # never write past the cache
             drafts, q = drafter.draft(tokens, hidden, limit, temperature, generator)
+            _check_drafts(drafts, q, limit, model.cfg.vocab_size)
             start = cache.length  # the verify: last pick + m drafts, one forward
             step = torch.cat([tokens[-1:], drafts])[None]  # (1, m + 1)
             logits = model.forward_at(
