@@ -444,6 +444,115 @@ glue("ch08-mistral-gib", f"{rows['mistral-7b'][1]:.1f}", display=False)
 # small for their per-token cost because of sliding windows, which
 # {doc}`chapter 9 <09_sliding_windows>` takes up.)
 #
+# ### Bytes per element is a dial
+#
+# Every byte so far is bf16, 2 per number. The formula's last factor is a choice like
+# the others: a cache can hold its numbers in one byte, as 8-bit integers or in the
+# fp8 E4M3 format {cite:p}`micikevicius2022fp8`, if each number keeps a scale to map
+# it back. One scale per cached *row* (one key or one value of one head, one MLA latent
+# row) adds a few bytes to every row of $d_h$ numbers:
+#
+# $$\text{bytes}_\mathrm{KV} = 2 \cdot L \cdot n_\mathrm{kv} \cdot s \cdot b \cdot
+# (d_h \cdot \text{bytes per element} + \text{bytes of scale per row}).$$
+#
+# A single scale per tensor costs nothing per row, but then one outlier sets the step
+# for every row; a scale per row follows each token's own range. Both are dials of
+# `kv_cache_bytes_per_token` and `kv_cache_bytes` (`dtype_bytes`, `scale_bytes`), and
+# of the calculator in {doc}`chapter 13 <13_build_a_model>`. Per token, with an fp32
+# scale (4 bytes) per row:
+
+# %%
+FORMATS = {"bf16": (2, 0), "8-bit": (1, 0), "8-bit + scale": (1, 4)}  # (b, scale)
+print(f"{'bytes per token':<16}" + "".join(f"{f:>15}" for f in FORMATS), "   saved")
+cost = {}
+for name in ("smollm2-135m", "llama3-8b", "deepseek-v3"):
+    cost[name] = [
+        kv_cache_bytes_per_token(preset(name), b, scale_bytes=s)
+        for b, s in FORMATS.values()
+    ]
+    saved = 1 - cost[name][2] / cost[name][0]
+    print(f"{name:<16}" + "".join(f"{c:>15,}" for c in cost[name]), f"{saved:>8.1%}")
+
+# %% tags=["hide-input"]
+# hand counts: rows of d_h numbers, each with its 4-byte scale
+assert cost["llama3-8b"] == [32 * 16 * 128 * 2, 32 * 16 * 128, 32 * 16 * (128 + 4)]
+assert cost["smollm2-135m"][2] == 30 * 2 * 3 * (64 + 4)  # 3 K/V heads of 64
+assert cost["deepseek-v3"][2] == 61 * (512 + 64 + 4)  # one latent row per layer
+for name, (bf16, bare, scaled) in cost.items():
+    assert bf16 == 2 * bare < 2 * scaled  # the scale is what 8 bits do not halve
+    key = {"smollm2-135m": "smol", "llama3-8b": "llama", "deepseek-v3": "v3"}[name]
+    glue(f"ch08-int8-{key}-saved", f"{1 - scaled / bf16:.1%}", display=False)
+    glue(f"ch08-int8-{key}-kib", f"{scaled / KIB:.1f}", display=False)
+glue("ch08-bf16-llama-kib", f"{cost['llama3-8b'][0] / KIB:.0f}", display=False)
+gqa_room = {  # 128k-token sequences an 80 GiB GPU holds beside the bf16 weights
+    f: max_context_tokens(80 * GIB, weights_8b, c) // S128K
+    for f, c in zip(FORMATS, cost["llama3-8b"], strict=True)
+}
+gqa_bf16 = per_token["GQA, 8 K/V heads"]  # the bf16 count above
+room_bf16 = max_context_tokens(80 * GIB, weights_8b, gqa_bf16)
+assert gqa_room["bf16"] == room_bf16 // S128K
+assert gqa_room["8-bit + scale"] > gqa_room["bf16"]
+glue("ch08-int8-users", str(gqa_room["8-bit + scale"]), display=False)
+
+# %% tags=["hide-input", "remove-output"]
+SHOWN = ["gpt2", "smollm2-135m", "llama3-8b", "gemma3-27b", "qwen3-235b-a22b",
+         "gpt-oss-120b", "deepseek-v3", "qwen3-next-80b-a3b",
+         "deepseek-v4-flash"]  # fmt: skip
+WIDE = ["smollm2-135m", "llama3-8b", "deepseek-v3"]  # rows of 64, 128, 576
+fig, (ax_b, ax_s) = plt.subplots(1, 2, figsize=(9, 4.2), width_ratios=[1.3, 1])
+ys = np.arange(len(SHOWN))[::-1]
+for j, (fmt, (b, s)) in enumerate(FORMATS.items()):
+    if fmt == "8-bit":
+        continue  # the bars: bf16 against 8-bit with its scales
+    kib = [kv_cache_bytes_per_token(preset(n), b, scale_bytes=s) for n in SHOWN]
+    ax_b.barh(ys + (0.2 if j == 0 else -0.2), np.array(kib) / KIB, height=0.4,
+              color=PALETTE[0 if j == 0 else 2], label=fmt)  # fmt: skip
+ax_b.set_yticks(ys, SHOWN, fontsize=7)
+ax_b.set_xscale("log")
+ax_b.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+ax_b.set(xlabel="KV cache per token, KiB (all layers)",
+         title="What does an 8-bit cache save per token?")  # fmt: skip
+ax_b.legend(fontsize=8, loc="lower right")
+scales = np.arange(0, 9)
+for name, color in zip(WIDE, (PALETTE[1], PALETTE[0], PALETTE[3]), strict=True):
+    cfg = preset(name)
+    bf16 = kv_cache_bytes_per_token(cfg)
+    kept = [kv_cache_bytes_per_token(cfg, 1, scale_bytes=int(s)) for s in scales]
+    ax_s.plot(scales, np.array(kept) / bf16, "o-", ms=3, color=color, label=name)
+ax_s.axhline(0.5, color="grey", ls="--", lw=1)
+ax_s.set_xticks(scales)
+ax_s.set(xlabel="bytes of scale per cached row", ylabel="8-bit cache / bf16 cache",
+         title="How much of the half do the scales take back?")  # fmt: skip
+ax_s.legend(fontsize=8)
+glue("fig-kv-dtype", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-kv-dtype
+# :name: fig-kv-dtype
+#
+# Bytes per element as a dial. Left: KV cache per token (all layers, context shorter
+# than every window) for nine presets, in bf16 and in 8-bit numbers with one fp32
+# scale per cached row. Right: the 8-bit cache as a share of the bf16 one as the scale
+# grows from 0 to 8 bytes per row, for rows of 64 numbers (SmolLM2-135M), 128 (Llama 3
+# 8B) and 576 (DeepSeek-V3's latent row); the dashed line is the half that 8 bits alone
+# would give. Narrow rows pay the most for their scales.
+# ```
+
+# %% [markdown]
+# With a scale per row an 8-bit cache saves {glue:text}`ch08-int8-llama-saved` of
+# Llama 3 8B's bf16 cache ({glue:text}`ch08-int8-llama-kib` KiB per token instead of
+# {glue:text}`ch08-bf16-llama-kib`; {glue:text}`ch08-int8-users` sequences of 128k
+# tokens on the 80 GiB GPU instead of {glue:text}`ch08-gqa-users`), not half: each row
+# of 128 numbers carries its 4 bytes of scale. SmolLM2-135M's rows of 64 numbers save
+# {glue:text}`ch08-int8-smol-saved`, DeepSeek-V3's latent rows of 576 numbers
+# {glue:text}`ch08-int8-v3-saved` ({numref}`fig-kv-dtype`). The dial takes whole
+# bytes: the 2- to 4-bit caches of KIVI and KVQuant
+# {cite:p}`liu2024kivi,hooper2024kvquant`, which pack several numbers into a byte and
+# give keys a scale per channel, are beyond it. What the rounding costs in quality is
+# no part of this formula; {doc}`chapter 16 <16_serving>` builds int8 and fp8 caches
+# and measures it on SmolLM2-135M's real weights.
+#
 # ## Bandwidth, not capacity
 #
 # Capacity is the obvious problem; the one that shaped the designs is bandwidth. In one
