@@ -1398,7 +1398,9 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 # byte count matches the cache the modules allocate. What the chapter does not show is
 # speed or quality: our CPU timings neither confirm nor refute that decode time follows
 # the bytes, and what sharing or compressing K/V heads costs in quality we took from the
-# papers rather than measured.
+# papers rather than measured. Bytes per element is a dial of its own: 8-bit numbers
+# with a scale per row keep a little over half of the bf16 cache, more the narrower the
+# row; what that rounding costs, {doc}`chapter 16 <16_serving>` measures.
 #
 # | Component | 2017 default | Modern default | Quality gain (what this chapter measured) | Pressure that drove it |
 # |---|---|---|---|---|
