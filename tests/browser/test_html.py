@@ -517,6 +517,7 @@ _INVALID: list[tuple[str, dict, str]] = [
     ("ling-3.0-flash", {"linear_value_heads": 64}, "linear.value_heads"),
     ("llama3-8b", {"batch": 0}, "batch"),
     ("llama3-8b", {"dtype_bytes": 0}, "dtype_bytes"),
+    ("llama3-8b", {"scale_bytes": -1}, "scale_bytes"),
     # DeepSeek-V4: compressed attention, hyper-connections, hash layers, the clamp
     ("llama3-8b", {"layer_types": "FC"}, "compression"),
     ("deepseek-v4-pro", {"compression_q_lora_rank": 0}, "compression"),
@@ -565,16 +566,18 @@ def _expected(values: dict, usage: dict) -> list[int]:
 
     cfg = config_from_dials(values)
     pc = count_params(cfg)
+    scale = usage.get("scale_bytes", 0)
     return [
         pc.total,
         pc.active,
-        kv_cache_bytes_per_token(cfg, usage["dtype_bytes"]),
+        kv_cache_bytes_per_token(cfg, usage["dtype_bytes"], scale_bytes=scale),
         kv_cache_bytes(
             cfg,
             usage["context"],
             usage["dtype_bytes"],
             batch=usage["batch"],
             state_dtype_bytes=usage["state_dtype_bytes"],
+            scale_bytes=scale,
         ),
         flops_per_token(cfg, usage["context"]),
     ]
@@ -765,6 +768,7 @@ def check_calculator(page) -> None:
             "batch": rng.randint(1, 64),
             "dtype_bytes": rng.choice([1, 2, 4]),
             "state_dtype_bytes": rng.choice([2, 4]),
+            "scale_bytes": rng.choice([0, 2, 4]),
         }
         page.select_option("#calc-preset", name)
         page.evaluate(_SET_JS, {**values, **turned})
