@@ -17,17 +17,17 @@
 # # 17 · Speculative decoding: more tokens per read of the weights
 #
 # Decoding one token reads every weight of the model once, and the cache besides
-# ({doc}`08_kv_cache`): a step moves hundreds of megabytes to do a few hundred million
-# multiply-adds, so on an accelerator its time is set by memory, not by arithmetic. A
-# forward over $k+1$ tokens reads the same weights once and does $k+1$ times the
-# arithmetic, which a bandwidth-bound step has to spare. Speculative decoding spends
-# that spare arithmetic {cite}`leviathan2023fast,chen2023accelerating`: something cheap
-# guesses the next $k$ tokens, the model scores all of them in one forward, and every
-# guess that matches what the model would have produced is kept. Done right, the output
-# is exactly the model's own, greedy token for token and sampled in distribution; only
-# the number of forwards changes. This chapter builds it in
-# `companion.models.speculative`, checks both halves of that promise, and measures it
-# on SmolLM2-135M with a drafter that costs nothing: copying from the prompt.
+# ({doc}`08_kv_cache`): each weight crosses the memory bus to take part in one
+# multiply-add, so on an accelerator the step's time is set by memory, not by
+# arithmetic. A forward over $k+1$ tokens reads the same weights once and does $k+1$
+# times the arithmetic, which a bandwidth-bound step has to spare. Speculative decoding
+# spends that spare arithmetic {cite}`leviathan2023fast,chen2023accelerating`: something
+# cheap guesses the next $k$ tokens, the model scores all of them in one forward, and
+# every guess that matches what the model would have produced is kept. Done right, the
+# output is exactly the model's own, greedy token for token and sampled in distribution;
+# only the number of forwards changes. This chapter builds it in
+# `companion.models.speculative`, checks both halves of that promise, and measures it on
+# SmolLM2-135M with a drafter that costs nothing: copying from the prompt.
 
 # %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).
@@ -86,11 +86,11 @@ smol, smol_tok = load_smollm2()  # SmolLM2-135M's real weights (fp32), in eval m
 # continue `cache.length`, and so has its own prediction after each of them. Greedy
 # decoding keeps the longest run of drafts that equal the model's argmax and then
 # appends the model's own token after that run: the correction if a draft was wrong, a
-# bonus if all were right. Each step yields between 1 and $k+1$ tokens, every one of them
-# the token plain greedy decoding would have chosen. The rejected drafts were written
-# into the cache; rolling back is setting `cache.length` back, because a full cache
-# indexes its slots by position and masks every slot beyond the query (a sliding-window
-# ring or a recurrent state could not be rolled back that way, so
+# bonus if all were right. Each step yields between 1 and $k+1$ tokens, every one of
+# them the token plain greedy decoding would have chosen. The rejected drafts were
+# written into the cache; rolling back is setting `cache.length` back, because a full
+# cache indexes its slots by position and masks every slot beyond the query (a
+# sliding-window ring or a recurrent state could not be rolled back that way, so
 # `speculative_generate` refuses models with such layers).
 #
 # Sampling needs more care, since a draft can be a plausible token the model would not
@@ -113,7 +113,8 @@ Code(
 
 # %% [markdown]
 # The rule can be checked without a language model. On a vocabulary of six tokens we
-# draw random target and draft distributions $p$ and $q$, draw 200,000 drafts from $q$,
+# draw random target and draft distributions $p$ and $q$, draw
+# {glue:text}`ch17-rule-n` drafts from $q$,
 # run the rule on each, and compare the emitted tokens' frequencies with $p$, in
 # standard errors of a frequency, $\sqrt{p(1-p)/N}$. The share of drafts kept should be
 # $\sum_x \min(p(x), q(x))$, the overlap of the two distributions.
@@ -158,7 +159,8 @@ glue("ch17-rule-n", f"{N:,}", display=False)
 #
 # Prompt lookup pays off where the answer repeats the prompt: editing code, answering
 # from a document, or, most plainly, repeating a passage. We ask SmolLM2-135M-Instruct
-# to repeat each of three short passages back exactly and decode greedily, once plainly
+# to repeat each of three short passages back exactly and decode
+# {glue:text}`ch17-new` tokens greedily, once plainly
 # and once speculatively for each draft length $k$, with 3-token lookups. Every
 # speculative output is asserted equal to the plain one.
 
@@ -269,10 +271,10 @@ glue("ch17-predicted-kmax", f"{predicted(runs[kmax], cost)[2]:.2f}", display=Fal
 # In this run a {glue:text}`ch17-kmax`-draft verify cost {glue:text}`ch17-cost-kmax`
 # one-token steps, decoding with $k$ = {glue:text}`ch17-kmax` took
 # {glue:text}`ch17-speedup-kmax` times less time than plain decoding, and the acceptance
-# rate at that cost predicted {glue:text}`ch17-predicted-kmax` times. The gap between
-# the two is the per-step bookkeeping the formula leaves out (drafting, the rollback,
-# Python). `python -m companion.bench speculative` makes the same comparison with
-# repeated rounds.
+# rate at that cost predicted {glue:text}`ch17-predicted-kmax` times. The two need not
+# agree: the formula leaves out the prefill and each step's bookkeeping (drafting, the
+# rollback, Python), and the times come from one pass. `python -m companion.bench
+# speculative` makes the same comparison with repeated rounds.
 #
 # ## 3 · Better drafters
 #
