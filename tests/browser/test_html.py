@@ -205,6 +205,11 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-layer-cost": ("chapters/01_sequential_cage", 0),
     "fig-path-length": ("chapters/01_sequential_cage", 0),
     "fig-dyt-smollm2": ("chapters/06_normalization", 0),
+    "fig-kv-dtype": ("chapters/08_kv_cache", 0),
+    "fig-ep-traffic": ("chapters/10_mixture_of_experts", 0),
+    "fig-quant-row-error": ("chapters/16_serving", 0),
+    "fig-paged-footprint": ("chapters/16_serving", 0),
+    "fig-phases-roofline": ("chapters/16_serving", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
