@@ -182,15 +182,15 @@ class SpeculativeResult:
 
     @property
     def acceptance_judged(self) -> int:
-        """Drafts the target judged: the kept ones and each step's first rejected one
-        (drafts after a rejection are never judged)."""
+        """How many drafts the target judged, the kept ones and each step's first
+        rejected one (drafts after a rejection are never judged)."""
         return sum(
             a + (a < d) for a, d in zip(self.accepted, self.drafted, strict=True)
         )
 
     @property
     def acceptance(self) -> float:
-        """Kept drafts over judged drafts: the per-token acceptance rate α."""
+        """The per-token acceptance rate α, kept drafts over judged drafts."""
         return sum(self.accepted) / max(self.acceptance_judged, 1)
 
 
