@@ -79,8 +79,8 @@ class Traffic(NamedTuple):
     sent out (``dispatch``) and expert outputs it sent back (``combine``), and the
     bytes of one row in each direction. The rank's own entry stays on the rank."""
 
-    dispatch: Tensor
-    combine: Tensor
+    dispatch: torch.Tensor
+    combine: torch.Tensor
     row_bytes: int
 
     def sent_bytes(self, rank: int) -> int:
