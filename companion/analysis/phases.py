@@ -76,7 +76,7 @@ class PhaseCost:
 
     @property
     def nbytes(self) -> int:
-        """Bytes moved: the weights plus the cache traffic."""
+        """The bytes moved, the weights plus the cache traffic."""
         return self.weight_bytes + self.cache_bytes
 
     @property
