@@ -16,6 +16,16 @@
 # %% [markdown]
 # # 17 · Speculative decoding: more tokens per read of the weights
 #
+# ```{admonition} The question
+# :class: tip
+# How can a decoder produce several tokens per read of its weights without changing a single token of what it would have written?
+# Let something cheap guess the next $k$ tokens, score all the guesses in one forward,
+# keep the run the model agrees with and roll the cache back past the rest: greedy output
+# stays identical, and sampled output keeps the model's distribution through the
+# accept/resample rule. Copying from its prompt, SmolLM2-135M asked to repeat a passage
+# made {glue:text}`ch17-tps-kmax` tokens per forward with $k$ = {glue:text}`ch17-kmax`.
+# ```
+#
 # Decoding one token reads every weight of the model once, and the cache besides
 # ({doc}`08_kv_cache`): each weight crosses the memory bus to take part in one
 # multiply-add, so on an accelerator the step's time is set by memory, not by
@@ -28,6 +38,14 @@
 # only the number of forwards changes. This chapter builds it in
 # `companion.models.speculative`, checks both halves of that promise, and measures it on
 # SmolLM2-135M with a drafter that costs nothing: copying from the prompt.
+#
+# ```{admonition} Reading the numbers
+# :class: note
+# The runs below are small and short. A ± is a 95 % interval over seeds, on the paired
+# differences where runs share seeds and batches; a difference is claimed only when that
+# interval excludes zero, and a null says these seeds cannot tell the two apart. The
+# {ref}`preface <reading-the-numbers>` says what follows from that.
+# ```
 
 # %% tags=["remove-input"]
 # Setup: on Colab, install the companion package (no effect elsewhere).

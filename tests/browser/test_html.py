@@ -210,6 +210,7 @@ FIGURES: dict[str, tuple[str, int]] = {
     "fig-quant-row-error": ("chapters/16_serving", 0),
     "fig-paged-footprint": ("chapters/16_serving", 0),
     "fig-phases-roofline": ("chapters/16_serving", 0),
+    "fig-spec-yield": ("chapters/17_speculative_decoding", 0),
 }
 # Unlabelled animations a page must show: page -> frame counts (the intro's small morph).
 MIN_FRAMES: dict[str, tuple[int, ...]] = {"book/intro": (14,)}
