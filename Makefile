@@ -74,7 +74,7 @@ help:
 	@echo "make book       strict HTML build into _build/html"
 	@echo "make test       ruff, unit tests, nbval over the chapters, book build, browser check"
 	@echo "make lab        JupyterLab on chapters/ (jupytext keeps .ipynb and .py paired)"
-	@echo "make bench      python -m companion.bench attention, decode, bandwidth, moe, deltanet, kda, mla, sparse"
+	@echo "make bench      python -m companion.bench attention ... sparse, kvquant, expert_parallel, speculative"
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
 	@echo "make full       every chapter with FULL = True outside Jupyter, timed (use a GPU)"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
@@ -191,6 +191,9 @@ bench: $(STAMP)
 	$(BIN)/python -m companion.bench kda
 	$(BIN)/python -m companion.bench mla
 	$(BIN)/python -m companion.bench sparse
+	$(BIN)/python -m companion.bench kvquant
+	$(BIN)/python -m companion.bench expert_parallel
+	$(BIN)/python -m companion.bench speculative
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/setup_cells.py
