@@ -430,7 +430,8 @@ for label, e, k, _ in LAYOUTS:
     assert abs(log_count - math.log(combos[label])) < 1e-9
 # at the same active width, finer experts give more sets, each step by > 10^10
 same_active = [combos[label] for label, *_ in LAYOUTS[:3]]
-assert same_active[1] > 1e10 * same_active[0] and same_active[2] > 1e10 * same_active[1]
+assert same_active[1] > 1e10 * same_active[0]
+assert same_active[2] > 1e10 * same_active[1]
 assert all(e * w == 256 for _, e, _, w in LAYOUTS)  # every layout: the same total
 assert [k * w for _, _, k, w in LAYOUTS] == [64, 64, 64, 32, 8]
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -619,9 +620,8 @@ print(
 )
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{final[m, seed]:>16.2f}" for m in MODES))
-print(
-    f"{'seed':>4} " + "".join(f"{m:>16}" for m in MODES) + "   (LM loss, last 50 steps)"
-)
+columns = "".join(f"{m:>16}" for m in MODES)
+print(f"{'seed':>4} {columns}   (LM loss, last 50 steps)")
 for seed in SEEDS:
     print(f"{seed:>4} " + "".join(f"{tail_loss[m, seed]:>16.3f}" for m in MODES))
 
