@@ -18,7 +18,7 @@
 #
 # ```{admonition} The question
 # :class: tip
-# What does serving a model do to the cache that chapter 8 counted: how few bytes can each cached number take, how is the cache laid out when many requests share one pool of memory, and why does reading a prompt cost so differently from writing one token?
+# What does serving a model do to the cache that {doc}`chapter 8 <08_kv_cache>` counted: how few bytes can each cached number take, how is the cache laid out when many requests share one pool of memory, and why does reading a prompt cost so differently from writing one token?
 # In one byte per number with one scale per row, which for SmolLM2-135M costs
 # {glue:text}`ch16-quant-vs-bf16` times fewer bytes than bf16 and a held-out loss change
 # these runs cannot tell from zero; in
@@ -937,7 +937,8 @@ for fp in footprints:  # paged fills what it reserves; contiguous mostly does no
 #   H100's ridge of {glue:text}`ch16-phases-h100-ridge`); a decode step's is
 #   {glue:text}`ch16-phases-decode1` at batch 1 and cannot pass
 #   {glue:text}`ch16-phases-cap` however large the batch, because each sequence reads its
-#   own cache. That bound is why every change in chapters 8 to 15 bought fewer cached
+#   own cache. That bound is why every change in {doc}`chapters 8 <08_kv_cache>` to
+#   {doc}`15 <15_select_compress_widen>` bought fewer cached
 #   bytes. MLA's two forms split the same way: expand the latents to prefill, attend in
 #   the latent space to decode.
 # - **Not built here:** kernels that dequantise or follow the page table inside
