@@ -203,9 +203,10 @@ def check_rollback(cache: nn.Module) -> None:
         if type(layer) not in _ROLLBACK_SAFE:
             raise ValueError(
                 f"speculative decoding rolls rejected drafts back by resetting "
-                f"cache.length, which needs position-indexed caches (KVCache, "
-                f"LatentCache); layer {i} keeps a {type(layer).__name__} (a sliding "
-                "ring or a recurrent state), which rejected writes would corrupt"
+                f"cache.length, which is exact only for the plain position-indexed "
+                f"caches (KVCache, LatentCache, SparseLatentCache); layer {i} keeps "
+                f"a {type(layer).__name__} (a sliding ring or a recurrent state would "
+                "be corrupted by rejected writes; other kinds are not checked for it)"
             )
 
 
