@@ -41,7 +41,7 @@ define install_torch
 	fi
 endef
 CHROMIUM := /usr/bin/chromium
-EXTRAS := book,test,hf,lab,widgets
+EXTRAS := book,test,hf,lab,widgets,gpu
 
 # Same environment for tests, notebooks and kernels: no progress bars, no downloads,
 # reproducible hashing.

@@ -108,6 +108,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "check_choice", "check_id_list", "check_int", "check_number", "check_positive",
         "check_targets", "check_text", "DISTRIBUTION", "read_checked", "require",
     ),
+    "kernels": ("check_triton", "interpret_on_cpu", "interpreting", "triton_available"),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),

@@ -18,6 +18,7 @@ PKG = ROOT / "companion"
 LAYERS = [
     "base",
     "ops",
+    "kernels",
     "layers",
     "models",
     "checkpoints",
