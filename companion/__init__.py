@@ -3,6 +3,7 @@
 The package is layered, each layer importing only the ones before it:
 
 - ``companion.device``, ``numerics``, ``checks``, ``plotting``, ``training``: the base;
+- :mod:`companion.kernels`: Triton kernels for the fast paths (the ``gpu`` extra);
 - :mod:`companion.ops`: functions on tensors (attention forms, masks, RoPE, linear
   attention);
 - :mod:`companion.layers`: modules (attention, FFNs, experts, norms, caches, the block);

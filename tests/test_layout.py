@@ -17,8 +17,8 @@ PKG = ROOT / "companion"
 # lowest first: a module may import its own layer and the ones before it
 LAYERS = [
     "base",
-    "ops",
     "kernels",
+    "ops",
     "layers",
     "models",
     "checkpoints",
