@@ -105,8 +105,17 @@ book: $(STAMP)
 test: lint unit core nbval book browser
 	@echo "make test: all steps passed"
 
+# The workflows in .github/workflows: zizmor's security audits (offline, pedantic), the
+# GitHub workflow schema vendored in check-jsonschema (no download), and actionlint where
+# it is on PATH (the GitHub workflow installs it; its Python wrapper downloads the binary
+# from GitHub when it builds, which this project's machines cannot reach).
+WORKFLOWS := $(wildcard .github/workflows/*.yml)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/zizmor --offline --pedantic --no-progress --quiet .github/workflows
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows $(WORKFLOWS)
+	@if command -v actionlint >/dev/null; then actionlint $(WORKFLOWS); \
+	else echo "actionlint: SKIPPED (not on PATH; the GitHub workflow runs it)"; fi
 
 unit: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/pytest tests -m "not browser" --disable-socket --allow-unix-socket
