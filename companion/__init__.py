@@ -2,7 +2,7 @@
 
 The package is layered, each layer importing only the ones before it:
 
-- ``companion.device``, ``numerics``, ``checks``, ``plotting``, ``training``: the base;
+- the base: ``device``, ``numerics``, ``checks``, ``plotting``, ``training``, ``data_parallel``;
 - :mod:`companion.kernels`: Triton kernels for the fast paths (the ``gpu`` extra);
 - :mod:`companion.ops`: functions on tensors (attention forms, masks, RoPE, linear
   attention);
@@ -110,7 +110,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "check_targets", "check_text", "DISTRIBUTION", "read_checked", "require",
     ),
     "kernels": ("check_triton", "interpret_on_cpu", "interpreting", "triton_available"),
+    "kernels.rms_norm": ("add_rms_norm",),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
+    "data_parallel": ("DataParallelHistory", "global_mean", "setup_process_group",
+                      "shard_batch", "train_data_parallel"),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),
     "layers.deepnorm": ("deepnorm_", "deepnorm_constants", "DeepNormResidual"),
