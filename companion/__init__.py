@@ -111,6 +111,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "kernels": ("check_triton", "interpret_on_cpu", "interpreting", "triton_available"),
     "kernels.rms_norm": ("add_rms_norm",),
+    "kernels.gated_delta": ("chunk_gated_delta_rule_triton",),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "data_parallel": ("DataParallelHistory", "global_mean", "setup_process_group",
                       "shard_batch", "train_data_parallel"),
