@@ -52,7 +52,7 @@ from companion.ops.linear_attention import (
 __all__ = ["GATE_FUNCTIONS", "IMPLS", "PROJECTIONS", "RULES", "GatedDeltaNet"]
 __all__ += ["GatedDeltaNetCache", "GatedRMSNorm"]
 
-IMPLS = ("chunk", "recurrent")
+IMPLS = ("chunk", "recurrent", "triton")
 # how the input projections are stored: "grouped" (two fused matrices grouped by key head:
 # Qwen3-Next) or "split" (q·k·v, z, b and a apart, head after head: Qwen3.5)
 PROJECTIONS = ("grouped", "split")
@@ -118,10 +118,11 @@ class GatedDeltaNet(nn.Module):
     d)``.
 
     ``impl`` picks the op for every call, one-token decode steps included: ``"chunk"``
-    (:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`) or ``"recurrent"`` (the
-    token loop reference). ``rule`` swaps the state update for an ablation
-    (``RULES``); the parameters stay the same, the unused ones (``a`` for
-    ``"delta"``, ``a`` and ``b`` for ``"linear"``) get no gradient.
+    (:func:`~companion.ops.delta_rule.chunk_gated_delta_rule`), ``"recurrent"`` (the
+    token loop reference) or ``"triton"`` (the kernels of
+    :mod:`companion.kernels.gated_delta`; the gated rule only). ``rule`` swaps the
+    state update for an ablation (``RULES``); the parameters stay the same, the unused
+    ones (``a`` for ``"delta"``, ``a`` and ``b`` for ``"linear"``) get no gradient.
     """
 
     def __init__(
@@ -142,6 +143,8 @@ class GatedDeltaNet(nn.Module):
         check_choice("impl", impl, IMPLS)
         check_choice("rule", rule, RULES)
         check_choice("projections", projections, PROJECTIONS)
+        if impl == "triton" and rule != "gated_delta":
+            raise ValueError(f"impl='triton' needs rule='gated_delta', got {rule!r}")
         sizes = {"d_model": d_model, "n_key_heads": n_key_heads, "key_dim": key_dim,
                  "n_value_heads": n_value_heads, "value_dim": value_dim,
                  "conv_kernel": conv_kernel, "chunk_size": chunk_size}  # fmt: skip
@@ -315,4 +318,9 @@ class GatedDeltaNet(nn.Module):
             a.float() + self.dt_bias
         )  # (B, T, H)
         op = chunk_gated_delta_rule if chunk else recurrent_gated_delta_rule
+        if self.impl == "triton":
+            from companion.kernels import gated_delta as kernel
+
+            op = kernel.chunk_gated_delta_rule_triton
+            extra["chunk_size"] = self.chunk_size
         return op(q, k, v, g, beta, state, keep, **extra)

@@ -131,6 +131,10 @@ class KimiDeltaAttention(nn.Module):
             ("chunk_size", chunk_size),
         ):
             check_int(name, value, 1)
+        if impl == "triton":  # the kernels take one log-decay per head, not per channel
+            raise ValueError(
+                "impl='triton' has no KDA kernel; use 'chunk' or 'recurrent'"
+            )
         check_choice("impl", impl, IMPLS)
         # checks layout and gate_lower_bound
         self.forget_gate = KDAForgetGate(
