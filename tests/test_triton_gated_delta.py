@@ -19,7 +19,7 @@ from companion.ops.delta_rule import (  # noqa: E402
 )
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-# fp32 products are exact ("ieee") in the kernels; bf16 inputs use TF32 on a GPU
+# fp32 inputs: products of fp32 accuracy (tf32x3); bf16 inputs: TF32 on a GPU
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
 DECAYS = {"strong": (1.0, 4.0), "weak": (0.0, 0.02)}  # g = −(lo + span·U(0, 1))
 

@@ -40,17 +40,19 @@ _WIDTHS = (16, 32, 64, 128)  # D_k and D_v: powers of two the state tile fits on
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """``a @ b`` accumulated in fp32; exact fp32 inputs where IEEE, else TF32 on GPUs."""
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+def _dot(a, b, FP32: tl.constexpr):
+    """``a @ b`` accumulated in fp32. On a GPU the products are TF32 (10-bit mantissa),
+    or with FP32 three TF32 products of fp32 accuracy (measured on an H100: 2 ms against
+    31 ms for exact "ieee" products at T = 4096, H = 16, D = 128)."""
+    if FP32:
+        return tl.dot(a, b, input_precision="tf32x3")
     return tl.dot(a, b)
 
 
 @triton.jit
 def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, T, NT,
                DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
-               IEEE: tl.constexpr):  # fmt: skip
+               FP32: tl.constexpr):  # fmt: skip
     """One chunk of one head: ``[u | w] = (I + L)⁻¹ [β v | β e^γ k]``."""
     n, bh = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, C)
@@ -65,7 +67,7 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, T, NT,
     gam = tl.cumsum(tl.load(g_ptr + bh * T + t, mask=live, other=0.0), 0)
     lower = rows[:, None] > rows[None, :]  # s < r
     diff = tl.where(lower, gam[:, None] - gam[None, :], 0.0)
-    big_l = _dot(k * beta[:, None], tl.trans(k), IEEE)
+    big_l = _dot(k * beta[:, None], tl.trans(k), FP32)
     big_l = tl.where(lower, big_l * tl.exp(diff), 0.0)  # (C, C)
     # forward substitution: row i of (I + L)⁻¹ is e_i − Σ_{j<i} L_ij (row j)
     inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
@@ -73,8 +75,8 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, T, NT,
         l_i = tl.sum(tl.where(rows[:, None] == i, big_l, 0.0), 0)  # L[i, :]
         row = tl.where(rows == i, 1.0, 0.0) - tl.sum(l_i[:, None] * inv, 0)
         inv = tl.where(rows[:, None] == i, row[None, :], inv)
-    u = _dot(inv, v * beta[:, None], IEEE)
-    w = _dot(inv, k * (beta * tl.exp(gam))[:, None], IEEE)
+    u = _dot(inv, v * beta[:, None], FP32)
+    w = _dot(inv, k * (beta * tl.exp(gam))[:, None], FP32)
     tp = n * C + rows  # the buffers are padded to N·C rows: no mask
     tl.store(u_ptr + bh * NT * DV + tp[:, None] * DV + dv[None, :], u)
     tl.store(w_ptr + bh * NT * DK + tp[:, None] * DK + dk[None, :], w)
@@ -83,7 +85,7 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, T, NT,
 @triton.jit
 def _state_kernel(q_ptr, k_ptr, g_ptr, u_ptr, w_ptr, s0_ptr, o_ptr, s_ptr, T, NT,
                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                  C: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+                  C: tl.constexpr, FP32: tl.constexpr):  # fmt: skip
     """One head, ``BV`` value columns: the chunks in order, the state on chip."""
     bh, j = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, C)
@@ -101,30 +103,32 @@ def _state_kernel(q_ptr, k_ptr, g_ptr, u_ptr, w_ptr, s0_ptr, o_ptr, s_ptr, T, NT
         gam = tl.cumsum(tl.load(g_ptr + bh * T + t, mask=live, other=0.0), 0)
         w = tl.load(w_ptr + bh * NT * DK + t[:, None] * DK + dk[None, :])
         u = tl.load(u_ptr + bh * NT * DV + t[:, None] * DV + cv[None, :])
-        delta = u - _dot(w, s, IEEE)  # (C, BV)
+        delta = u - _dot(w, s, FP32)  # (C, BV)
         diff = tl.where(causal, gam[:, None] - gam[None, :], 0.0)
-        qk = tl.where(causal, _dot(q, tl.trans(k), IEEE) * tl.exp(diff), 0.0)
-        o = _dot(q * tl.exp(gam)[:, None], s, IEEE) + _dot(qk, delta, IEEE)
+        qk = tl.where(causal, _dot(q, tl.trans(k), FP32) * tl.exp(diff), 0.0)
+        o = _dot(q * tl.exp(gam)[:, None], s, FP32) + _dot(qk, delta, FP32)
         tl.store(o_ptr + bh * T * DV + t[:, None] * DV + cv[None, :], o,
                  mask=live[:, None])  # fmt: skip
         g_end = tl.sum(tl.where(rows == C - 1, gam, 0.0), 0)  # γ_C (pads add 0)
         k_end = k * tl.exp(g_end - gam)[:, None]
-        s = s * tl.exp(g_end) + _dot(tl.trans(k_end), delta, IEEE)
+        s = s * tl.exp(g_end) + _dot(tl.trans(k_end), delta, FP32)
     tl.store(s_ptr + s_at, s)
 
 
-def _kernels(q, k, v, g, beta, s0, c: int, ieee: bool) -> tuple[Tensor, Tensor]:
+def _kernels(q, k, v, g, beta, s0, c: int, fp32: bool) -> tuple[Tensor, Tensor]:
     """Launch both kernels on heads-first contiguous fp32 inputs ``(B, H, T, D)``."""
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     nt = -(-t // c) * c
     u = q.new_empty(b, h, nt, dv)
     w = q.new_empty(b, h, nt, dk)
-    _wy_kernel[(nt // c, b * h)](k, v, g, beta, u, w, t, nt, dk, dv, c, ieee)
+    _wy_kernel[(nt // c, b * h)](k, v, g, beta, u, w, t, nt, dk, dv, c, fp32)
     o, s = torch.empty_like(v), torch.empty_like(s0)
-    bv = min(dv, 64)
+    bv = min(dv, 64 if dk <= 64 else 32)  # the state tile D_k × BV and q, k, w fit
+    # one stage: the chunks run in order anyway, and pipelined copies overflow shared
+    # memory at D_k = 128
     _state_kernel[(b * h, dv // bv)](
-        q, k, g, u, w, s0, o, s, t, nt, dk, dv, bv, c, ieee
+        q, k, g, u, w, s0, o, s, t, nt, dk, dv, bv, c, fp32, num_stages=1
     )
     return o, s
 
@@ -163,10 +167,10 @@ class _ChunkGatedDelta(torch.autograd.Function):
     """Forward by the kernels; backward by autograd through :func:`_torch_steps`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, s0, c: int, ieee: bool):  # noqa: ANN001
+    def forward(ctx, q, k, v, g, beta, s0, c: int, fp32: bool):  # noqa: ANN001
         ctx.save_for_backward(q, k, v, g, beta, s0)
         ctx.c = c
-        return _kernels(q, k, v, g, beta, s0, c, ieee)
+        return _kernels(q, k, v, g, beta, s0, c, fp32)
 
     @staticmethod
     def backward(ctx, do: Tensor, ds: Tensor):  # noqa: ANN205
@@ -249,6 +253,6 @@ def chunk_gated_delta_rule_triton(
         if initial_state is None
         else initial_state.float().contiguous()
     )
-    ieee = dtype in (torch.float32, torch.float64)  # TF32 products for 16-bit inputs
-    o, s = _ChunkGatedDelta.apply(q, k, v, g, beta, s0, chunk_size, ieee)
+    fp32 = dtype in (torch.float32, torch.float64)  # plain TF32 for 16-bit inputs
+    o, s = _ChunkGatedDelta.apply(q, k, v, g, beta, s0, chunk_size, fp32)
     return o.transpose(1, 2).to(dtype), (s if output_final_state else None)
