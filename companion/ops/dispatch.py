@@ -3,7 +3,9 @@
 ``impl`` is one of ``IMPLS``; each name is a form with the shared signature of
 :mod:`companion.ops.attention`. Grouped K/V heads are repeated for the forms that need
 one K/V head per query head (``reference``, ``tiled``); sinks (chapter 12) exist in the
-``reference`` and ``sdpa`` forms, and any other form asked for them raises.
+``reference`` and ``sdpa`` forms, and any other form asked for them raises. ``triton``
+runs :func:`companion.kernels.flash_attention.flash_attention` (the ``gpu`` extra; grouped
+K/V read by index): it takes ``causal`` and no other mask.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from companion.ops.tiled import tiled_attention
 
 __all__ = ["IMPLS", "attention"]
 
-IMPLS = ("reference", "sdpa", "tiled", "flex")
+IMPLS = ("reference", "sdpa", "tiled", "flex", "triton")
 
 
 def attention(
@@ -35,8 +37,8 @@ def attention(
     sinks: Tensor | None = None,
 ) -> Tensor:
     """``(B, H, T, Dv)`` from the form ``impl`` names: ``"reference"``, ``"sdpa"``,
-    ``"tiled"`` or ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``). q, k,
-    v (and a float mask) must share one dtype."""
+    ``"tiled"``, ``"flex"`` (``mask`` may be a BlockMask only for ``"flex"``) or
+    ``"triton"`` (no mask). q, k, v (and a float mask) must share one dtype."""
     check_choice("impl", impl, IMPLS)
     # a float mask is additive and must share q's dtype too; a bool mask or a BlockMask
     # carries no dtype of its own
@@ -56,7 +58,30 @@ def attention(
     if impl == "flex":
         return flex_attention_forward(q, k, v, **kw)
     check_qkv(q, k, v, mask, grouped=True)
+    if impl == "triton":
+        return _triton(q, k, v, mask, causal, scale, dropout_p)
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
     if impl == "reference":
         return naive_attention(q, k, v, **kw)
     return tiled_attention(q, k, v, **kw)
+
+
+def _triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | BlockMask | None,
+    causal: bool,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    if mask is not None:
+        raise ValueError(
+            "impl='triton' takes causal=True or False and no mask (a sliding window: "
+            "companion.kernels.flash_attention.flash_attention(..., window=W))"
+        )
+    if dropout_p > 0.0:
+        raise ValueError("impl='triton' has no attention dropout; use 'sdpa'")
+    from companion.kernels.flash_attention import flash_attention
+
+    return flash_attention(q, k, v, causal=causal, scale=scale)
