@@ -486,6 +486,67 @@ print(f"recurrent / chunk: {ms['recurrent'] / ms['chunk C=64']:.1f}")
 # several lengths and, with `--device cuda`, on a GPU. There the loop pays a kernel launch
 # per token, so we expect the gap to be larger; we do not measure that here.
 #
+# ### The same algebra as a Triton kernel
+#
+# In `delta_rule_chunks` every line is a separate PyTorch operation over all chunks, and
+# each one writes its result to memory before the next reads it back. On a GPU that
+# traffic, not the arithmetic, sets the pace. `chunk_gated_delta_rule_triton` takes the
+# same arguments and splits the work into two Triton kernels, each deciding what stays in
+# the chip's registers and shared memory:
+#
+# * **The WY step, all chunks in parallel.** One program per chunk and head loads that
+#   chunk's keys, values and gates, takes the cumulative log-decay γ, builds the
+#   $C \times C$ block $L$ and inverts $I + L$ by forward substitution, one row per step
+#   ($C - 1$ steps over a block that never leaves the chip: Triton has no triangular
+#   solve, and at $C \le 64$ none is needed). Only $u$ and $w$ go back to memory.
+# * **One pass over the chunks per head.** One program per head (and slice of value
+#   columns) walks the chunks in order. The $D_k \times D_v$ state stays on chip in fp32
+#   for the whole pass; each chunk reads $q, k, g, u, w$, forms $\delta = u - wS$, writes
+#   its outputs and updates $S$. This loop of $T/C$ steps is the only sequential part.
+#
+# Nowhere is there a $T \times T$ matrix: the largest temporary is one chunk's
+# $C \times C$ block. The kernels are forward only; their gradients come from autograd
+# through the same steps written in PyTorch. Their source, the first kernel and then the
+# second:
+
+# %% tags=["hide-input"]
+from companion.kernels import interpret_on_cpu, triton_available
+
+HAS_TRITON = triton_available()
+if HAS_TRITON:
+    interpret_on_cpu()  # no CUDA GPU: Triton's interpreter runs them on the CPU
+    from companion.kernels.gated_delta import (
+        chunk_gated_delta_rule_triton,
+        kernel_sources,
+    )
+
+    kdev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x = inputs(40, heads=2, dim=16, dtype=torch.float32)  # 3 chunks, the last cut
+    args = [x[n].detach().to(kdev) for n in ("q", "k", "v", "g", "beta")]
+    s0 = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(3))
+    kw = {"chunk_size": 16, "use_qk_l2norm_in_kernel": True}  # as the layer runs it
+    out_kernel = chunk_gated_delta_rule_triton(*args, s0.to(kdev), True, **kw)
+    out_torch = chunk_gated_delta_rule(*args, s0.to(kdev), True, **kw)
+    pairs = zip(out_kernel, out_torch, strict=True)  # outputs, final state
+    worst = max(((a - b).abs().max() / b.abs().max()).item() for a, b in pairs)
+    assert worst < 1e-5, worst  # relative to the largest entry; fp32
+    glue("ch11-kernel-check", "agree within 10⁻⁵ of the largest entry", display=False)
+    print("Triton kernels against delta_rule_chunks: outputs and state within 1e-5")
+else:
+    glue("ch11-kernel-check", "were not run: Triton is not installed", display=False)
+    print("Triton is not installed (pip install -e '.[gpu]', Linux): skipped")
+
+# %%
+Code(kernel_sources() if HAS_TRITON else "# needs Triton", language="python")
+
+# %% [markdown]
+# Run on this page at 40 tokens, chunks of 16, with a starting state and L2-normalised
+# queries and keys (under Triton's interpreter where there is no GPU), the kernels and
+# the PyTorch chunked form {glue:text}`ch11-kernel-check`, in the outputs and in the
+# final state;
+# `tests/test_triton_gated_delta.py` checks more shapes and the gradients, and
+# `make gpu-check` times both forms on a GPU.
+#
 # ## How much a fixed state can hold
 #
 # A $D_k \times D_v$ matrix is a linear map from keys to values, so it can map at most $D_k$

@@ -10,7 +10,10 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from companion.kernels.gated_delta import chunk_gated_delta_rule_triton  # noqa: E402
+from companion.kernels.gated_delta import (  # noqa: E402
+    chunk_gated_delta_rule_triton,
+    kernel_sources,
+)
 from companion.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from companion.layers.kimi_delta import KimiDeltaAttention  # noqa: E402
 from companion.ops.delta_rule import (  # noqa: E402
@@ -160,3 +163,9 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     q, k, v, g, beta, _ = (x.cpu() if x is not None else x for x in _inputs(t=5))
     with pytest.raises(RuntimeError, match="runs on a CUDA GPU"):
         chunk_gated_delta_rule_triton(q, k, v, g, beta)
+
+
+def test_kernel_sources_are_the_two_kernels():
+    src = kernel_sources()
+    assert src.count("@triton.jit") == 2 and "def _wy_kernel" in src
+    assert "for n in range(0, tl.cdiv(T, C))" in src  # the one pass over the chunks

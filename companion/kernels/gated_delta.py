@@ -25,6 +25,8 @@ is not a kernel.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -33,7 +35,7 @@ from torch import Tensor
 
 from companion.kernels import check_triton
 
-__all__ = ["chunk_gated_delta_rule_triton"]
+__all__ = ["chunk_gated_delta_rule_triton", "kernel_sources"]
 
 _CHUNK_SIZES = (16, 32, 64)  # tl.dot: sides >= 16; C ≤ 64 keeps L in registers
 _WIDTHS = (16, 32, 64, 128)  # D_k and D_v: powers of two the state tile fits on chip
@@ -113,6 +115,12 @@ def _state_kernel(q_ptr, k_ptr, g_ptr, u_ptr, w_ptr, s0_ptr, o_ptr, s_ptr, T, NT
         k_end = k * tl.exp(g_end - gam)[:, None]
         s = s * tl.exp(g_end) + _dot(tl.trans(k_end), delta, FP32)
     tl.store(s_ptr + s_at, s)
+
+
+def kernel_sources() -> str:
+    """The Triton source of both kernels: the per-chunk WY step, then the pass over
+    chunks."""
+    return "\n\n".join(inspect.getsource(f.fn) for f in (_wy_kernel, _state_kernel))
 
 
 def _kernels(q, k, v, g, beta, s0, c: int, fp32: bool) -> tuple[Tensor, Tensor]:
