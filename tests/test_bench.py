@@ -219,3 +219,50 @@ def test_bandwidth_counts_the_cache_and_the_repeated_copy():
     assert grouped == 2 * k.nbytes == decode_attention_bytes(2 * 8 * 16, 64, 1, 4)
     copy = 2 * expand_kv(k, 32).nbytes  # the repeated K and V, written then read
     assert moved_bytes(32, 8, 64, 16, 4, repeated=True) == grouped + 2 * copy
+
+
+def test_kernels_bench_prints_and_writes_every_row(tmp_path, capsys):
+    pytest.importorskip("triton")
+    import json
+
+    path = tmp_path / "kernels.json"
+    main(["kernels", "--tiny", "--repeats", "1", "--out-json", str(path)])
+    out = capsys.readouterr().out
+    assert "Triton kernels vs PyTorch on" in out and "bf16, torch" in out
+    for title in ("attention (base: sdpa)", "gated_delta (base: chunk (torch))"):
+        assert title in out
+    assert out.count("time/base") == 3 and "add_rms_norm (base: eager)" in out
+    report = json.loads(path.read_text())
+    assert {"device", "dtype", "torch", "triton", "rows"} <= report.keys()
+    rows = report["rows"]
+    keys = {"group", "case", "impl", "pass", "ms", "tflops", "gbps", "ratio"}
+    assert all(keys | {"baseline", "note"} == r.keys() for r in rows)
+    for r in rows:  # measured, or a note saying why not (torch.compile is skipped)
+        skipped = r["impl"] == "torch.compile" and r["note"] == "skipped"
+        assert skipped or (r["ms"] > 0 and r["note"] is None), r
+        if r["impl"] == r["baseline"]:
+            assert r["ratio"] == 1.0
+    flash = [r for r in rows if r["impl"] == "flash (triton)"]
+    assert {r["pass"] for r in flash} == {"fwd", "fwd+bwd"} and len(flash) == 6
+    assert all(r["tflops"] > 0 for r in flash)
+    fused = [r for r in rows if r["impl"] == "fused (triton)"]
+    assert [r["pass"] for r in fused] == ["fwd", "fwd+bwd"]
+    assert all(r["gbps"] > 0 and r["ratio"] > 0 for r in fused)
+    assert any(r["group"] == "gated_delta" and r["impl"] == "triton" for r in rows)
+
+
+def test_kernels_bench_without_cuda_says_so(monkeypatch, capsys):
+    pytest.importorskip("triton")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main(["kernels"])
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_kernels_bench_counts_the_pairs_a_window_lets_through():
+    from companion.bench.kernels import visible_pairs
+
+    t, w = 12, 5
+    i = torch.arange(t)
+    band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
+    assert visible_pairs(t, w) == band.sum().item()
+    assert visible_pairs(t, None) == visible_pairs(t, t) == t * t / 2

@@ -30,6 +30,7 @@ BENCHMARKS = (
     "kvquant",
     "expert_parallel",
     "speculative",
+    "kernels",
 )
 
 
