@@ -129,6 +129,18 @@ def test_layer_with_triton_equals_chunk():
     _close(triton_layer.A_log.grad, chunk.A_log.grad)
 
 
+def test_layer_with_triton_prefill_then_steps_equals_full_forward():
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(32, 1, 2, 16, 16, impl="triton", chunk_size=16).to(DEVICE)
+    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.no_grad():
+        want = layer(x)
+        cache = layer.new_cache(2, 20, device=DEVICE)
+        outs = [layer(x[:, :17], cache=cache)]  # a full chunk and one token
+        outs += [layer(x[:, i : i + 1], cache=cache) for i in range(17, 20)]
+    _close(torch.cat(outs, dim=1), want)
+
+
 @pytest.mark.parametrize("rule", ["delta", "linear"])
 def test_layer_rejects_triton_for_other_rules(rule):
     with pytest.raises(ValueError, match="needs rule='gated_delta'"):
@@ -145,6 +157,8 @@ BAD = {  # name: (change to the inputs, error pattern)
     "D_k": ({"q": lambda q: q[..., :8], "k": lambda k: k[..., :8]}, "D_k must be one"),
     "k_shape": ({"k": lambda k: k[:, :-1]}, "q and k must share one shape"),
     "state": ({"s0": lambda s: s[:, :1]}, r"initial_state must have shape"),
+    "g_positive": ({"g": lambda g: g + 1}, r"g must be finite and in \[-inf, 0\]"),
+    "beta_nan": ({"beta": lambda b: b / 0}, r"beta must be finite and in \[0, 2\]"),
 }
 
 

@@ -217,6 +217,11 @@ def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                 f"{name} must have shape (B, T, H) = {tuple(v.shape[:3])}, "
                 f"got {tuple(x.shape)}"
             )
+    for name, x, lo, hi in (("g", g, -torch.inf, 0.0), ("beta", beta, 0.0, 2.0)):
+        if not torch.compiler.is_compiling() and bool(
+            (~torch.isfinite(x) | (x < lo) | (x > hi)).any()
+        ):  # the ranges of the torch form: g a log-decay, β in [0, 2]
+            raise ValueError(f"{name} must be finite and in [{lo:g}, {hi:g}]")
     want = (v.shape[0], v.shape[2], k.shape[3], v.shape[3])
     if state is not None and state.shape != want:
         raise ValueError(
