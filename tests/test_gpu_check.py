@@ -178,3 +178,28 @@ def test_run_full_stands_in_for_missing_display_modules(tmp_path: Path) -> None:
     if not run_full.missing_display_modules():  # both installed: the twin runs plainly
         plain = run_full.run_one(twin, 60)
         assert plain["error"] == "AssertionError: the real IPython"
+
+
+def test_decode_bench_without_a_reference_reports_eager_and_bound() -> None:
+    torch = pytest.importorskip("torch")
+    from companion.bench.decode import bench_decode, format_decode
+    from companion.models.decoder import DecoderLM
+    from companion.models.presets import tiny
+
+    torch.manual_seed(0)
+    model = DecoderLM(tiny()).eval()
+    ids = torch.randint(model.cfg.vocab_size, (1, 5))
+    r = bench_decode(model, None, ids, new_tokens=3, repeats=1, compiled=False)
+    assert "transformers_tps" not in r and r["companion_tps"] > 0
+    assert r["weight_mb"] * 1e6 == sum(p.numel() * 4 for p in model.parameters())
+    table = format_decode(r)
+    assert table.splitlines()[1].startswith("eager") and "transformers" not in table
+    assert f"= {r['bound_tps']:.1f} tokens/s" in table
+
+
+def test_decode_command_names_a_bad_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    from companion.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["decode", "--preset", "gpt-5"])
+    assert "argument --preset: unknown preset 'gpt-5'" in capsys.readouterr().err

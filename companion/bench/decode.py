@@ -266,9 +266,8 @@ def _decode_command(args: argparse.Namespace) -> None:
     except RuntimeError as err:
         raise SystemExit(f"--device: {err}") from None
     dtype_name = args.dtype or ("fp32" if args.preset is None else "bf16")
-    dtype = DTYPES[dtype_name]
     if args.preset is not None:
-        model, reference = _random_model(args.preset, device, dtype), None
+        model, reference = _random_model(args.preset, device, DTYPES[dtype_name]), None
         ids = torch.randint(model.cfg.vocab_size, (1, 32), device=device)
         name = f"{args.preset} (random weights)"
     else:
@@ -281,7 +280,9 @@ def _decode_command(args: argparse.Namespace) -> None:
         reference = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         ).eval()
-        model, reference = (m.to(device, dtype) for m in (model, reference))
+        model, reference = (
+            m.to(device, DTYPES[dtype_name]) for m in (model, reference)
+        )
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": "Tell me a long story."}]
         )
@@ -316,12 +317,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device",
         choices=("cuda", "mps", "cpu"),
-        help="where to decode (default: companion.device.default_device())",
+        help="default: cuda, else mps, else cpu",
     )
     p.add_argument(
-        "--dtype",
-        choices=tuple(DTYPES),
-        help="weights' dtype (default: fp32; bf16 with --preset)",
+        "--dtype", choices=tuple(DTYPES), help="default: fp32; bf16 with --preset"
     )
     p.add_argument(
         "--preset",
