@@ -67,7 +67,7 @@ NUMERICS_ENV := $(shell $(PYTHON) companion/numerics.py)
 $(foreach kv,$(NUMERICS_ENV),$(eval unit core compat mutants nbval nbval-lax notebooks lab: export $(kv)))
 CROSS_PATH_ENV := -u MKL_CBWR ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: help venv book test lint unit core compat mutants nbval nbval-crosspath nbval-lax browser lab bench full notebooks lock clean \
+.PHONY: help venv book test lint unit core compat mutants nbval nbval-crosspath nbval-lax browser lab bench full gpu-check notebooks lock clean \
 	distclean
 
 help:
@@ -77,6 +77,7 @@ help:
 	@echo "make bench      python -m companion.bench attention ... sparse, kvquant, expert_parallel, speculative"
 	@echo "make notebooks  re-execute every chapter in _toc.yml in place, sync its .py twin"
 	@echo "make full       every chapter with FULL = True outside Jupyter, timed (use a GPU)"
+	@echo "make gpu-check  on a CUDA GPU: tests, kernels, bf16 decoding, FULL chapters, one report"
 	@echo "make lock       rewrite $(CONSTRAINTS) from .venv"
 	@echo "make clean      remove _build and caches (make distclean also removes .venv)"
 	@echo "Parts of make test: make lint | unit | core | nbval | book | browser"
@@ -191,6 +192,12 @@ full: $(STAMP)
 		--out _build/full/full.json \
 		$$($(BIN)/python tools/toc_notebooks.py | sed 's/\.ipynb$$/.py/')
 
+# On a CUDA GPU: the unit tests, the kernels against their references, bf16 decoding
+# against the bandwidth bound and every chapter with FULL = True, each section under its
+# own time limit (10 minutes in all on an H100/H200-class GPU), in one markdown report.
+gpu-check: $(STAMP)
+	$(BIN)/python tools/gpu_check.py --out _build/gpu-check/report.md
+
 bench: $(STAMP)
 	$(BIN)/python -m companion.bench attention
 	$(BIN)/python -m companion.bench decode
@@ -203,6 +210,7 @@ bench: $(STAMP)
 	$(BIN)/python -m companion.bench kvquant
 	$(BIN)/python -m companion.bench expert_parallel
 	$(BIN)/python -m companion.bench speculative
+	$(BIN)/python -m companion.bench kernels
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/setup_cells.py
