@@ -106,6 +106,20 @@ def test_chapters_table_lists_the_chapters_that_did_not_end(tmp_path: Path) -> N
     assert lines[3] == "| `02_b` | 3 | 1 | `E: gguf` |"
 
 
+def test_json_rows_as_a_list_a_dict_or_missing(tmp_path: Path) -> None:
+    path = tmp_path / "k.json"
+    render = gpu_check.render_json_rows(path)
+    assert "needs a CUDA GPU" in render(Result("ok", 1, 1, "it needs a CUDA GPU\n"))
+    path.write_text(json.dumps([{"impl": "triton", "ms": 0.5}]))
+    assert render(Result("ok", 1, 1)).splitlines()[2] == "| `triton` | 0.5 |"
+    rows = [{"impl": "sdpa", "tflops": None}, {"impl": "triton", "tflops": 312.4}]
+    path.write_text(json.dumps({"device": "H100", "tiny": False, "rows": rows}))
+    text = render(Result("ok", 1, 1))
+    assert "| device | `H100` |" in text and "| tiny | False |" in text
+    assert "| impl | tflops |" in text and "| `sdpa` |  |" in text
+    assert gpu_check.table([]) == "No rows."
+
+
 PYTEST_OUT = """\
 ..F.s [ 50%]
 =========================== short test summary info ============================

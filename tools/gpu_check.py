@@ -11,7 +11,8 @@ one is reported and the others still run:
 - ``tests``: ``pytest tests -m "not browser"`` with ``COMPANION_DEVICE=cuda`` (``-n``
   half the cores where pytest-xdist is installed): counts and the failed tests' ids.
   Without ``TRITON_INTERPRET`` the kernel tests compile their kernels for this GPU.
-- ``kernels``: ``python -m companion.bench kernels --out-json``: its rows as a table.
+- ``kernels``: ``python -m companion.bench kernels --out-json``: its rows as a table
+  (a JSON list of row dicts, or a dict holding them under ``rows``).
 - ``decode``: ``python -m companion.bench decode`` in bf16 with a preset's random
   weights (``--decode-preset``), eager and compiled, against the copy-bandwidth bound.
 - ``chapters``: every chapter's ``.py`` twin with ``FULL = True`` through
@@ -107,6 +108,8 @@ def table(rows: list[dict[str, object]], plain: tuple[str, ...] = ()) -> str:
     """Rows of dicts as a pipe table over the union of their keys; strings in code
     spans, except in the ``plain`` columns (the tool's own words)."""
     keys = list(dict.fromkeys(k for row in rows for k in row))
+    if not keys:
+        return "No rows."
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for row in rows:
         values = [_value(row.get(k, ""), k in plain) for k in keys]
@@ -115,6 +118,8 @@ def table(rows: list[dict[str, object]], plain: tuple[str, ...] = ()) -> str:
 
 
 def _value(v: object, plain: bool = False) -> str:
+    if v is None:
+        return ""
     if isinstance(v, float):
         return f"{v:.4g}"
     return cell(v) if isinstance(v, str) and v and not plain else str(v)
@@ -236,8 +241,20 @@ def render_tests(result: Result) -> str:
 
 
 def render_json_rows(path: Path) -> Callable[[Result], str]:
-    """A renderer for a section whose program wrote a JSON list of row dicts."""
-    return lambda result: table(json.loads(path.read_text())) if path.exists() else ""
+    """A renderer for a section whose program wrote JSON: a list of row dicts, or a
+    dict whose ``rows`` are that (its other keys become a table above); without the
+    file, what the program printed."""
+
+    def render(result: Result) -> str:
+        if not path.exists():
+            return fence(result.stdout or "(no output)", 40)
+        data = json.loads(path.read_text())
+        if isinstance(data, list):
+            return table(data)
+        about = [{"what": k, "value": v} for k, v in data.items() if k != "rows"]
+        return table(about, plain=("what",)) + "\n\n" + table(data.get("rows", []))
+
+    return render
 
 
 def render_chapters(path: Path, twins: list[Path]) -> Callable[[Result], str]:
