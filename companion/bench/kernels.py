@@ -6,11 +6,10 @@ Times, in bf16 on a CUDA GPU, one row after another in one process:
 - :func:`~companion.kernels.flash_attention.flash_attention` forward and forward +
   backward against PyTorch's SDPA (``F.scaled_dot_product_attention``, causal; GQA by
   ``enable_gqa``; the sliding window as a boolean mask, which SDPA's flash kernel
-  cannot take) and, forward only at the shortest length, against the plain-PyTorch
-  :func:`~companion.ops.tiled.tiled_attention`. FLOPs: the forward does 4·D multiply-adds
-  counted as FLOPs per visible (query, key) pair, 4·B·H·T·S·D for the full matrix; causal
-  counts half of it, a window the pairs in its band; the backward counts 2.5 times the
-  forward, so forward + backward is 3.5 times.
+  cannot take) and, forward only at the shortest length, the plain-PyTorch
+  :func:`~companion.ops.tiled.tiled_attention`. FLOPs: 4·D per visible (query, key) pair
+  (2·D for q·k, 2·D for p·v), 4·B·H·T·S·D for the full matrix; causal counts half of it,
+  a window the pairs in its band; backward = 2.5 × forward (forward + backward 3.5 ×).
 - :func:`~companion.kernels.gated_delta.chunk_gated_delta_rule_triton` against
   :func:`~companion.ops.delta_rule.chunk_gated_delta_rule`, forward, q and k
   L2-normalised in the kernel.
@@ -19,13 +18,13 @@ Times, in bf16 on a CUDA GPU, one row after another in one process:
   counts the bytes the fused kernel must move: forward x, r in and y, h out (4·N·D
   elements), forward + backward 4·N·D more (dy, dh, h in, dx out).
 
-``time/base`` is each row's time over its baseline's (SDPA, the PyTorch chunk form,
-eager): below 1 is faster. Timing is :func:`triton.testing.do_bench` (warm-up, then the
-median). Without CUDA it says so and stops: Triton's interpreter is for correctness,
-not speed; ``--tiny`` runs tiny shapes anyway (interpreted on a CPU) to check the
-table. ``--out-json PATH`` writes ``{"device", "dtype", "torch", "triton", "rows"}``,
-each row ``{"group", "case", "impl", "pass", "ms", "tflops", "gbps", "ratio",
-"baseline", "note"}`` (null where not measured).
+``time/base``: a row's time over its baseline's (SDPA, the PyTorch chunk form, eager);
+below 1 is faster. Timing: ``triton.testing.do_bench`` (warm-up, then the median).
+Without CUDA it says so and stops (Triton's interpreter is for correctness, not speed);
+``--tiny`` runs tiny shapes anyway (interpreted on a CPU) to check the table.
+``--out-json PATH`` writes ``{"device", "dtype", "torch", "triton", "tiny", "rows"}``,
+a row ``{"group", "case", "impl", "pass", "ms", "tflops", "gbps", "ratio", "baseline",
+"note"}`` (null where not measured; the note says why).
 """
 
 from __future__ import annotations
@@ -47,7 +46,10 @@ from companion.kernels import interpreting, triton_available
 
 from .common import median_seconds, positive_int
 
-__all__ = ["add_parser", "bench_kernels", "format_kernels", "visible_pairs"]
+__all__ = ["ROW_KEYS", "add_parser", "bench_kernels", "format_kernels", "visible_pairs"]
+
+ROW_KEYS = ("group", "case", "impl", "pass", "ms", "tflops", "gbps", "ratio",
+            "baseline", "note")  # fmt: skip
 
 FULL = {
     "attention": [  # (label, B, H, H_kv, T, D, window)
@@ -98,36 +100,34 @@ def _kernel(module: str, name: str) -> tuple[Callable | None, str | None]:
 
 
 def _row(group, case, impl, pas, ms=None, *, flops=None, nbytes=None, note=None):
+    note, ms = (ms, None) if isinstance(ms, str) else (note, ms)
     ok = ms is not None and math.isfinite(ms)
-    return {
-        "group": group,
-        "case": case,
-        "impl": impl,
-        "pass": pas,
-        "ms": ms if ok else None,
-        "tflops": flops / ms / 1e9 if ok and flops else None,
-        "gbps": nbytes / ms / 1e6 if ok and nbytes else None,
-        "ratio": None,
-        "baseline": None,
-        "note": note,
-    }
+    tflops = flops / ms / 1e9 if ok and flops else None
+    gbps = nbytes / ms / 1e6 if ok and nbytes else None
+    ms = ms if ok else None
+    values = (group, case, impl, pas, ms, tflops, gbps, None, None, note)
+    return dict(zip(ROW_KEYS, values, strict=True))
 
 
-def _measure(time, fn: Callable, inputs, pas: str, params=()) -> float:
+def _measure(time, fn: Callable, inputs, pas: str, params=()) -> float | str:
     """ms of ``fn(*inputs)`` (a tuple of outputs) under no_grad for ``"fwd"``; for
-    ``"fwd+bwd"`` with a backward of fixed random gradients into inputs and params."""
-    if pas == "fwd":
-        with torch.no_grad():
-            return time(lambda: fn(*inputs))
-    leaves = [t.detach().requires_grad_() for t in inputs]
-    grads = [torch.randn_like(t) for t in fn(*leaves)]
+    ``"fwd+bwd"`` with a backward of fixed random gradients into inputs and params.
+    A failure is returned as a short note, so the other rows still run."""
+    try:
+        if pas == "fwd":
+            with torch.no_grad():
+                return time(lambda: fn(*inputs))
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        grads = [torch.randn_like(t) for t in fn(*leaves)]
 
-    def run() -> None:
-        torch.autograd.backward(fn(*leaves), grads)
-        for t in (*leaves, *params):
-            t.grad = None
+        def run() -> None:
+            torch.autograd.backward(fn(*leaves), grads)
+            for t in (*leaves, *params):
+                t.grad = None
 
-    return time(run)
+        return time(run)
+    except Exception as err:  # reported in the table instead
+        return f"failed: {type(err).__name__}: {err}"[:60]
 
 
 def _attention(sizes, dtype, device, time) -> list[dict]:
@@ -263,14 +263,14 @@ def format_kernels(rows: list[dict]) -> str:
         f"{'case':<34} | {'impl':<14} | {'pass':<7} | {'ms':>8} {'TFLOP/s':>8} "
         f"{'GB/s':>7} | {'time/base':>9}"
     )
-    lines = []
+    lines = []  # a note (a failure, a missing kernel) takes a row's timing columns
     for group in dict.fromkeys(r["group"] for r in rows):
         members = [r for r in rows if r["group"] == group]
         lines += ["", f"{group} (base: {members[0]['baseline']})", header]
         lines.append("-" * len(header))
         for r in members:
             if r["ms"] is None:
-                timing = f"{r['note'] or 'not measured':<34}"
+                timing = r["note"] or "not measured"
             else:
                 ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}x"
                 timing = (
