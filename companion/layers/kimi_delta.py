@@ -131,11 +131,8 @@ class KimiDeltaAttention(nn.Module):
             ("chunk_size", chunk_size),
         ):
             check_int(name, value, 1)
-        if impl == "triton":  # the kernels take one log-decay per head, not per channel
-            raise ValueError(
-                "impl='triton' has no KDA kernel; use 'chunk' or 'recurrent'"
-            )
-        check_choice("impl", impl, IMPLS)
+        # no KDA kernel: the Triton one takes one log-decay per head, not per channel
+        check_choice("impl", impl, tuple(i for i in IMPLS if i != "triton"))
         # checks layout and gate_lower_bound
         self.forget_gate = KDAForgetGate(
             d_model, n_heads, head_dim, layout=layout, lower_bound=gate_lower_bound
