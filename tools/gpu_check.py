@@ -98,9 +98,10 @@ class Section:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def cell(text: object) -> str:
-    """Program output as a table cell: one line, in a code span, pipes escaped."""
-    text = " ".join(str(text).split()).replace("`", "'").replace("|", "\\|")
+def cell(text: object, in_table: bool = True) -> str:
+    """Program output as one line in a code span (pipes escaped for a table cell)."""
+    text = " ".join(str(text).split()).replace("`", "'")
+    text = text.replace("|", "\\|") if in_table else text
     return f"`{text}`" if text else ""
 
 
@@ -178,12 +179,13 @@ def write_report(out: Path, title: str, done: list[tuple[Section, Result]]) -> N
                 else ""
             )
         except Exception as err:  # a renderer must not lose the report
-            body = f"The output could not be read: {cell(repr(err))}"
-        if result.status not in ("ok",) and (result.stderr or result.stdout):
-            body += "\n\nThe end of its output:\n\n" + fence(
-                result.stderr or result.stdout
-            )
-        parts.append(f"## {section.title}\n\nStatus: {cell(result.status)}.\n\n{body}")
+            body = f"The output could not be read: {cell(repr(err), in_table=False)}"
+        # a failure's stderr; its stdout where the body does not show it already
+        tail = result.stderr or ("" if "```" in body else result.stdout)
+        if result.status != "ok" and tail.strip():
+            body += "\n\nThe end of its output:\n\n" + fence(tail)
+        status = cell(result.status, in_table=False)
+        parts.append(f"## {section.title}\n\nStatus: {status}.\n\n{body}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(p.rstrip() for p in parts) + "\n")
 
@@ -236,7 +238,7 @@ def render_tests(result: Result) -> str:
     lines = [table([parsed]) if parsed else "No pytest summary line."]
     if not parsed and progress:
         lines.append(f"It had reached {progress[-1]}% of the tests.")
-    lines += [f"- {cell(test)}" for test in failed]
+    lines += [f"- {cell(test, in_table=False)}" for test in failed]
     return "\n\n".join(lines)
 
 
