@@ -40,7 +40,7 @@ def _fwd_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
-    at = rows[:, None] * d + cols[None, :]
+    at = rows[:, None].to(tl.int64) * d + cols[None, :]  # no int32 overflow past 2³¹
     x = tl.load(X + at, mask=mask, other=0.0)
     r = tl.load(R + at, mask=mask, other=0.0)
     h = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded, as torch adds
@@ -66,7 +66,7 @@ def _bwd_kernel(
     for tile in range(pid, tl.cdiv(n_rows, ROWS), n_programs):
         rows = tile * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
-        at = rows[:, None] * d + cols[None, :]
+        at = rows[:, None].to(tl.int64) * d + cols[None, :]
         hf = tl.load(H + at, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + at, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=rows < n_rows, other=0.0)
