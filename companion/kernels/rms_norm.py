@@ -9,7 +9,7 @@ residual``, then normalises ``h`` for the next sublayer. Written in PyTorch that
 kernels and ``h`` crosses memory three times (written by the add, read back twice by the
 norm's statistics and its scaling). Here one program holds a tile of rows in registers:
 it reads ``x`` and ``residual`` once and writes ``h`` and ``y`` once, so a
-memory-bound step moves 4·N·D elements instead of about 7·N·D. The backward kernel
+memory-bound step moves 4·N·D elements instead of 6·N·D. The backward kernel
 fuses the same way: the gradient reaching ``h`` from the stream and the one coming back
 through the norm are added in registers, and ``x`` and ``residual`` share it. The
 result equals :func:`~companion.layers.norms.rms_norm_reference` applied to ``x +
