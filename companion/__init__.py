@@ -34,36 +34,31 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "analysis.cache_size": ("check_config", "kv_cache_bytes", "kv_cache_bytes_per_token"),
     "analysis.mixer_params": (
-        "compressed_attention_flops", "compressed_attention_params",
-        "compressed_bytes_per_token", "compressed_cache_bytes", "gated_deltanet_params",
-        "hyper_connection_params", "indexer_params", "kimi_delta_params",
-        "latent_attention_params", "own_indexer",
+        "compressed_attention_flops", "compressed_attention_params", "compressed_bytes_per_token",
+        "compressed_cache_bytes", "gated_deltanet_params", "hyper_connection_params",
+        "indexer_params", "kimi_delta_params", "latent_attention_params", "own_indexer",
     ),
     "analysis.calculator_dials": (
-        "ABSENT_VALUES", "DIAL_CHOICES", "DIAL_FIELDS", "DIALS", "FLOAT_DIALS",
-        "GROUP_DIALS", "GROUP_SWITCHES", "PATTERNS", "USAGE",
+        "ABSENT_VALUES", "DIAL_CHOICES", "DIAL_FIELDS", "DIALS", "FLOAT_DIALS", "GROUP_DIALS",
+        "GROUP_SWITCHES", "PATTERNS", "USAGE",
     ),
     "analysis.calculator_page": (
-        "calculator_html", "config_from_dials", "dial_values", "layer_period",
-        "PAGE_PRESETS", "undialled",
+        "calculator_html", "config_from_dials", "dial_values", "layer_period", "PAGE_PRESETS",
+        "undialled",
     ),
     "analysis.decode_cost": (
-        "arithmetic_intensity", "attainable_flops", "attended_pairs",
-        "decode_attention_bytes", "decode_attention_flops", "max_context_tokens",
-        "projected_tokens", "ridge_point",
+        "arithmetic_intensity", "attainable_flops", "attended_pairs", "decode_attention_bytes",
+        "decode_attention_flops", "max_context_tokens", "projected_tokens", "ridge_point",
     ),
-    "analysis.expert_traffic": (
-        "all_to_all_bytes", "moe_layers", "rank_load", "traffic_matrix",
-    ),
+    "analysis.expert_traffic": ("all_to_all_bytes", "moe_layers", "rank_load", "traffic_matrix"),
     "analysis.diagrams": (
-        "block_diagram", "block_parts", "changed_parts", "COLORS", "end_parts",
-        "layer_groups", "model_diagram", "Part",
+        "block_diagram", "block_parts", "changed_parts", "COLORS", "end_parts", "layer_groups",
+        "model_diagram", "Part",
     ),
     "analysis.diagnostics": (
-        "attention_logit_max", "AttentionLogitTracker", "block_grad_norms",
-        "capture_stream", "identity_path_jacobian", "IdentityPath", "LayerTracker",
-        "residual_norms", "residual_write_weights", "stream_states", "StreamTracker",
-        "token_cosine",
+        "attention_logit_max", "AttentionLogitTracker", "block_grad_norms", "capture_stream",
+        "identity_path_jacobian", "IdentityPath", "LayerTracker", "residual_norms",
+        "residual_write_weights", "stream_states", "StreamTracker", "token_cosine",
     ),
     "analysis.extrapolation": (
         "ntk_theta", "per_position_loss", "per_position_loss_scaled", "position_config",
@@ -71,8 +66,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "train_short", "with_rope",
     ),
     "analysis.phases": (
-        "decode_step_cost", "latent_attention_flops", "meta_model", "phase_cost",
-        "PhaseCost", "prefill_cost",
+        "decode_step_cost", "latent_attention_flops", "meta_model", "phase_cost", "PhaseCost",
+        "prefill_cost",
     ),
     "analysis.op_counts": ("count_aten_ops", "count_reductions", "REDUCTIONS"),
     "analysis.peak_memory": ("PeakMemory",),
@@ -82,22 +77,22 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "analysis.seeds": ("compare", "Difference", "difference", "Spread", "spread", "t_quantile"),
     "analysis.scaling": (
-        "CHINCHILLA_FIT", "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM",
-        "ChinchillaLoss", "compute_optimal", "count_flops", "dense_flops_per_token",
-        "fit_isoflop", "fit_power_law", "IsoFLOPFit", "kaplan_flops_per_token", "PowerLaw",
-        "span_exact_match", "training_compute", "training_flops_per_token",
+        "CHINCHILLA_FIT", "chinchilla_tokens", "CHINCHILLA_TOKENS_PER_PARAM", "ChinchillaLoss",
+        "compute_optimal", "count_flops", "dense_flops_per_token", "fit_isoflop", "fit_power_law",
+        "IsoFLOPFit", "kaplan_flops_per_token", "PowerLaw", "span_exact_match", "training_compute",
+        "training_flops_per_token",
     ),
     "analysis.family_2018": (
         "bert_hf_config", "corrupt_spans", "exact_params", "FAMILY", "family_rows", "Member",
         "pooler_params", "random_spans",
     ),
     "checkpoints.minilm": (
-        "bert_config", "bert_name_map", "BertTokenizer", "convert_bert_state_dict",
-        "embed", "load_minilm", "model_dir", "PACKAGE", "WeightConversionError",
+        "bert_config", "bert_name_map", "BertTokenizer", "convert_bert_state_dict", "embed",
+        "load_minilm", "model_dir", "PACKAGE", "WeightConversionError",
     ),
     "checkpoints.smollm2": (
-        "GGUFTokenizer", "load_smollm2", "read_gguf", "smollm2_path",
-        "state_dict_from_gguf", "unpermute_qk",
+        "GGUFTokenizer", "load_smollm2", "read_gguf", "smollm2_path", "state_dict_from_gguf",
+        "unpermute_qk",
     ),
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.hf_families": ("FAMILIES", "Family"),
@@ -110,14 +105,17 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "check_targets", "check_text", "DISTRIBUTION", "read_checked", "require",
     ),
     "kernels": ("check_triton", "interpret_on_cpu", "interpreting", "triton_available"),
-    "kernels.flash_attention": ("block_sizes", "flash_attention", "flash_forward",
-                                "forward_kernel_source"),
+    "kernels.flash_attention": (
+        "block_sizes", "flash_attention", "flash_forward", "forward_kernel_source",
+    ),
     "kernels.flash_attention_bwd": ("flash_backward",),
     "kernels.rms_norm": ("add_rms_norm",),
     "kernels.gated_delta": ("chunk_gated_delta_rule_triton", "kernel_sources"),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
-    "data_parallel": ("DataParallelHistory", "global_mean", "setup_process_group",
-                      "shard_batch", "train_data_parallel"),
+    "data_parallel": (
+        "DataParallelHistory", "global_mean", "setup_process_group", "shard_batch",
+        "train_data_parallel",
+    ),
     "layers.additive_attention": ("AdditiveAttention", "AttentionSeq2Seq", "reversal_task"),
     "layers.block": ("PLACEMENTS", "TransformerBlock"),
     "layers.deepnorm": ("deepnorm_", "deepnorm_constants", "DeepNormResidual"),
@@ -128,8 +126,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "relu_squared",
     ),
     "layers.compressed_attention": (
-        "CompressedAttention", "convert_hf_state_dict", "GroupedLinear", "HF_LAYER_TYPES",
-        "KINDS",
+        "CompressedAttention", "convert_hf_state_dict", "GroupedLinear", "HF_LAYER_TYPES", "KINDS",
     ),
     "layers.gated_deltanet": (
         "GATE_FUNCTIONS", "GatedDeltaNet", "GatedDeltaNetCache", "GatedRMSNorm", "PROJECTIONS",
@@ -139,25 +136,21 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "hyper_step", "hyper_step_reference", "HyperConnection", "HyperHead", "sinkhorn",
         "sinkhorn_reference",
     ),
-    "layers.kimi_delta": (
-        "KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention",
-    ),
+    "layers.kimi_delta": ("KDA_LAYOUTS", "KDAForgetGate", "KimiDeltaAttention"),
     "layers.kv_cache": (
         "attention_mask", "IndexKeyCache", "KVCache", "LatentCache", "position_mask",
         "query_positions", "SlidingWindowCache", "SparseLatentCache",
     ),
     "layers.page_pool": ("CacheFootprint", "cache_footprint", "PagePool", "pages_needed"),
     "layers.paged_cache": (
-        "fork_cache", "paged", "PagedKVCache", "PagedLatentCache", "PageTable",
-        "release_cache",
+        "fork_cache", "paged", "PagedKVCache", "PagedLatentCache", "PageTable", "release_cache",
     ),
     "layers.lightning_indexer": (
         "check_indexer", "DSAIndexer", "key_mask", "LightningIndexer", "SharedIndexer",
     ),
     "layers.kv_quant": (
-        "dequantize_rows", "FORMATS", "quantize_cache", "quantize_rows",
-        "QuantizedKVCache", "QuantizedLatentCache", "QuantizedSlidingWindowCache",
-        "SCALE_BYTES", "stored_bytes",
+        "dequantize_rows", "FORMATS", "quantize_cache", "quantize_rows", "QuantizedKVCache",
+        "QuantizedLatentCache", "QuantizedSlidingWindowCache", "SCALE_BYTES", "stored_bytes",
     ),
     "layers.v4_cache": ("CompressedAttentionCache", "CompressorState"),
     "layers.v4_compressor": ("Compressor", "rope_tail"),
@@ -170,26 +163,25 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.gated_mla": ("HeadGatedLatentAttention",),
     "layers.mla": ("bytes_per_token", "FORMS", "MultiHeadLatentAttention", "softmax_scale"),
     "layers.moe": (
-        "ClampedGatedFeedForward", "EXPERT_KINDS", "GLUExperts", "GptOssExperts",
-        "MoEFeedForward", "ROUTINGS",
+        "ClampedGatedFeedForward", "EXPERT_KINDS", "GLUExperts", "GptOssExperts", "MoEFeedForward",
+        "ROUTINGS",
     ),
     "layers.norms": (
-        "build_norm", "DyT", "layer_norm_reference", "LayerNorm", "NORMS",
-        "rms_norm_reference", "RMSNorm",
+        "build_norm", "DyT", "layer_norm_reference", "LayerNorm", "NORMS", "rms_norm_reference",
+        "RMSNorm",
     ),
     "layers.positions": (
         "LearnedPositions", "POSITIONS", "sinusoid_shift_matrix", "sinusoidal_table",
         "SinusoidalPositions",
     ),
     "layers.rnn": (
-        "autograd_depth", "distant_recall", "GRU", "gru_cell", "LSTM", "lstm_cell",
-        "RecurrentLM", "RNN", "rnn_cell",
+        "autograd_depth", "distant_recall", "GRU", "gru_cell", "LSTM", "lstm_cell", "RecurrentLM",
+        "RNN", "rnn_cell",
     ),
     "layers.recording": ("recorded_inputs",),
     "layers.rotary": ("RotaryEmbedding",),
     "layers.router": (
-        "check_routing", "HashRouter", "load_balancing_loss", "Routing", "SCORINGS",
-        "TopKRouter",
+        "check_routing", "HashRouter", "load_balancing_loss", "Routing", "SCORINGS", "TopKRouter",
         "update_selection_bias",
     ),
     "models.beam_search": (
@@ -223,8 +215,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "target_probs",
     ),
     "models.presets": (
-        "SOURCES", "Source",
-        "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base", "spec_row", "tiny",
+        "SOURCES", "Source", "GLU_NAMES", "head_sharing", "preset", "PRESETS", "rope_base",
+        "spec_row", "tiny",
     ),
     "models.seq2seq": (
         "base_param_breakdown", "PAPER_BASE_PARAMS", "Seq2SeqTransformer",
@@ -238,17 +230,15 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "sdpa_attention",
     ),
     "ops.cross_entropy": (
-        "chunked_cross_entropy", "ChunkedCrossEntropy", "logits_bytes",
-        "naive_cross_entropy",
+        "chunked_cross_entropy", "ChunkedCrossEntropy", "logits_bytes", "naive_cross_entropy",
     ),
     "ops.delta_rule": (
         "chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda", "delta_rule_chunks",
-        "delta_rule_loop", "recurrent_delta_rule", "recurrent_gated_delta_rule",
-        "recurrent_kda",
+        "delta_rule_loop", "recurrent_delta_rule", "recurrent_gated_delta_rule", "recurrent_kda",
     ),
     "ops.sparse_attention": (
-        "gather_sparse_attention", "masked_sparse_attention", "selection_mask",
-        "sparse_attention", "SPARSE_IMPLS",
+        "gather_sparse_attention", "masked_sparse_attention", "selection_mask", "sparse_attention",
+        "SPARSE_IMPLS",
     ),
     "ops.compressed_attention": (
         "blocked_compress", "check_compress", "naive_compress", "visible_entries",
@@ -268,9 +258,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),
     "ops.rope": (
-        "apply_rope", "apply_rope_reference", "base_inv_freq", "dynamic_ntk_theta",
-        "LAYOUTS", "llama3_inv_freq", "rope_cos_sin", "rope_frequencies", "ROPE_TYPES",
-        "RopeScaling", "yarn_inv_freq", "yarn_mscale",
+        "apply_rope", "apply_rope_reference", "base_inv_freq", "dynamic_ntk_theta", "LAYOUTS",
+        "llama3_inv_freq", "rope_cos_sin", "rope_frequencies", "ROPE_TYPES", "RopeScaling",
+        "yarn_inv_freq", "yarn_mscale",
     ),
     "ops.softcap": ("soft_cap", "z_loss"),
     "ops.sinks": (
@@ -278,32 +268,29 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "sink_sdpa_attention",
     ),
     "ops.tiled": (
-        "key_tiles", "online_softmax_trace", "tile_scores", "tile_setup",
-        "tiled_attention", "tiled_attention_forward",
+        "key_tiles", "online_softmax_trace", "tile_scores", "tile_setup", "tiled_attention",
+        "tiled_attention_forward",
     ),
     "plotting": ("animate", "glue", "heatmap", "loglog_fit", "PALETTE", "use_style"),
     "tasks.icl_regression": (
         "best_gd_lr", "effective_step", "gd_construction", "gd_step_prediction",
-        "least_squares_prediction", "LinearSelfAttention", "regression_prompts",
-        "train_icl_layer",
+        "least_squares_prediction", "LinearSelfAttention", "regression_prompts", "train_icl_layer",
     ),
     "tasks.induction": (
-        "AttentionOnlyLM", "induction_targets", "prefix_matching_score",
-        "repeated_segments",
+        "AttentionOnlyLM", "induction_targets", "prefix_matching_score", "repeated_segments",
     ),
     "tasks.products": (
         "exact_product_glu", "mse", "product_surface", "product_task", "RegressionHistory",
         "train_regression",
     ),
     "tasks.probes": (
-        "accuracy", "fit", "induction_copy", "memorisation", "memorisation_table",
-        "mqar", "mqar_vocab", "needle", "needle_vocab", "position_accuracy",
-        "scored_loss",
+        "accuracy", "fit", "induction_copy", "memorisation", "memorisation_table", "mqar",
+        "mqar_vocab", "needle", "needle_vocab", "position_accuracy", "scored_loss",
     ),
     "tasks.recall": ("recall_pairs", "recall_read", "recall_scores", "RULES"),
     "tasks.sentiment": (
-        "fit_linear_probe", "LABELS", "LinearProbe", "load_sentiment",
-        "prompt_label_scores", "split_pairs",
+        "fit_linear_probe", "LABELS", "LinearProbe", "load_sentiment", "prompt_label_scores",
+        "split_pairs",
     ),
     "tasks.synthetic": ("IGNORE",),
     "tasks.text": (
@@ -311,13 +298,12 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "split_tokens", "train_bpe",
     ),
     "tasks.translation": (
-        "aligned_words", "BOS", "EOS", "number_to_words", "NumberTranslation",
-        "NumberVocab", "PAD", "TranslationBatch",
+        "aligned_words", "BOS", "EOS", "number_to_words", "NumberTranslation", "NumberVocab",
+        "PAD", "TranslationBatch",
     ),
     "training": (
-        "cosine_lr", "evaluate", "History", "inverse_sqrt_lr",
-        "label_smoothed_cross_entropy", "lm_loss", "make_adamw", "portable_adam",
-        "progress", "seed_everything", "train",
+        "cosine_lr", "evaluate", "History", "inverse_sqrt_lr", "label_smoothed_cross_entropy",
+        "lm_loss", "make_adamw", "portable_adam", "progress", "seed_everything", "train",
     ),
 }
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}
