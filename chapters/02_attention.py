@@ -55,6 +55,12 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %% tags=["hide-input"]
+# no CUDA GPU: the Triton kernel near the end runs under Triton's interpreter, which must
+# be switched on before anything loads Triton (some of torch's modules do)
+from companion.kernels import interpret_on_cpu
+
+interpret_on_cpu()
+
 import inspect
 import math
 import time
@@ -70,6 +76,7 @@ import companion.ops.tiled as tiled_ops
 from companion.analysis.peak_memory import PeakMemory
 from companion.analysis.seeds import difference
 from companion.device import default_device, describe
+from companion.kernels import interpreting, triton_available
 from companion.layers.mha import MultiHeadAttention
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
@@ -1422,6 +1429,99 @@ glue("ch02-loop-vs-sdpa", f"{t_loop / t_sdpa:.1f}", display=False)
 # On a GPU the same algorithm, written as one fused kernel, keeps each tile in SRAM; it is
 # what SDPA's flash backend runs. `make bench` (`python -m companion.bench attention`)
 # prints the three side by side.
+#
+# ### The same loop as a GPU kernel
+#
+# `companion.kernels.flash_attention` writes that fused kernel in Triton
+# {cite}`tillet2019triton`, a Python dialect in which one *program* handles one tile and
+# the compiler places the tile's data in registers and shared memory. The folded listing
+# below is the whole forward pass; read it beside the folded `tiled_attention_forward`
+# above. What each part does on the hardware:
+#
+# - The launch grid has one program per (query tile, batch × head), and the programs run
+#   side by side on the multiprocessors: the outer loop of the tiled form becomes
+#   parallelism.
+# - `q = tl.load(...)` reads a $BM 	imes D$ tile of $Q$ from HBM once; it stays on chip,
+#   in registers, for the whole program.
+# - `for n0 in range(lo, hi, BN)` is the one pass over $K$ and $V$: each tile is streamed
+#   from HBM into on-chip memory, used, and dropped. `lo` and `hi` bound the keys a
+#   causal query tile can see, so tiles wholly in its future are never loaded, as
+#   `key_tiles` skips them in PyTorch.
+# - `tl.dot(q, tl.trans(k))` makes the tile of scores on the tensor cores; it never leaves
+#   the registers.
+# - `m`, `denom` and `acc` are the running maximum, the running sum $\ell$ and the
+#   unnormalised output of the online softmax above, kept in fp32 registers whatever the
+#   input's dtype, and `alpha` is its rescaling factor $e^{m - m'}$. The kernel works in
+#   base 2 (`tl.exp2` is the hardware's instruction; the scale is multiplied by
+#   $\log_2 e$ once, before the loop).
+# - After the loop each row is divided by its sum once, and two things go back to HBM: the
+#   output tile and one fp32 number per row, the log-sum-exp $m + \log \ell$. The backward
+#   kernels recompute every tile of weights from it instead of storing them, as
+#   FlashAttention-2 does {cite}`dao2023flashattention2`.
+# - `kv` is the key/value head the program reads. Here it is the query's own head; when
+#   several query heads share one ({doc}`08_kv_cache`), the sharing is this index, and
+#   nothing is copied.
+#
+# The kernel runs compiled on a CUDA GPU, or, on a machine without one, under Triton's
+# interpreter, which executes each program with NumPy: slowly, but the same code. We run
+# it on a small causal case whose length is not a multiple of its 16-wide tiles and
+# compare it with the tiled form: output, log-sum-exp and all three gradients.
+
+# %% tags=["hide-input"]
+from IPython.display import display
+
+HAS_TRITON = triton_available()
+if HAS_TRITON:
+    interpreted = interpreting()  # switched on at the top where there is no CUDA GPU
+    from companion.kernels.flash_attention import (
+        flash_attention,
+        flash_forward,
+        forward_kernel_source,
+    )
+else:
+    print("Triton is not installed here (the gpu extra): the kernel is skipped.")
+
+# %% tags=["hide-output"]
+if HAS_TRITON:
+    display(Code(forward_kernel_source(), language="python"))
+
+# %% tags=["hide-input"]
+if HAS_TRITON:
+    kdev = torch.device("cpu" if interpreted else "cuda")
+    # fp32: exact up to rounding interpreted; compiled, tl.dot multiplies fp32 in TF32
+    bound = 1e-5 if interpreted else 2e-2
+    g = torch.Generator().manual_seed(5)
+    q, k, v, d_out = (torch.randn(1, 2, 45, 16, generator=g) for _ in range(4))
+    out, lse = tiled_attention_forward(q, k, v, causal=True, block_q=16, block_k=16)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = tiled_attention(*leaves, causal=True, block_q=16, block_k=16)
+    want = torch.autograd.grad(o, leaves, d_out)
+    leaves = [x.to(kdev).requires_grad_() for x in (q, k, v)]
+    o_k = flash_attention(*leaves, causal=True)
+    _, lse_k = flash_forward(*leaves, causal=True)
+    got = torch.autograd.grad(o_k, leaves, d_out.to(kdev))
+    err = {
+        "output": (o_k.cpu() - out).abs().max().item(),
+        "lse": (lse_k.cpu() - lse).abs().max().item(),
+        "dq, dk, dv": max(
+            (a.cpu() - b).abs().max().item() for a, b in zip(got, want, strict=True)
+        ),
+    }
+    where = "interpreted on the CPU" if interpreted else "compiled on a CUDA GPU"
+    print(f"Triton kernel ({where}) against the tiled form, T = S = 45, causal:")
+    for name, e in err.items():
+        print(f"  max |Δ {name}| < {bound:.0e}: {e < bound}")
+    assert all(e < bound for e in err.values()), err
+    glue("ch02-triton-where", where, display=False)
+    glue("ch02-triton-bound", f"{bound:.0e}".replace("e-0", "e-"), display=False)
+
+# %% [markdown]
+# In the run stored with this page the kernel ran {glue:text}`ch02-triton-where`, and its
+# output, log-sum-exp and gradients agree with the tiled form's to within
+# {glue:text}`ch02-triton-bound`. The tests (`tests/test_triton_flash.py`) hold it to the
+# reference on more cases: causal with fewer queries than keys, the sliding windows and
+# shared key/value heads of later chapters, a query with no visible key; on a GPU also in
+# bf16 and fp16.
 #
 # ## What we learned
 #
