@@ -28,13 +28,14 @@ def sinusoidal_table(n_positions: int, d: int, base: float = 10000.0) -> Tensor:
     """The 2017 table: PE[pos, 2i] = sin(pos/base^(2i/d)), PE[pos, 2i+1] = cos(same)."""
     if d % 2 != 0:
         raise ValueError(f"sinusoidal positions need an even width d, got d={d}")
-    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (T, 1)
-    inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    f64 = {"dtype": torch.float64, "device": "cpu"}  # MPS has no float64: on the CPU
+    pos = torch.arange(n_positions, **f64).unsqueeze(1)  # (T, 1)
+    inv_freq = base ** (-torch.arange(0, d, 2, **f64) / d)  # (d/2,)
     angles = pos * inv_freq  # (T, d/2)
-    table = torch.empty(n_positions, d, dtype=torch.float64)
+    table = torch.empty(n_positions, d, **f64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
-    return table.float()
+    return table.float().to(torch.get_default_device())  # a `with device` block's
 
 
 class SinusoidalPositions(nn.Module):
