@@ -22,7 +22,7 @@ def embed_tokens(
     ``(B, T, d)``."""
     x = tok_emb(ids)
     if scale is not None:
-        x = x * torch.tensor(scale, dtype=x.dtype)
+        x = x * torch.tensor(scale, dtype=x.dtype, device=x.device)
     if pos_emb is not None:
         if positions is None:
             positions = torch.arange(ids.shape[1], device=ids.device)
