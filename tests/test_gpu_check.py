@@ -34,6 +34,14 @@ def _short_shares(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_check, "MIN_SHARE_S", 1.0)  # short sleeps suffice
 
 
+# a section that starts a process of its own (pytest workers, chapters), then hangs
+SLOW = (
+    "import subprocess, sys, time; print('started', flush=True); "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+    "time.sleep(30)"
+)
+
+
 def test_report_has_every_section_and_is_rewritten_after_each(tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     reader = f"print(open({str(out)!r}).read())"  # sees the report as it stands
@@ -41,9 +49,7 @@ def test_report_has_every_section_and_is_rewritten_after_each(tmp_path: Path) ->
         _section("ok", "print('fine')"),
         _section("crash", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
         _section("fail", "import sys; print('boom |x|', file=sys.stderr); sys.exit(3)"),
-        _section(
-            "slow", "import time; print('started', flush=True); time.sleep(30)", 2
-        ),
+        _section("slow", SLOW, 2),
         _section("reader", reader),
     ]
     done = gpu_check.run_all(sections, out, budget_s=200)
@@ -55,6 +61,7 @@ def test_report_has_every_section_and_is_rewritten_after_each(tmp_path: Path) ->
         "slow": "timed out after 2 s",
         "reader": "ok",
     }
+    assert done[3][1].seconds < 10  # its child was stopped with it, not waited for
     seen_by_reader = done[-1][1].stdout
     assert "## Fake slow" in seen_by_reader and "timed out after 2 s" in seen_by_reader
     report = out.read_text()
@@ -186,6 +193,8 @@ def test_run_full_stands_in_for_missing_display_modules(tmp_path: Path) -> None:
         "w.observe(print, names='value')\n"
         "widgets.interactive(print, a=w)\n"
         "HTML('<b>x</b>'), Code('x = 1', language='python')\n"
+        "import os\n"  # companion importable without pip install -e:
+        f"assert os.environ['PYTHONPATH'].split(os.pathsep)[0] == {str(ROOT)!r}\n"
     )
     stubbed = run_full.run_one(twin, 60, stubs=["IPython", "ipywidgets"])
     assert (stubbed["status"], stubbed["error"]) == (0, "")
