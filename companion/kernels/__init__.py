@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -39,10 +40,16 @@ def interpreting() -> bool:
 def interpret_on_cpu() -> bool:
     """Turn the interpreter on when no CUDA GPU is present; return whether it is on.
 
-    Call it before the first kernel module is imported: Triton reads the switch when a
-    kernel is defined. On a CUDA machine it changes nothing, so kernels compile.
+    Call it before ``triton`` is first imported (``torch.utils.flop_counter`` imports it):
+    Triton reads the switch when it defines its own helpers and each kernel, and a raise
+    says so if it is too late. On a CUDA machine it changes nothing, so kernels compile.
     """
     if not torch.cuda.is_available() and not interpreting():
+        if "triton" in sys.modules:
+            raise RuntimeError(
+                "interpret_on_cpu() must run before triton is imported (torch's flop "
+                "counter imports it): call it first"
+            )
         os.environ["TRITON_INTERPRET"] = "1"
     return interpreting()
 
