@@ -32,6 +32,7 @@ CASES = {
     "gqa-4:1": (4, 1, 17, 30, False, None),
     "window-7": (2, 1, 35, 35, True, 7),
     "window-5-T<S": (2, 2, 13, 40, True, 5),
+    "window-2": (2, 2, 33, 33, True, 2),  # a key's last query opens a new query tile
 }
 DTYPES = [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else [])
 # fp32 on CUDA multiplies in TF32; bf16/fp16 are compared with an fp32 reference
@@ -117,6 +118,24 @@ def test_dispatch_by_name_equals_the_reference():
         torch.testing.assert_close(got, want, atol=TOL[torch.float32], rtol=1e-3)
 
 
+def test_a_causal_layer_runs_on_the_kernel():
+    from companion.layers.mha import MultiHeadAttention
+
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(64, 4, n_kv_heads=2, causal=True, impl="reference")
+    tri = MultiHeadAttention(64, 4, n_kv_heads=2, causal=True, impl="triton")
+    tri.load_state_dict(ref.state_dict())
+    ref, tri = ref.to(DEVICE), tri.to(DEVICE)
+    x = torch.randn(2, 21, 64, device=DEVICE, requires_grad=True)
+    (want,), (got,) = (torch.autograd.grad(m(x).square().sum(), x) for m in (ref, tri))
+    torch.testing.assert_close(tri(x), ref(x), atol=TOL[torch.float32], rtol=1e-3)
+    torch.testing.assert_close(got, want, atol=TOL[torch.float32], rtol=1e-3)
+    # a window reaches the form as a bool mask, which the kernel does not take
+    windowed = MultiHeadAttention(64, 4, causal=True, window=4, impl="triton")
+    with pytest.raises(ValueError, match="impl='triton' takes causal=True or False"):
+        windowed.to(DEVICE)(x)
+
+
 def test_dispatch_names_the_masks_the_triton_impl_takes():
     q, k, v, _ = _inputs(2, 2, 8, 8)
     mask = torch.ones(8, 8, dtype=torch.bool, device=DEVICE)
@@ -140,7 +159,7 @@ BAD = {
 @pytest.mark.parametrize("bad", BAD.values(), ids=BAD.keys())
 def test_bad_inputs_name_the_argument(bad):
     shapes, error, match = bad
-    dtype = shapes.pop("dtype", torch.float32) if "dtype" in shapes else torch.float32
+    dtype = shapes.get("dtype", torch.float32)
     x = {n: torch.zeros(shapes.get(n, (1, 2, 8, 16)), device=DEVICE) for n in "qkv"}
     x["q"] = x["q"].to(dtype)
     with pytest.raises(error, match=match):
@@ -154,6 +173,7 @@ def test_bad_inputs_name_the_argument(bad):
      ({"causal": True, "s": 4}, r"causal=True needs S >= T, got T=8, S=4")],
 )  # fmt: skip
 def test_bad_masks_are_named(kw, match):
+    kw = dict(kw)
     s = kw.pop("s", 8)
     q, k, v = (
         torch.zeros(1, 1, 8, 16),
