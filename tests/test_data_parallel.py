@@ -4,7 +4,10 @@ shards partition the batch; the loss reported is the global mean."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -116,6 +119,32 @@ def _worker(rank: int, world: int, path: str) -> None:
 def test_two_ranks_equal_one_process() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(2, str(Path(tmp) / "init")), nprocs=2)
+
+
+def _tool_worker(rank: int, world: int, path: str, out: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import train_ddp
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{path}", rank=rank, world_size=world
+    )
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        train_ddp.main(
+            ["--chapter", "07", "--steps", "3", "--batch", "4", "--every", "1"]
+        )
+    Path(f"{out}.{rank}").write_text(printed.getvalue())
+
+
+def test_train_ddp_tool_runs_on_two_ranks() -> None:
+    """tools/train_ddp.py (what torchrun starts), on a gloo group: rank 0 prints."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "out")
+        mp.spawn(_tool_worker, args=(2, str(Path(tmp) / "init"), out), nprocs=2)
+        printed = Path(f"{out}.0").read_text()
+        assert Path(f"{out}.1").read_text() == ""
+    assert "2 processes on cpu (gloo), global batch 4 x 32 (2 rows each)" in printed
+    assert printed.count("  loss ") == 3 and "held-out loss" in printed
 
 
 def test_one_process_is_train() -> None:
