@@ -113,17 +113,15 @@ def flash_backward(
     b, h, t, d = q.shape
     h_kv, s = k.shape[1], k.shape[2]
     delta = (d_out.float() * out.float()).sum(-1)  # (B, H, T)
-    bm, bn, warps = blocks
+    bm, bn, warps = min(blocks[0], 64), blocks[1], blocks[2]  # Q and dO tiles: 2 each
     dq = torch.empty_like(q)
     dk = torch.empty(b, h, s, d, device=q.device, dtype=torch.float32)
     dv = torch.empty_like(dk)
     args = (t, s, h, h // h_kv, *band, scale * LOG2E.value, scale)
-    _flash_dkdv_kernel[(triton.cdiv(s, bn), b * h)](
-        q, k, v, d_out, lse, delta, dk, dv, *args, D=d, BM=bm, BN=bn, num_warps=warps
-    )
-    _flash_dq_kernel[(triton.cdiv(t, bm), b * h)](
-        q, k, v, d_out, lse, delta, dq, *args, D=d, BM=bm, BN=bn, num_warps=warps
-    )
+    launch = {"D": d, "BM": bm, "BN": bn, "num_warps": warps, "num_stages": 2}
+    grid_k, grid_q = (triton.cdiv(s, bn), b * h), (triton.cdiv(t, bm), b * h)
+    _flash_dkdv_kernel[grid_k](q, k, v, d_out, lse, delta, dk, dv, *args, **launch)
+    _flash_dq_kernel[grid_q](q, k, v, d_out, lse, delta, dq, *args, **launch)
     # the query heads of a group wrote their own rows; their sum is the group's gradient
     dk = dk.view(b, h_kv, h // h_kv, s, d).sum(2).to(k.dtype)
     dv = dv.view(b, h_kv, h // h_kv, s, d).sum(2).to(v.dtype)
