@@ -193,6 +193,9 @@ def test_run_full_stands_in_for_missing_display_modules(tmp_path: Path) -> None:
         "w.observe(print, names='value')\n"
         "widgets.interactive(print, a=w)\n"
         "HTML('<b>x</b>'), Code('x = 1', language='python')\n"
+        "import inspect, matplotlib.pyplot as plt\n"  # both look IPython over
+        "plt.subplots(), inspect.getsource(glue)\n"
+        "assert not hasattr(sys.modules['IPython'], '__file__')\n"  # as inspect wants
         "import os\n"  # companion importable without pip install -e:
         f"assert os.environ['PYTHONPATH'].split(os.pathsep)[0] == {str(ROOT)!r}\n"
     )

@@ -57,10 +57,18 @@ class _Shown:
         """Widgets' callback registration: nothing will call back outside Jupyter."""
 
 
+def _any_class(attr: str) -> type:
+    """A stand-in for a class name (``HTML``, ``IntSlider``); nothing else, so that
+    ``__file__`` and the like stay missing, as tools such as ``inspect`` expect."""
+    if attr[:1].isupper():
+        return _Shown
+    raise AttributeError(attr)
+
+
 def _stub(name: str, **attrs: object) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
-    module.__getattr__ = lambda attr: _Shown  # any other class name: a stand-in
+    module.__getattr__ = _any_class  # any other class name: a stand-in
     sys.modules[name] = module
     return module
 
@@ -70,7 +78,8 @@ def install_display_stubs(modules: list[str]) -> None:
     ``sys.modules``: ``IPython.display.display`` shows nothing, ``format_display_data``
     gives the plain-text form (what ``companion.plotting.glue`` stores)."""
     if "IPython" in modules:
-        ipython = _stub("IPython")
+        # not in a shell; a version that asks matplotlib for no legacy integration
+        ipython = _stub("IPython", get_ipython=lambda: None, version_info=(9, 0))
         ipython.display = _stub("IPython.display", display=lambda *a, **k: None)
         ipython.core = _stub("IPython.core")
         ipython.core.formatters = _stub(
