@@ -14,7 +14,8 @@ one is reported and the others still run:
 - ``kernels``: ``python -m companion.bench kernels --out-json``: its rows as a table
   (a JSON list of row dicts, or a dict holding them under ``rows``).
 - ``decode``: ``python -m companion.bench decode`` in bf16 with a preset's random
-  weights (``--decode-preset``), eager and compiled, against the copy-bandwidth bound.
+  weights (``--decode-preset``), against the copy-bandwidth bound: eager alone, then
+  eager and compiled (so a compilation that outlasts the limit leaves the first table).
 - ``chapters``: every chapter's ``.py`` twin with ``FULL = True`` through
   ``tools/run_full.py`` (``--jobs`` at once): seconds, exit status and last error line.
 
@@ -38,6 +39,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -296,11 +298,14 @@ def book_sections(args: argparse.Namespace, device: str) -> list[Section]:
     decode = [py, "-m", "companion.bench", "decode", "--device", device, "--dtype"]
     decode += ["bf16" if device == "cuda" else "fp32", "--preset", args.decode_preset]
     decode += ["--new-tokens", "64", "--repeats", "3"]
+    # eager alone first, so a compilation that outlasts the limit still leaves a table
+    both = f"{shlex.join([*decode, '--no-compile'])} && {shlex.join(decode)}"
     chapters = [py, str(ROOT / "tools" / "run_full.py"), "--jobs", str(args.jobs)]
     chapters += ["--timeout", str(per_chapter), "--out", str(full_json)]
     chapters += ["--logs", str(work / "chapters"), *map(str, twins)]
-    paths = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    paths = {  # the repository importable; output unbuffered, so a killed run keeps it
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONUNBUFFERED": "1",
     }
     return [
         Section(
@@ -331,7 +336,7 @@ def book_sections(args: argparse.Namespace, device: str) -> list[Section]:
             "decode",
             "Decoding against the bandwidth bound",
             limits["decode"],
-            lambda: decode,
+            lambda: ["sh", "-c", both],
             lambda r: fence(r.stdout, 40),
             paths,
         ),
