@@ -304,7 +304,9 @@ def book_sections(args: argparse.Namespace, device: str) -> list[Section]:
     chapters += ["--timeout", str(per_chapter), "--out", str(full_json)]
     chapters += ["--logs", str(work / "chapters"), *map(str, twins)]
     paths = {  # the repository importable; output unbuffered, so a killed run keeps it
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT), os.getenv("PYTHONPATH")])
+        ),
         "PYTHONUNBUFFERED": "1",
     }
     return [
@@ -394,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.sections.split(",")
     sections = [s for s in book_sections(args, device) if s.name in chosen]
     done = run_all(sections, args.out, args.budget_s)
+    for leftover in (ROOT / "chapters").glob(".full_*.py"):  # a killed run_full's
+        leftover.unlink()
     print(f"gpu-check: wrote {args.out}")
     for section, result in done:
         print(f"  {section.name:<10}{result.seconds:>8.1f} s  {result.status}")
