@@ -558,7 +558,9 @@ val_batches = [
     sample_windows(val_ids, 256, SEQ, torch.Generator().manual_seed(500 + i), DEVICE)
     for i in range(2)
 ]
-curve_batch = [sample_windows(val_ids, 64, SEQ, torch.Generator().manual_seed(600))]
+curve_batch = [
+    sample_windows(val_ids, 64, SEQ, torch.Generator().manual_seed(600), DEVICE)
+]
 counts = torch.bincount(train_ids, minlength=chars.vocab_size).double()
 unigram_loss = -(counts / counts.sum()).clamp_min(1e-12).log()[val_ids].mean().item()
 # the needle: T positions, trained at every distance, scored beyond the sliding reach
