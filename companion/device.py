@@ -45,10 +45,11 @@ def default_device(prefer: str | None = None) -> torch.device:
 
 def bf16_supported(device: torch.device | str) -> bool:
     """True where bfloat16 matmuls run natively (Ampere+ CUDA, recent MPS); False on CPU
-    here."""
+    here and on a CUDA GPU that would only emulate it (a Turing T4)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # native only: a T4 (sm_75) emulates bf16, slower than fp32
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "mps":
         try:
             torch.ones(1, dtype=torch.bfloat16, device=device)

@@ -20,6 +20,17 @@ def test_cpu_is_always_available_and_fp32():
     assert "torch" in describe("cpu")
 
 
+def test_emulated_bf16_on_cuda_picks_fp32(monkeypatch):
+    """A T4 (sm_75) only emulates bf16: torch counts that as supported by default."""
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return including_emulation  # a Turing GPU: emulated, not native
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert not bf16_supported("cuda")
+    assert default_dtype("cuda") == torch.float32
+
+
 def test_device_errors(monkeypatch):
     with pytest.raises(
         ValueError, match=r"device must be one of \('cuda', 'mps', 'cpu'\)"
