@@ -156,7 +156,7 @@ def per_position_loss(
         nll = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), y, reduction="none"
         )
-        total += nll.sum(0).double().cpu()  # (T,)
+        total += nll.sum(0).cpu().double()  # (T,); MPS has no float64
         done += b
     model.train(was_training)
     return (total / n_windows).float()

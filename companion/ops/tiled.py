@@ -257,7 +257,7 @@ def online_softmax_trace(x: Tensor, block: int) -> list[tuple[float, float]]:
         )
     m, denom, trace = float("-inf"), 0.0, []
     for j0 in range(0, x.shape[0], block):
-        chunk = x[j0 : j0 + block].double()
+        chunk = x[j0 : j0 + block].detach().cpu().double()  # MPS has no float64
         m_new = max(m, chunk.max().item())
         denom = denom * math.exp(m - m_new) + torch.exp(chunk - m_new).sum().item()
         m = m_new
