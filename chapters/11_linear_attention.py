@@ -506,8 +506,8 @@ print(f"recurrent / chunk: {ms['recurrent'] / ms['chunk C=64']:.1f}")
 #
 # Nowhere is there a $T \times T$ matrix: the largest temporary is one chunk's
 # $C \times C$ block. The kernels are forward only; their gradients come from autograd
-# through the same steps written in PyTorch. Their source, the first kernel and then the
-# second:
+# through the torch chunk form above (`delta_rule_chunks`). Their source, the first
+# kernel and then the second:
 
 # %% tags=["hide-input"]
 from companion.kernels import interpret_on_cpu, triton_available
@@ -515,10 +515,8 @@ from companion.kernels import interpret_on_cpu, triton_available
 HAS_TRITON = triton_available()
 if HAS_TRITON:
     interpret_on_cpu()  # no CUDA GPU: Triton's interpreter runs them on the CPU
-    from companion.kernels.gated_delta import (
-        chunk_gated_delta_rule_triton,
-        kernel_sources,
-    )
+    from companion.kernels.gated_delta import kernel_sources
+    from companion.ops.delta_rule_triton import chunk_gated_delta_rule_triton
 
     kdev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     x = inputs(40, heads=2, dim=16, dtype=torch.float32)  # 3 chunks, the last cut

@@ -110,7 +110,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "kernels.flash_attention_bwd": ("flash_backward",),
     "kernels.rms_norm": ("add_rms_norm",),
-    "kernels.gated_delta": ("chunk_gated_delta_rule_triton", "kernel_sources"),
+    "kernels.gated_delta": ("gated_delta_chunks", "kernel_sources"),
+    "ops.delta_rule_triton": ("chunk_gated_delta_rule_triton",),
     "device": ("bf16_supported", "default_device", "default_dtype", "describe"),
     "data_parallel": (
         "DataParallelHistory", "global_mean", "setup_process_group", "shard_batch",

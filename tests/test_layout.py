@@ -123,8 +123,10 @@ def test_no_module_over_330_lines_except_data():
 
 
 def _skipped(module: str) -> bool:
-    """Kernel modules import Triton (the ``gpu`` extra): without it they are not loaded."""
-    return module.startswith("companion.kernels.") and not triton_available()
+    """Kernel modules and their ``*_triton`` wrappers import Triton (the ``gpu`` extra):
+    without it they are not loaded."""
+    needs = module.startswith("companion.kernels.") or module.endswith("_triton")
+    return needs and not triton_available()
 
 
 def test_the_top_level_re_exports_the_public_api():

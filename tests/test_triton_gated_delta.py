@@ -10,16 +10,14 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from companion.kernels.gated_delta import (  # noqa: E402
-    chunk_gated_delta_rule_triton,
-    kernel_sources,
-)
+from companion.kernels.gated_delta import kernel_sources  # noqa: E402
 from companion.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from companion.layers.kimi_delta import KimiDeltaAttention  # noqa: E402
 from companion.ops.delta_rule import (  # noqa: E402
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+from companion.ops.delta_rule_triton import chunk_gated_delta_rule_triton  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # fp32 inputs: products of fp32 accuracy (tf32x3); bf16 inputs: TF32 on a GPU
@@ -156,10 +154,13 @@ BAD = {  # name: (change to the inputs, error pattern)
     "chunk_size_48": ({"chunk_size": 48}, "chunk_size must be one of"),
     "g_shape": ({"g": lambda g: g[:, :, :1]}, r"g must have shape \(B, T, H\)"),
     "beta_shape": ({"beta": lambda b: b[:, :-1]}, r"beta must have shape \(B, T, H\)"),
-    "D_k": ({"q": lambda q: q[..., :8], "k": lambda k: k[..., :8]}, "D_k must be one"),
-    "k_shape": ({"k": lambda k: k[:, :-1]}, "q and k must share one shape"),
+    "D_k": (
+        {"q": lambda q: q[..., :8], "k": lambda k: k[..., :8], "s0": lambda s: s[..., :8, :]},
+        "D_k must be one",
+    ),
+    "k_shape": ({"k": lambda k: k[:, :-1]}, "q and k must have the same shape"),
     "state": ({"s0": lambda s: s[:, :1]}, r"initial_state must have shape"),
-    "g_positive": ({"g": lambda g: g + 1}, r"g must be finite and in \[-inf, 0\]"),
+    "g_positive": ({"g": lambda g: g + 1}, r"g must be finite and <= 0"),
     "beta_nan": ({"beta": lambda b: b / 0}, r"beta must be finite and in \[0, 2\]"),
 }
 

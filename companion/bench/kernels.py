@@ -10,7 +10,7 @@ Times, in bf16 on a CUDA GPU, one row after another in one process:
   :func:`~companion.ops.tiled.tiled_attention`. FLOPs: 4·D per visible (query, key) pair
   (2·D for q·k, 2·D for p·v), 4·B·H·T·S·D for the full matrix; causal counts half of it,
   a window the pairs in its band; backward = 2.5 × forward (forward + backward 3.5 ×).
-- :func:`~companion.kernels.gated_delta.chunk_gated_delta_rule_triton` against
+- :func:`~companion.ops.delta_rule_triton.chunk_gated_delta_rule_triton` against
   :func:`~companion.ops.delta_rule.chunk_gated_delta_rule`, forward, q and k
   L2-normalised in the kernel.
 - :func:`~companion.kernels.rms_norm.add_rms_norm` against eager PyTorch (``x + r`` then
@@ -93,7 +93,7 @@ def _timer(device: torch.device, repeats: int) -> Callable[[Callable], float]:
 def _kernel(module: str, name: str) -> tuple[Callable | None, str | None]:
     """A kernel by name, or None and the reason it is missing."""
     try:
-        mod = __import__(f"companion.kernels.{module}", fromlist=[name])
+        mod = __import__(f"companion.{module}", fromlist=[name])
         return getattr(mod, name), None
     except (ImportError, AttributeError) as err:
         return None, f"not available ({type(err).__name__})"
@@ -133,7 +133,7 @@ def _measure(time, fn: Callable, inputs, pas: str, params=()) -> float | str:
 def _attention(sizes, dtype, device, time) -> list[dict]:
     from companion.ops.tiled import tiled_attention
 
-    flash, missing = _kernel("flash_attention", "flash_attention")
+    flash, missing = _kernel("kernels.flash_attention", "flash_attention")
     rows = []
     for label, b, h, hkv, t, d, window in sizes["attention"]:
         case = f"{label}, B={b} H={h} T={t} D={d}"
@@ -178,7 +178,7 @@ def _attention(sizes, dtype, device, time) -> list[dict]:
 def _delta(sizes, dtype, device, time) -> list[dict]:
     from companion.ops.delta_rule import chunk_gated_delta_rule
 
-    kernel, missing = _kernel("gated_delta", "chunk_gated_delta_rule_triton")
+    kernel, missing = _kernel("ops.delta_rule_triton", "chunk_gated_delta_rule_triton")
     b, t, h, d, c = sizes["delta"]
     case = f"B={b} T={t} H={h} D={d} chunk={c}"
     gen = torch.Generator().manual_seed(0)
@@ -198,7 +198,7 @@ def _delta(sizes, dtype, device, time) -> list[dict]:
 def _norm(sizes, dtype, device, time, compile_: bool) -> list[dict]:
     from companion.layers.norms import RMSNorm
 
-    kernel, missing = _kernel("rms_norm", "add_rms_norm")
+    kernel, missing = _kernel("kernels.rms_norm", "add_rms_norm")
     n, d = sizes["norm"]
     case = f"N={n} D={d}"
     norm = RMSNorm(d).to(device, dtype)

@@ -17,10 +17,9 @@ cumulative log-decay inside a chunk, S_0 the state at its start):
   k_s δ_sᵀ``.
 
 No ``T × T`` matrix exists anywhere; a padded tail chunk is masked (k = 0, β = 0, g = 0,
-as the torch form pads). Everything runs in fp32; the output comes back in q's dtype,
-the state in fp32. Forward kernel; gradients by a PyTorch rendering of the same chunk
-steps (autograd through it, the inputs recomputed), so training works but its backward
-is not a kernel.
+as the torch form pads). Everything runs in fp32: outputs and state come back in
+fp32. Forward only: :mod:`companion.ops.delta_rule_triton` wraps it with
+the torch chunk form's signature and gradients.
 """
 
 from __future__ import annotations
@@ -28,14 +27,13 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from companion.kernels import check_triton
 
-__all__ = ["chunk_gated_delta_rule_triton", "kernel_sources"]
+__all__ = ["gated_delta_chunks", "kernel_sources"]
 
 _CHUNK_SIZES = (16, 32, 64)  # tl.dot: sides >= 16; C ≤ 64 keeps L in registers
 _WIDTHS = (16, 32, 64, 128)  # D_k and D_v: powers of two the state tile fits on chip
@@ -141,131 +139,58 @@ def _kernels(q, k, v, g, beta, s0, c: int, fp32: bool) -> tuple[Tensor, Tensor]:
     return o, s
 
 
-def _torch_steps(q, k, v, g, beta, s, c: int) -> tuple[Tensor, Tensor]:
-    """The kernels' steps in PyTorch, heads first, for the backward (autograd)."""
-    t = q.shape[2]
-    pad = -t % c
-    q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, c)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)).unflatten(2, (-1, c)) for x in (g, beta))
-    gam = g.cumsum(-1)  # (B, H, N, C)
-    ones = torch.ones(c, c, dtype=torch.bool, device=q.device)
-    diff = gam[..., :, None] - gam[..., None, :]
-    big_l = (
-        (k * beta[..., None])
-        @ k.mT
-        * diff.masked_fill(~ones.tril(-1), -torch.inf).exp()
-    )
-    rhs = torch.cat([v * beta[..., None], k * (beta * gam.exp())[..., None]], -1)
-    uw = torch.linalg.solve_triangular(big_l, rhs, upper=False, unitriangular=True)
-    u, w = uw.split([v.shape[-1], k.shape[-1]], -1)
-    qk = q @ k.mT * diff.masked_fill(~ones.tril(), -torch.inf).exp()
-    outs = []
-    for n in range(q.shape[2]):
-        delta = u[:, :, n] - w[:, :, n] @ s
-        outs.append(
-            (q[:, :, n] * gam[:, :, n, :, None].exp()) @ s + qk[:, :, n] @ delta
-        )
-        g_end = gam[:, :, n, -1:]  # (B, H, 1)
-        k_end = k[:, :, n] * (g_end - gam[:, :, n]).exp()[..., None]
-        s = s * g_end[..., None].exp() + k_end.mT @ delta
-    return torch.cat(outs, 2)[:, :, :t], s
-
-
-class _ChunkGatedDelta(torch.autograd.Function):
-    """Forward by the kernels; backward by autograd through :func:`_torch_steps`."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, s0, c: int, fp32: bool):  # noqa: ANN001
-        ctx.save_for_backward(q, k, v, g, beta, s0)
-        ctx.c = c
-        return _kernels(q, k, v, g, beta, s0, c, fp32)
-
-    @staticmethod
-    def backward(ctx, do: Tensor, ds: Tensor):  # noqa: ANN205
-        inputs = [x.detach().requires_grad_() for x in ctx.saved_tensors]
-        with torch.enable_grad():
-            o, s = _torch_steps(*inputs, ctx.c)
-            grads = torch.autograd.grad((o, s), inputs, (do, ds), allow_unused=True)
-        return (*grads, None, None)
-
-
-def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-           state: Tensor | None, chunk_size: int) -> None:  # fmt: skip
+def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s: Tensor,
+           c: int) -> None:  # fmt: skip
     """Raise a ValueError naming the argument that does not fit the kernels."""
-    if chunk_size not in _CHUNK_SIZES:
-        raise ValueError(
-            f"chunk_size must be one of {_CHUNK_SIZES}, got {chunk_size!r}"
-        )
+    if c not in _CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {_CHUNK_SIZES}, got {c!r}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
             raise ValueError(
-                f"{name} must have shape (B, T, H, D), got {tuple(x.shape)}"
+                f"{name} must have shape (B, H, T, D), got {tuple(x.shape)}"
             )
-    if q.shape != k.shape or v.shape[:2] != k.shape[:2] or v.shape[2] % k.shape[2]:
+    if q.shape != k.shape or v.shape[:3] != k.shape[:3] or k.shape[2] == 0:
         raise ValueError(
-            "q and k must share one shape, v their B and T and a multiple of their "
-            f"heads; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            "q and k must share one shape (B, H, T, D_k) with T >= 1, v its B, H and "
+            f"T; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if q.shape[1] == 0:
-        raise ValueError("q, k, v must hold at least one token (T >= 1), got T = 0")
     for name, width in (("D_k", k.shape[3]), ("D_v", v.shape[3])):
         if width not in _WIDTHS:
             raise ValueError(f"{name} must be one of {_WIDTHS}, got {width}")
     for name, x in (("g", g), ("beta", beta)):
         if x.shape != v.shape[:3]:
             raise ValueError(
-                f"{name} must have shape (B, T, H) = {tuple(v.shape[:3])}, "
+                f"{name} must have shape (B, H, T) = {tuple(v.shape[:3])}, "
                 f"got {tuple(x.shape)}"
             )
-    for name, x, lo, hi in (("g", g, -torch.inf, 0.0), ("beta", beta, 0.0, 2.0)):
-        if not torch.compiler.is_compiling() and bool(
-            (~torch.isfinite(x) | (x < lo) | (x > hi)).any()
-        ):  # the ranges of the torch form: g a log-decay, β in [0, 2]
-            raise ValueError(f"{name} must be finite and in [{lo:g}, {hi:g}]")
-    want = (v.shape[0], v.shape[2], k.shape[3], v.shape[3])
-    if state is not None and state.shape != want:
+    want = (*v.shape[:2], k.shape[3], v.shape[3])
+    if s.shape != want:
         raise ValueError(
-            f"initial_state must have shape (B, H, D_k, D_v) = {want}, "
-            f"got {tuple(state.shape)}"
+            f"s must have shape (B, H, D_k, D_v) = {want}, got {tuple(s.shape)}"
         )
 
 
-def chunk_gated_delta_rule_triton(
+def gated_delta_chunks(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     g: Tensor,
     beta: Tensor,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    *,
-    scale: float | None = None,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`~companion.ops.delta_rule.chunk_gated_delta_rule` by the two kernels
-    (forward kernel; gradients by the PyTorch chunk form): same arguments, layout and
-    result; ``chunk_size`` 16, 32 or 64; D_k and D_v 16, 32, 64 or 128."""
-    tensors = (q, k, v, g, beta) + (() if initial_state is None else (initial_state,))
-    check_triton("chunk_gated_delta_rule_triton", *tensors)
-    _check(q, k, v, g, beta, initial_state, chunk_size)
-    dtype, groups = q.dtype, v.shape[2] // k.shape[2]
-    # heads first, fp32, contiguous: (B, H, T, D); q and k shared by `groups` heads
-    q, k, v = (x.float().transpose(1, 2).contiguous() for x in (q, k, v))
-    if groups > 1:
-        q, k = (x.repeat_interleave(groups, dim=1) for x in (q, k))
-    if use_qk_l2norm_in_kernel:  # x / √(Σx² + 1e-6), as the torch form
-        q, k = (
-            x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6) for x in (q, k)
-        )
-    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    g, beta = (x.float().transpose(1, 2).contiguous() for x in (g, beta))
-    b, h, _, dk = k.shape
-    s0 = (
-        v.new_zeros(b, h, dk, v.shape[-1])
-        if initial_state is None
-        else initial_state.float().contiguous()
-    )
-    fp32 = dtype in (torch.float32, torch.float64)  # plain TF32 for 16-bit inputs
-    o, s = _ChunkGatedDelta.apply(q, k, v, g, beta, s0, chunk_size, fp32)
-    return o.transpose(1, 2).to(dtype), (s if output_final_state else None)
+    s: Tensor,
+    c: int,
+    fp32: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """The forward of :func:`~companion.ops.delta_rule.delta_rule_chunks` with one gate
+    per head, by the two kernels: same arguments, heads first (``q, k (B, H, T, D_k)``,
+    ``v (B, H, T, D_v)``, ``g, beta (B, H, T)``, ``s (B, H, D_k, D_v)``); returns the
+    outputs ``(B, H, T, D_v)`` and the final state, in fp32.
+
+    ``c`` is 16, 32 or 64; D_k and D_v 16, 32, 64 or 128. ``fp32``: products of fp32
+    accuracy on a GPU (three TF32 products each); False: plain TF32 (for 16-bit
+    inputs). No autograd here:
+    :func:`~companion.ops.delta_rule_triton.chunk_gated_delta_rule_triton` adds it.
+    """
+    check_triton("gated_delta_chunks", q, k, v, g, beta, s)
+    _check(q, k, v, g, beta, s, c)
+    q, k, v, g, beta, s = (x.float().contiguous() for x in (q, k, v, g, beta, s))
+    return _kernels(q, k, v, g, beta, s, c, fp32)

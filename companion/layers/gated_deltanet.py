@@ -319,8 +319,8 @@ class GatedDeltaNet(nn.Module):
         )  # (B, T, H)
         op = chunk_gated_delta_rule if chunk else recurrent_gated_delta_rule
         if self.impl == "triton":
-            from companion.kernels import gated_delta as kernel
+            from companion.ops.delta_rule_triton import chunk_gated_delta_rule_triton
 
-            op = kernel.chunk_gated_delta_rule_triton
+            op = chunk_gated_delta_rule_triton
             extra["chunk_size"] = self.chunk_size
         return op(q, k, v, g, beta, state, keep, **extra)
