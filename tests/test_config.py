@@ -60,7 +60,7 @@ BAD = [
     ),
     pytest.param(
         {"attn_impl": "flash"},
-        r"attn_impl must be one of \('reference', 'sdpa', 'tiled', 'flex'\)",
+        r"attn_impl must be one of \('reference', 'sdpa', 'tiled', 'flex', 'triton'\)",
         id="impl",
     ),
     pytest.param({"fused_qkv": 1}, "fused_qkv must be True or False", id="fused-int"),
