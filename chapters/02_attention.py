@@ -55,8 +55,8 @@ from companion.numerics import pin_cpu_path
 pin_cpu_path()
 
 # %% tags=["hide-input"]
-# no CUDA GPU: the Triton kernel near the end runs under Triton's interpreter, which must
-# be switched on before anything loads Triton (some of torch's modules do)
+# no CUDA GPU: the Triton kernel near the end runs under Triton's interpreter,
+# which must be switched on before anything loads Triton (torch's modules may)
 from companion.kernels import interpret_on_cpu
 
 interpret_on_cpu()
