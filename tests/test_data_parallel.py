@@ -5,6 +5,7 @@ shards partition the batch; the loss reported is the global mean."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import sys
@@ -112,7 +113,9 @@ def _worker(rank: int, world: int, path: str) -> None:
         assert setup_process_group()[:2] == (rank, world)  # reuses the group
         x = torch.full((1,), float(rank))
         torch.testing.assert_close(global_mean(x), torch.tensor([(world - 1) / 2]))
+        dist.barrier()  # both ranks done before either tears the group down
     finally:
+        gc.collect()  # DDP's reducers and their pending work go before the group
         dist.destroy_process_group()
 
 

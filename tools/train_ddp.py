@@ -17,6 +17,7 @@ global batch must divide by the number of processes. Run from the repository roo
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
         val = [sample_windows(val_ids, 256, seq, g, device) for _ in range(4)]
         print(f"held-out loss {evaluate(model, val):.4f}")
         print(f"{steps * batch * seq / seconds:,.0f} tokens/s over {seconds:.1f} s")
+    del model, hist  # DDP's reducer and its pending work go before the group
+    gc.collect()
+    dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
 
 
