@@ -14,7 +14,8 @@ mean of the shards' means) and takes the same optimizer step. The loss it report
 the global mean too: the ranks' losses all-reduced (:func:`global_mean`); rank r's own
 loss is only its shard's.
 
-The loop mirrors :func:`~companion.training.train`: on one process, or on W processes
+The loop is :func:`~companion.training.train` itself, given the wrapped model and a
+loss on the rank's shard: on one process, or on W processes
 with the global batch, it gives the same losses and parameters up to the order of the
 floating-point sums (tests/test_data_parallel.py). Launch with ``torchrun
 --nproc-per-node W tools/train_ddp.py`` (see the README); gloo on CPUs, NCCL on GPUs.
@@ -31,8 +32,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from companion.checks import check_finite_lr, check_int, check_positive
-from companion.training import Batch, History, lm_loss, progress
+from companion.checks import check_int
+from companion.training import Batch, History, lm_loss, train
 
 __all__ = [
     "DataParallelHistory",
@@ -127,47 +128,26 @@ def train_data_parallel(
     batch of ``step``) and an optimizer over ``model``'s parameters.
 
     The model is wrapped in DistributedDataParallel (one device per process: the device
-    of its parameters); each rank runs ``loss_fn`` on its :func:`shard_batch` of the
-    batch. Without a process group (one process) this is ``train`` itself, unwrapped.
-    The model is left in eval mode. No evaluation inside the loop: evaluate after.
+    of its parameters) and ``train`` runs it on each rank's :func:`shard_batch` of the
+    batch. The loss ``train`` sees has the value of the global mean (so it records it,
+    and every rank stops at the same non-finite step) and the gradient of this rank's
+    shard loss (DDP averages those). Without a process group (one process) this is
+    ``train`` itself, unwrapped. No evaluation inside the loop: evaluate after.
     """
-    check_int("steps", steps, 0)
-    if clip is not None:
-        check_positive("clip", clip)
     grouped = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
-    device = next(model.parameters()).device
     ddp: nn.Module = model
     if grouped:  # broadcasts rank 0's parameters and buffers to every rank
+        device = next(model.parameters()).device
         ids = [device.index] if device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
-    was_training = model.training
-    hist = DataParallelHistory()
-    try:
-        ddp.train()
-        for step in progress(range(steps), desc=desc) if rank == 0 else range(steps):
-            if lr_at is not None:
-                name = getattr(lr_at, "__name__", type(lr_at).__name__)
-                lr = check_finite_lr(name, step, lr_at(step))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-            x, y = get_batch(step)  # (B, T): the same on every rank
-            xs, ys = shard_batch(x, rank, world), shard_batch(y, rank, world)
-            loss = loss_fn(ddp, xs, ys)  # this rank's shard: (B/W, T)
-            mean = global_mean(loss)  # every rank sees the same number
-            if not torch.isfinite(mean):  # so every rank raises at the same step
-                raise FloatingPointError(f"loss became {mean.item()} at step {step}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP: bucketed all-reduce of the gradients, then / W
-            if clip is not None:  # on the averaged gradient: the same on every rank
-                nn.utils.clip_grad_norm_(model.parameters(), clip)
-            optimizer.step()
-            hist.step.append(step)
-            hist.loss.append(mean.item())
-            hist.rank_loss.append(loss.item())
-            hist.lr.append(optimizer.param_groups[0]["lr"])
-    except BaseException:
-        model.train(was_training)
-        raise
-    model.eval()
-    return hist
+    rank_loss: list[float] = []
+
+    def shard_loss(m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        loss = loss_fn(m, shard_batch(x, rank, world), shard_batch(y, rank, world))
+        rank_loss.append(loss.item())
+        # the global mean's value, this shard's gradient (DDP averages the gradients)
+        return loss + (global_mean(loss) - loss).detach()
+
+    hist = train(ddp, get_batch, steps, optimizer, lr_at, shard_loss, clip, desc=desc)
+    return DataParallelHistory(**vars(hist), rank_loss=rank_loss)

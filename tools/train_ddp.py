@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     rank, world, device = setup_process_group()
+    if rank:  # one progress bar: rank 0's
+        os.environ["COMPANION_PROGRESS"] = "0"
     text = load_shakespeare()
     chars = CharTokenizer(text)
     train_ids, val_ids = split_tokens(torch.tensor(chars.encode(text)), 0.1)
