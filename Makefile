@@ -208,6 +208,7 @@ bench: $(STAMP)
 	$(BIN)/python -m companion.bench mla
 	$(BIN)/python -m companion.bench sparse
 	$(BIN)/python -m companion.bench kvquant
+	$(BIN)/python -m companion.bench weights
 	$(BIN)/python -m companion.bench expert_parallel
 	$(BIN)/python -m companion.bench speculative
 	$(BIN)/python -m companion.bench kernels

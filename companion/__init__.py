@@ -92,7 +92,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "checkpoints.smollm2": (
         "GGUFTokenizer", "load_smollm2", "read_gguf", "smollm2_path", "state_dict_from_gguf",
-        "unpermute_qk",
+        "read_gguf_blocks", "unpermute_qk",
     ),
     "checkpoints.transformers": ("convert_state_dict", "from_hf", "load_state_dict_strict"),
     "checkpoints.hf_families": ("FAMILIES", "Family"),
@@ -152,6 +152,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "layers.kv_quant": (
         "dequantize_rows", "FORMATS", "quantize_cache", "quantize_rows", "QuantizedKVCache",
         "QuantizedLatentCache", "QuantizedSlidingWindowCache", "SCALE_BYTES", "stored_bytes",
+    ),
+    "layers.weight_quant": (
+        "block_matvec", "BLOCK_FORMATS", "BlockLinear", "dequantize_blocks", "int8_matvec",
+        "Int8Linear", "quantize_linears", "stored_weight_bytes",
     ),
     "layers.v4_cache": ("CompressedAttentionCache", "CompressorState"),
     "layers.v4_compressor": ("Compressor", "rope_tail"),

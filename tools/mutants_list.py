@@ -166,7 +166,7 @@ MUTATIONS = [
     dict(
         id="rope-yarn-ramp",
         file="companion/ops/rope.py",
-        old="keep = 1.0 - ramp  # 1: extrapolate (leave ω alone), 0: interpolate (ω / factor)",
+        old="keep = 1.0 - ramp  # 1: leave ω alone (extrapolate), 0: ω / factor (interpolate)",
         new="keep = ramp",
         what="YaRN interpolates the fast pairs and keeps the slow ones",
         tests=["tests/test_rope.py"],
@@ -513,5 +513,38 @@ MUTATIONS = [
         tests=[
             "tests/test_mtp.py::test_mtp_reads_both_the_trunk_state_and_the_next_token"
         ],
+    ),
+    # weight-only quantised layers (chapter 16)
+    dict(
+        id="q4_1-nibbles-swapped",
+        file="companion/layers/weight_quant.py",
+        old="return torch.cat([qs & 15, qs >> 4], dim=-1)",
+        new="return torch.cat([qs >> 4, qs & 15], dim=-1)",
+        what="Q4_1 codes read high nibble first (llama.cpp puts code j in the low nibble)",
+        tests=["tests/test_weight_quant.py::test_blocks_dequantise_as_the_gguf_package_does"],
+    ),
+    dict(
+        id="q4_1-decode-form-no-minimum",
+        file="companion/layers/weight_quant.py",
+        old="y = (d * dot + _halves(raw, 2)[..., 0] * xb.sum(-1)).sum(-1)",
+        new="y = (d * dot).sum(-1)",
+        what="the one-row Q4_1 product drops each block's minimum m",
+        tests=["tests/test_weight_quant.py::test_block_decode_form_equals_the_reference_form"],
+    ),
+    dict(
+        id="int8-floor-not-round",
+        file="companion/layers/weight_quant.py",
+        old="q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)",
+        new="q = (w / scale[:, None]).clamp(-127, 127).to(torch.int8)",
+        what="int8 codes truncated toward zero instead of rounded",
+        tests=["tests/test_weight_quant.py::test_int8_rounds_each_weight_to_half_a_step_of_its_row"],
+    ),
+    dict(
+        id="inductor-simdlen-in-lanes",
+        file="companion/models/generation.py",
+        old='return {"cpp.simdlen": isa.bit_width()} if isa else {}',
+        new='return {"cpp.simdlen": isa.nelements()} if isa else {}',
+        what="the compiled step states its vector width in lanes: inductor stops vectorising",
+        tests=["tests/test_weight_quant.py::test_inductor_options_keep_the_vector_isa"],
     ),
 ]

@@ -28,6 +28,7 @@ BENCHMARKS = (
     "mla",
     "sparse",
     "kvquant",
+    "weights",
     "expert_parallel",
     "speculative",
     "kernels",

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from companion.checkpoints.transformers import load_state_dict_strict
 from companion.checks import check_id_list, check_text, read_checked, require
+from companion.layers.weight_quant import BLOCK_FORMATS, BlockLinear
 from companion.models.config import ModelConfig
 from companion.models.decoder import DecoderLM
 
@@ -29,6 +30,7 @@ __all__ = [
     "GGUFTokenizer",
     "load_smollm2",
     "read_gguf",
+    "read_gguf_blocks",
     "smollm2_path",
     "state_dict_from_gguf",
     "unpermute_qk",
@@ -76,12 +78,30 @@ def _read_gguf(path: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     return meta, tensors
 
 
+def read_gguf_blocks(path: Path | str) -> dict[str, np.ndarray]:
+    """The file's Q4_1 and Q8_0 tensors as stored: raw uint8 blocks ``(rows, N, bytes
+    per block)``, N blocks of 32 weights per row, not dequantised."""
+    require("gguf", "hf", "read_gguf_blocks")
+    return read_checked(path, "GGUF", _read_blocks)
+
+
+def _read_blocks(path: str) -> dict[str, np.ndarray]:
+    import gguf
+
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        if t.tensor_type.name in BLOCK_FORMATS:
+            per_block = BLOCK_FORMATS[t.tensor_type.name]
+            out[t.name] = t.data.reshape(t.data.shape[0], -1, per_block)
+    return out
+
+
 def unpermute_qk(w: Tensor, n_heads: int) -> Tensor:
     """Undo llama.cpp's row order for W_Q or W_K ``(H·D, d)``: pairs (2f, 2f+1) -> (f,
     f+D/2)."""
-    rows, d = w.shape
-    head_dim = rows // n_heads
-    return w.reshape(n_heads, head_dim // 2, 2, d).transpose(1, 2).reshape(rows, d)
+    head_dim = w.shape[0] // n_heads  # trailing dims: a row's numbers or raw blocks
+    halves = w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2)
+    return halves.reshape(w.shape)
 
 
 def _config(meta: dict[str, object]) -> ModelConfig:
@@ -132,10 +152,14 @@ def _config(meta: dict[str, object]) -> ModelConfig:
 
 
 def state_dict_from_gguf(
-    meta: dict[str, object], tensors: dict[str, np.ndarray], cfg: ModelConfig
+    meta: dict[str, object],
+    tensors: dict[str, np.ndarray],
+    cfg: ModelConfig,
+    raw: bool = False,
 ) -> dict[str, Tensor]:
     """``companion`` names for llama.cpp's (``blk.N.attn_q.weight`` ...), Q/K rows
-    unpermuted."""
+    unpermuted; ``raw=True`` keeps each array's dtype (the raw blocks of
+    :func:`read_gguf_blocks`) instead of making it fp32."""
     out: dict[str, Tensor] = {}
     names = {
         "attn_norm": "attn_norm",
@@ -147,7 +171,7 @@ def state_dict_from_gguf(
     }
     qkv: dict[int, dict[str, Tensor]] = {}
     for name, arr in tensors.items():
-        t = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        t = torch.from_numpy(np.array(arr, dtype=None if raw else np.float32))  # a copy
         if name == "token_embd.weight":
             out["tok_emb.weight"] = t
             out["lm_head.weight"] = t
@@ -246,11 +270,24 @@ class GGUFTokenizer:
         )
 
 
-def load_smollm2(path: Path | str | None = None) -> tuple[DecoderLM, GGUFTokenizer]:
+def load_smollm2(
+    path: Path | str | None = None, blocks: bool = False
+) -> tuple[DecoderLM, GGUFTokenizer]:
     """SmolLM2-135M-Instruct as a ``companion`` model (fp32, eval mode) and its
-    tokenizer."""
-    meta, tensors = read_gguf(path or smollm2_path())
+    tokenizer. ``blocks=True`` keeps every linear layer as the file stores it, a
+    :class:`~companion.layers.weight_quant.BlockLinear` of its Q4_1 or Q8_0 blocks (the
+    output head too; the embedding table stays fp32): the same numbers as the fp32
+    model, in 5 or 8.5 bits per weight."""
+    path = path or smollm2_path()
+    meta, tensors = read_gguf(path)
     cfg = _config(meta)
     model = DecoderLM(cfg)
     load_state_dict_strict(model, state_dict_from_gguf(meta, tensors, cfg))
+    if blocks:
+        raw = state_dict_from_gguf(meta, read_gguf_blocks(path), cfg, raw=True)
+        for name, r in raw.items():
+            parent, _, child = name.removesuffix(".weight").rpartition(".")
+            if isinstance(getattr(model.get_submodule(parent), child), torch.nn.Linear):
+                fmt = next(f for f, n in BLOCK_FORMATS.items() if n == r.shape[-1])
+                setattr(model.get_submodule(parent), child, BlockLinear(r, fmt))
     return model.eval(), GGUFTokenizer(meta)

@@ -198,7 +198,7 @@ class MultiHeadAttention(nn.Module):
         """An empty cache for ``batch`` sequences of up to ``max_len`` positions: a ring
         buffer of W slots if this layer's window W is shorter, else ``max_len``
         slots."""
-        w = self.out_proj.weight
+        w = getattr(self.out_proj, "weight", self.out_proj)  # nn.Linear, or quantised
         args = (batch, self.n_kv_heads)
         kw = {"dtype": dtype or w.dtype, "device": device or w.device}
         if self.window is not None and self.window < max_len:
@@ -258,7 +258,8 @@ class MultiHeadAttention(nn.Module):
         """Raise an error naming what does not fit, before anything is written: ``x (B,
         T, d)``, ``context (B, S, d)``, a ``cache`` as :meth:`new_cache` makes it for B
         (window, H_kv, D, the weights' dtype and device). Shapes only: cheap per step."""
-        d, w, dev = self.d_model, self.out_proj.weight, self.out_proj.weight.device
+        w = getattr(self.out_proj, "weight", self.out_proj)  # nn.Linear, or quantised
+        d, dev = self.d_model, w.device
         check_tensor("x", x, (None, None, d), legend="(B, T, d)", device=dev)
         b = x.shape[0]
         if context is not None:

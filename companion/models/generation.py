@@ -125,11 +125,13 @@ def _inductor_options() -> dict[str, int]:
     written for the other's vector width: 8-lane code built as AVX-512 stores 16 floats
     per 8 and corrupts the heap; 16-lane code built as AVX2 leaves lanes unwritten
     (NaN). Stated, the width enters the cache key, and each path gets its own code.
+    ``cpp.simdlen`` is the width in bits (256 for AVX2): inductor looks for the ISA of
+    exactly that many bits, and a width it does not know turns vectorisation off.
     """
     from torch._inductor import cpu_vec_isa
 
     isa = cpu_vec_isa.pick_vec_isa()
-    return {"cpp.simdlen": isa.nelements()} if isa else {}
+    return {"cpp.simdlen": isa.bit_width()} if isa else {}
 
 
 def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_token
