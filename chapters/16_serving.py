@@ -129,13 +129,16 @@ _ = smol.eval()  # inference: no dropout anywhere
 # where this one materialises the keys.
 
 # %% tags=["hide-input"]
+import copy
 import itertools
 
 import torch.nn.functional as F
 
 from companion.analysis.cache_size import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.analysis.seeds import difference
+from companion.bench.decode import copy_bandwidth
 from companion.bench.kvquant import cached_logits, greedy_tokens, leading_agreement
+from companion.bench.weights import products_seconds
 from companion.layers.kv_quant import (
     SCALE_BYTES,
     QuantizedKVCache,
@@ -143,6 +146,12 @@ from companion.layers.kv_quant import (
     quantize_cache,
     quantize_rows,
     stored_bytes,
+)
+from companion.layers.weight_quant import (
+    block_matvec,
+    dequantize_blocks,
+    quantize_linears,
+    stored_weight_bytes,
 )
 
 # %%
@@ -352,6 +361,150 @@ glue("ch16-quant-windows", f"{N_WIN} windows of {T_WIN} tokens", display=False)
 # separate operations, so expect the memory saving there, not a speed-up. The saving
 # becomes speed only where the cache is most of each step's traffic (long contexts, many
 # sequences) and the dequantisation is fused into attention, which is not measured here.
+
+# %% [markdown]
+# ## Fewer bytes per weight
+#
+# At batch 1 the cache is the small part of what a step reads. Each new token reads
+# SmolLM2's matrices once, {glue:text}`ch16-w-mb-fp32` MB in fp32, against
+# {glue:text}`ch16-w-cache-mb` MB for an fp32 cache of 2,048 tokens. So the weights set
+# the decode bound, bytes per token over the memory's bandwidth, and storing them in
+# fewer bits is the way past it. *Weight-only* quantisation does that and keeps the
+# activations, the cache and the arithmetic in fp32: each weight becomes a small integer
+# code, and the layer turns the codes back into numbers inside the product.
+#
+# Two forms are built here. int8 keeps one fp32 scale per output row, $s_o =
+# \max_i |w_{oi}| / 127$, and rounds $w_{oi} / s_o$ to the nearest integer: 8 bits per
+# weight. The file this book reads SmolLM2 from already stores a 4-bit form, llama.cpp's
+# Q4_1: every 32 consecutive weights of a row share an fp16 step $d$ and minimum $m$,
+# and each keeps a 4-bit code $q$, so $w = d\,q + m$ in 20 bytes per block (5 bits per
+# weight). The output head is stored as Q8_0, $w = d\,q$ with 8-bit codes.
+# `load_smollm2(blocks=True)` keeps the blocks as the file stores them. For one input
+# row inside `torch.compile`, a layer uses its decode form: it multiplies codes by
+# inputs and sums per block, so the generated loop reads each stored byte once.
+
+# %%
+Code(
+    inspect.getsource(dequantize_blocks) + "\n" + inspect.getsource(block_matvec),
+    language="python",
+)
+
+# %%
+smol_int8 = quantize_linears(copy.deepcopy(smol))  # int8, one scale per row
+smol_q4, _ = load_smollm2(blocks=True)  # the file's own Q4_1 / Q8_0 blocks
+forms = {"fp32": smol, "int8": smol_int8, "Q4_1 (file)": smol_q4}
+mb = {name: stored_weight_bytes(m) / 1e6 for name, m in forms.items()}
+with torch.no_grad():  # the blocks are the numbers the fp32 model was read from
+    blocks_exact = torch.equal(smol_q4(windows), smol(windows))
+out["int8 weights"], _ = greedy_tokens(smol_int8, prompts, N_NEW)
+first_int8w = leading_agreement(out["int8 weights"], out["fp32"])
+logits = cached_logits(smol_int8, windows, 32)
+nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+d_int8w = difference(nll.mean(dim=1).tolist(), loss["fp32"])
+
+# %% tags=["hide-input"]
+for name, size in mb.items():
+    print(f"{name:<12} {size:6.0f} MB of weights read per token")
+print(f"Q4_1 blocks: logits equal the fp32 model's on every window: {blocks_exact}")
+print("int8 weights: greedy tokens equal to fp32's before the first difference:",
+      first_int8w, f"\nint8 weights: loss change {d_int8w.format(4)} nats/token")  # fmt: skip
+
+# %% tags=["hide-input"]
+lin = [m.weight for m in smol.modules() if isinstance(m, torch.nn.Linear)]
+assert mb["fp32"] * 1e6 == 4 * sum(w.numel() for w in lin)  # lm_head: the tied table
+rows = sum(w.shape[0] for w in lin)
+assert mb["int8"] * 1e6 == sum(w.numel() for w in lin) + 4 * rows
+assert blocks_exact  # same numbers: the block model is the fp32 model
+cache_mb = per_token["fp32"] * 2048 / 1e6
+glue("ch16-w-mb-fp32", f"{mb['fp32']:.0f}", display=False)
+glue("ch16-w-mb-int8", f"{mb['int8']:.0f}", display=False)
+glue("ch16-w-mb-q4", f"{mb['Q4_1 (file)']:.0f}", display=False)
+glue("ch16-w-cache-mb", f"{cache_mb:.0f}", display=False)
+glue("ch16-w-first-int8", ", ".join(map(str, first_int8w)), display=False)
+glue("ch16-w-dloss-int8", d_int8w.format(4), display=False)
+glue("ch16-w-verdict-int8", VERDICT[d_int8w.verdict], display=False)
+
+# %% [markdown]
+# The Q4_1 model reads {glue:text}`ch16-w-mb-q4` MB per token and the int8 model
+# {glue:text}`ch16-w-mb-int8` MB, where fp32 reads {glue:text}`ch16-w-mb-fp32` MB. The
+# blocks are not an approximation of this page's fp32 model: that model was made by
+# dequantising them, so its logits and its greedy text are the same, bit for bit
+# (asserted). int8 re-rounds those numbers once more. Of {glue:text}`ch16-quant-new`
+# greedy tokens from each of the four prompts, it matched fp32 for the first
+# {glue:text}`ch16-w-first-int8`, and over the same Shakespeare windows it changed the
+# loss by {glue:text}`ch16-w-dloss-int8` nats per token.
+# {glue:text}`ch16-w-verdict-int8`
+#
+# Do fewer bytes make faster tokens? Here the matrix-vector products of one decode step
+# (every weight read once, nothing else) are timed alone, each form compiled for this
+# CPU's widest vector unit, beside the bound of its own bytes: this page's measured copy
+# bandwidth over the bytes per token.
+
+# %% tags=["hide-input"]
+# NBVAL_IGNORE_OUTPUT
+bandwidth = copy_bandwidth()
+tps = {name: 1 / products_seconds(m) for name, m in forms.items()}  # compiles each
+for name in forms:
+    print(f"{name:<12} {mb[name]:5.0f} MB/token  bound {bandwidth / mb[name] / 1e6:7.1f}"
+          f" tokens/s   products alone {tps[name]:7.1f} tokens/s")  # fmt: skip
+speedup = tps["int8"] / tps["fp32"]
+glue("ch16-w-tps-fp32", f"{tps['fp32']:.0f}", display=False)
+glue("ch16-w-tps-q4", f"{tps['Q4_1 (file)']:.0f}", display=False)
+glue("ch16-w-tps-int8", f"{tps['int8']:.0f}", display=False)
+glue("ch16-w-bytes-ratio", f"{mb['fp32'] / mb['int8']:.1f}", display=False)
+glue(
+    "ch16-w-speed-verdict",
+    f"On this CPU, in this run, int8's products ran {speedup:.1f} times as fast as fp32's."
+    if speedup > 1
+    else "On this CPU, in this run, int8's products were no faster than fp32's: the "
+    "generated loop spent longer turning codes into numbers than it saved in reads.",
+    display=False,
+)
+
+# %% tags=["remove-output", "hide-input"]
+# NBVAL_IGNORE_OUTPUT
+fig, ax = plt.subplots(figsize=(7, 4.2))
+grid = np.logspace(np.log10(60), np.log10(700), 50)
+ax.loglog(grid, bandwidth / (grid * 1e6), color="grey", label="bound: copy bandwidth / bytes")
+for j, name in enumerate(forms):
+    c = PALETTE[j % len(PALETTE)]
+    ax.plot(mb[name], bandwidth / (mb[name] * 1e6), "o", mfc="none", color=c)
+    ax.plot(mb[name], tps[name], "o", color=c, label=f"{name}: products, timed")
+    ax.annotate(name, (mb[name], bandwidth / (mb[name] * 1e6)), textcoords="offset points",
+                xytext=(6, 6), fontsize=8)  # fmt: skip
+ax.set_xticks([60, 100, 200, 500], ["60", "100", "200", "500"])
+ax.set_yticks([10, 20, 50, 100, 200, 500], ["10", "20", "50", "100", "200", "500"])
+ax.xaxis.set_minor_formatter(plt.NullFormatter())
+ax.yaxis.set_minor_formatter(plt.NullFormatter())
+ax.set(xlabel="MB of weights read per token", ylabel="tokens per second",
+       title="SmolLM2-135M, batch 1: bytes per token against tokens per second")  # fmt: skip
+ax.legend(fontsize=8)
+glue("fig-weight-bytes", fig)
+plt.close(fig)
+
+# %% [markdown]
+# ```{glue:figure} fig-weight-bytes
+# :name: fig-weight-bytes
+#
+# The decode roofline of a memory-bound step on real weights: bytes of weights read per
+# token (x) against tokens per second (y) for SmolLM2-135M at batch 1 on this CPU. The
+# grey line is the bound, this run's copy bandwidth over the bytes; open circles sit on
+# it at each form's bytes; filled circles are the step's matrix products timed alone
+# (compiled for this CPU's widest vector unit).
+# ```
+#
+# {glue:text}`ch16-w-speed-verdict` Its bytes are {glue:text}`ch16-w-bytes-ratio` times
+# fewer. In tokens per second of the products alone: fp32 {glue:text}`ch16-w-tps-fp32`,
+# int8 {glue:text}`ch16-w-tps-int8`, Q4_1 {glue:text}`ch16-w-tps-q4`. Q4_1 reads the
+# fewest bytes, but each code costs two more operations to take out of its byte (a mask
+# and a shift), and the block's step and minimum are two more fp16 numbers to widen: on
+# a CPU with two cores that arithmetic, not the memory, can set its pace, so fewer bytes
+# need not mean more tokens. None of the forms reaches the bound: the bound counts bytes copied by both
+# cores at full speed, and a matrix-vector product on two cores keeps fewer reads in
+# flight than a copy does. Decoding end to end adds attention, norms and the per-step
+# work around the products. `python -m companion.bench weights` measures that: the
+# compiled decode step with each form, transformers' fp32 `generate` beside them, and
+# greedy agreement over 256 tokens.
 
 # %% [markdown]
 # ## Why servers page the cache
@@ -684,7 +837,6 @@ from companion.analysis.phases import (
     phase_cost,
     prefill_cost,
 )
-from companion.bench.decode import copy_bandwidth
 from companion.bench.mla import (
     PHASE_SHAPE,
     bench_mla_phases,
@@ -924,6 +1076,13 @@ for fp in footprints:  # paged fills what it reserves; contiguous mostly does no
 #   {glue:text}`ch16-quant-top1-fp8`; neither moved the loss measurably. On this CPU, at
 #   these short contexts, the weights dominate every step's bytes, so the saving is
 #   memory (room for longer contexts or more sequences), not speed.
+# - **Fewer bytes per weight is where batch-1 decode gets faster.** SmolLM2's weights
+#   take {glue:text}`ch16-w-mb-fp32` MB per token in fp32, {glue:text}`ch16-w-mb-int8`
+#   in int8 and {glue:text}`ch16-w-mb-q4` as the file's own Q4_1 blocks, which are
+#   exactly the numbers of the fp32 model (equal logits). Timed alone, the step's matrix
+#   products ran at {glue:text}`ch16-w-tps-fp32`, {glue:text}`ch16-w-tps-int8` and
+#   {glue:text}`ch16-w-tps-q4` tokens per second; int8 re-rounding changed the loss by
+#   {glue:text}`ch16-w-dloss-int8` nats per token.
 # - **Servers page the cache.** A page table in front of one pool of fixed-size pages
 #   decodes the same tokens as a contiguous cache (logits within
 #   {glue:text}`ch16-paged-tiny-maxdiff`) for full, sliding and latent layers, lets a
