@@ -118,7 +118,7 @@ class BlockLinear(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the dequantised weight: fp32 (the input's, in ``forward``)."""
+        """The dtype of the dequantised weight, fp32 (the input's in ``forward``)."""
         return torch.float32
 
     @property
@@ -164,7 +164,7 @@ class Int8Linear(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the dequantised weight: the scales' (fp32 unless cast)."""
+        """The dtype of the dequantised weight, the scales' (fp32 unless cast)."""
         return self.scale.dtype
 
     @property
