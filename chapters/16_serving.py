@@ -407,7 +407,8 @@ for name, size in mb.items():
     print(f"{name:<12} {size:6.0f} MB of weights read per token")
 print(f"Q4_1 blocks: logits equal the fp32 model's on every window: {blocks_exact}")
 print("int8 weights: greedy tokens equal to fp32's before the first difference:",
-      first_int8w, f"\nint8 weights: loss change {d_int8w.format(4)} nats/token")  # fmt: skip
+      first_int8w, "")  # fmt: skip
+print(f"int8 weights: loss change {d_int8w.format(4)} nats/token")
 
 # %% tags=["hide-input"]
 lin = [m.weight for m in smol.modules() if isinstance(m, torch.nn.Linear)]
@@ -445,8 +446,9 @@ glue("ch16-w-verdict-int8", VERDICT[d_int8w.verdict], display=False)
 bandwidth = copy_bandwidth()
 tps = {name: 1 / products_seconds(m) for name, m in forms.items()}  # compiles each
 for name in forms:
-    print(f"{name:<12} {mb[name]:5.0f} MB/token  bound {bandwidth / mb[name] / 1e6:7.1f}"
-          f" tokens/s   products alone {tps[name]:7.1f} tokens/s")  # fmt: skip
+    roof = bandwidth / mb[name] / 1e6
+    print(f"{name:<12} {mb[name]:5.0f} MB/token  bound {roof:7.1f} tokens/s"
+          f"   products alone {tps[name]:7.1f} tokens/s")  # fmt: skip
 speedup = tps["int8"] / tps["fp32"]
 glue("ch16-w-tps-fp32", f"{tps['fp32']:.0f}", display=False)
 glue("ch16-w-tps-q4", f"{tps['Q4_1 (file)']:.0f}", display=False)
@@ -454,7 +456,8 @@ glue("ch16-w-tps-int8", f"{tps['int8']:.0f}", display=False)
 glue("ch16-w-bytes-ratio", f"{mb['fp32'] / mb['int8']:.1f}", display=False)
 glue(
     "ch16-w-speed-verdict",
-    f"On this CPU, in this run, int8's products ran {speedup:.1f} times as fast as fp32's."
+    f"On this CPU, in this run, int8's products ran {speedup:.1f} times as fast as "
+    "fp32's."
     if speedup > 1
     else "On this CPU, in this run, int8's products were no faster than fp32's: the "
     "generated loop spent longer turning codes into numbers than it saved in reads.",
@@ -465,19 +468,20 @@ glue(
 # NBVAL_IGNORE_OUTPUT
 fig, ax = plt.subplots(figsize=(7, 4.2))
 grid = np.logspace(np.log10(60), np.log10(700), 50)
-ax.loglog(grid, bandwidth / (grid * 1e6), color="grey", label="bound: copy bandwidth / bytes")
+ax.loglog(grid, bandwidth / (grid * 1e6), color="grey",
+          label="bound: copy bandwidth / bytes")  # fmt: skip
 for j, name in enumerate(forms):
     c = PALETTE[j % len(PALETTE)]
     ax.plot(mb[name], bandwidth / (mb[name] * 1e6), "o", mfc="none", color=c)
     ax.plot(mb[name], tps[name], "o", color=c, label=f"{name}: products, timed")
-    ax.annotate(name, (mb[name], bandwidth / (mb[name] * 1e6)), textcoords="offset points",
-                xytext=(6, 6), fontsize=8)  # fmt: skip
+    ax.annotate(name, (mb[name], bandwidth / (mb[name] * 1e6)), fontsize=8,
+                textcoords="offset points", xytext=(6, 6))  # fmt: skip
 ax.set_xticks([60, 100, 200, 500], ["60", "100", "200", "500"])
 ax.set_yticks([10, 20, 50, 100, 200, 500], ["10", "20", "50", "100", "200", "500"])
 ax.xaxis.set_minor_formatter(plt.NullFormatter())
 ax.yaxis.set_minor_formatter(plt.NullFormatter())
-ax.set(xlabel="MB of weights read per token", ylabel="tokens per second",
-       title="SmolLM2-135M, batch 1: bytes per token against tokens per second")  # fmt: skip
+title = "SmolLM2-135M, batch 1: bytes per token against tokens per second"
+ax.set(xlabel="MB of weights read per token", ylabel="tokens per second", title=title)
 ax.legend(fontsize=8)
 glue("fig-weight-bytes", fig)
 plt.close(fig)
