@@ -413,8 +413,8 @@ print(f"int8 weights: loss change {d_int8w.format(4)} nats/token")
 # %% tags=["hide-input"]
 lin = [m.weight for m in smol.modules() if isinstance(m, torch.nn.Linear)]
 assert mb["fp32"] * 1e6 == 4 * sum(w.numel() for w in lin)  # lm_head: the tied table
-rows = sum(w.shape[0] for w in lin)
-assert mb["int8"] * 1e6 == sum(w.numel() for w in lin) + 4 * rows
+n_rows = sum(w.shape[0] for w in lin)
+assert mb["int8"] * 1e6 == sum(w.numel() for w in lin) + 4 * n_rows
 assert blocks_exact  # same numbers: the block model is the fp32 model
 cache_mb = per_token["fp32"] * 2048 / 1e6
 glue("ch16-w-mb-fp32", f"{mb['fp32']:.0f}", display=False)
