@@ -136,9 +136,8 @@ import torch.nn.functional as F
 
 from companion.analysis.cache_size import kv_cache_bytes, kv_cache_bytes_per_token
 from companion.analysis.seeds import difference
-from companion.bench.decode import copy_bandwidth
+from companion.bench.floors import copy_bandwidth, products_seconds
 from companion.bench.kvquant import cached_logits, greedy_tokens, leading_agreement
-from companion.bench.weights import products_seconds
 from companion.layers.kv_quant import (
     SCALE_BYTES,
     QuantizedKVCache,
@@ -153,6 +152,7 @@ from companion.layers.weight_quant import (
     quantize_linears,
     stored_weight_bytes,
 )
+from companion.ops.matvec import matvec
 
 # %%
 Code(inspect.getsource(quantize_rows), language="python")
@@ -381,11 +381,19 @@ glue("ch16-quant-windows", f"{N_WIN} windows of {T_WIN} tokens", display=False)
 # weight). The output head is stored as Q8_0, $w = d\,q$ with 8-bit codes.
 # `load_smollm2(blocks=True)` keeps the blocks as the file stores them. For one input
 # row inside `torch.compile`, a layer uses its decode form: it multiplies codes by
-# inputs and sums per block, so the generated loop reads each stored byte once.
+# inputs and sums per block, so the generated loop reads each stored byte once. fp32
+# has a decode form too. A BLAS matrix product is built for many rows, and for one row
+# its speed is the library's; the compiled decode step of {doc}`08_kv_cache` instead
+# runs every one-row `F.linear` as `matvec`, a multiply-and-reduce that the compiler
+# turns into one loop streaming each weight row (last below).
 
 # %%
 Code(
-    inspect.getsource(dequantize_blocks) + "\n" + inspect.getsource(block_matvec),
+    inspect.getsource(dequantize_blocks)
+    + "\n"
+    + inspect.getsource(block_matvec)
+    + "\n"
+    + inspect.getsource(matvec),
     language="python",
 )
 
@@ -437,9 +445,9 @@ glue("ch16-w-verdict-int8", VERDICT[d_int8w.verdict], display=False)
 # {glue:text}`ch16-w-verdict-int8`
 #
 # Do fewer bytes make faster tokens? Here the matrix-vector products of one decode step
-# (every weight read once, nothing else) are timed alone, each form compiled for this
-# CPU's widest vector unit, beside the bound of its own bytes: this page's measured copy
-# bandwidth over the bytes per token.
+# (every weight read once, nothing else) are timed alone, each in its decode form
+# compiled for this CPU's widest vector unit, beside the bound of its own bytes: this
+# page's measured copy bandwidth over the bytes per token.
 
 # %% tags=["hide-input"]
 # NBVAL_IGNORE_OUTPUT
@@ -494,7 +502,7 @@ plt.close(fig)
 # token (x) against tokens per second (y) for SmolLM2-135M at batch 1 on this CPU. The
 # grey line is the bound, this run's copy bandwidth over the bytes; open circles sit on
 # it at each form's bytes; filled circles are the step's matrix products timed alone
-# (compiled for this CPU's widest vector unit).
+# (each in its decode form, compiled for this CPU's widest vector unit).
 # ```
 #
 # {glue:text}`ch16-w-speed-verdict` Its bytes are {glue:text}`ch16-w-bytes-ratio` times

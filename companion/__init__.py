@@ -262,6 +262,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "recurrent_linear_attention", "split_chunks",
     ),
     "ops.masks": ("causal_mask", "combine_masks", "guard_empty_rows", "padding_mask"),
+    "ops.matvec": ("matvec", "OneRowLinears"),
     "ops.rope": (
         "apply_rope", "apply_rope_reference", "base_inv_freq", "dynamic_ntk_theta", "LAYOUTS",
         "llama3_inv_freq", "rope_cos_sin", "rope_frequencies", "ROPE_TYPES", "RopeScaling",

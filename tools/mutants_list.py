@@ -182,8 +182,8 @@ MUTATIONS = [
     dict(
         id="rope-llama3-smooth",
         file="companion/ops/rope.py",
-        old="smooth = (orig / wavelen - low_f) / (high_f - low_f)",
-        new="smooth = (orig / wavelen - high_f) / (high_f - low_f)",
+        old="smooth = (orig_len / wavelen - low) / (high - low)  # 0: slow end, 1: fast end",
+        new="smooth = (orig_len / wavelen - high) / (high - low)  # 0: slow end, 1: fast end",
         what="Llama 3 blend measured from the wrong end",
         tests=["tests/test_rope.py"],
     ),
@@ -546,5 +546,30 @@ MUTATIONS = [
         new='return {"cpp.simdlen": isa.nelements()} if isa else {}',
         what="the compiled step states its vector width in lanes: inductor stops vectorising",
         tests=["tests/test_weight_quant.py::test_inductor_options_keep_the_vector_isa"],
+    ),
+    # the decode form of a one-row linear map (chapters 08, 16)
+    dict(
+        id="matvec-sums-the-wrong-axis",
+        file="companion/ops/matvec.py",
+        old="y = (weight * x.unsqueeze(-2)).sum(-1)",
+        new="y = (weight * x.unsqueeze(-2)).sum(-2)",
+        what="the decode form sums over output rows instead of input features",
+        tests=["tests/test_matvec.py::test_matvec_equals_linear_forward_and_backward"],
+    ),
+    dict(
+        id="matvec-mode-takes-every-row-count",
+        file="companion/ops/matvec.py",
+        old='if x.device.type == "cpu" and x.numel() == x.shape[-1]:',
+        new='if x.device.type == "cpu":',
+        what="prefill's many-row products also take the one-row decode form",
+        tests=["tests/test_matvec.py::test_one_row_linears_route_single_rows_only"],
+    ),
+    dict(
+        id="compiled-step-without-the-decode-form",
+        file="companion/models/generation.py",
+        old="with OneRowLinears():",
+        new="with contextlib.nullcontext():",
+        what="the compiled decode step runs its linear maps through the BLAS kernel",
+        tests=["tests/test_matvec.py::test_compiled_decode_step_runs_inside_the_mode"],
     ),
 ]

@@ -9,9 +9,12 @@ the memory-bandwidth bound: decoding one token reads every weight once, so it ca
 beat ``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the memory
 traffic (bytes read plus bytes written) per second of a large ``Tensor.copy_``. The
 table also gives the *matmul floor* (:func:`matmul_floor`): the time of the weights'
-matrix-vector products alone, which bounds every implementation from below on this
-machine. Both are measured in every round, between the decoders, and the best round is
-kept: on a shared machine the bandwidth drifts, and the bound must not be the low one.
+matrix-vector products alone as ``F.linear`` calls (the BLAS kernel's speed for one row,
+the floor of every eager loop), and on the CPU the compiled step's own floor, the same
+products compiled in their decode form (:mod:`companion.ops.matvec`), measured once
+after the rounds. The bandwidth and the ``F.linear`` floor are measured in every round,
+between the decoders, and the best round is kept: on a shared machine the bandwidth
+drifts, and the bound must not be the low one.
 
 On a GPU, ``--device cuda --dtype bf16`` runs the same comparison there, and
 ``--preset NAME`` decodes with random weights of a preset of
@@ -31,47 +34,10 @@ from collections.abc import Callable
 
 import torch
 
-from .common import median_seconds, positive_int, sync
+from .common import positive_int, sync
+from .floors import copy_bandwidth, matmul_floor, products_seconds
 
-__all__ = [
-    "add_parser",
-    "bench_decode",
-    "copy_bandwidth",
-    "format_decode",
-    "matmul_floor",
-]
-
-
-def copy_bandwidth(
-    nbytes: int = 256 * 2**20,
-    repeats: int = 5,
-    device: torch.device | str = "cpu",
-) -> float:
-    """Memory traffic per second of one large tensor copy on ``device`` (median of
-    ``repeats``, synchronised on an accelerator).
-
-    A copy reads ``nbytes`` and writes ``nbytes``: both count, as in STREAM's "copy".
-    """
-    device = torch.device(device)
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / median_seconds(lambda: dst.copy_(src), device, repeats)
-
-
-def matmul_floor(model: torch.nn.Module, repeats: int = 5) -> float:
-    """Seconds per token of the model's matrix-vector products alone: one ``(1, in)``
-    row through every ``nn.Linear`` weight in turn, nothing else. No decoder built from
-    these weights can be faster on this machine, whatever its framework."""
-    weights = [
-        m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)
-    ]
-    rows = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
-
-    def products() -> None:
-        for w, x in zip(weights, rows, strict=True):
-            torch.nn.functional.linear(x, w)
-
-    return median_seconds(products, weights[0].device, repeats)
+__all__ = ["add_parser", "bench_decode", "format_decode"]
 
 
 def bench_decode(
@@ -123,11 +89,12 @@ def bench_decode(
     ours_tps = new_tokens / statistics.median(ours[1:])
     bound = bandwidth / weight_bytes
     extra = {}
+    if compiled and device.type == "cpu":  # the compiled step's own floor
+        extra["decode_floor_tps"] = 1.0 / products_seconds(model, repeats)
     if compiled:
         fixed_tps = new_tokens / statistics.median(fixed[1:])
-        extra = {
+        extra |= {
             "compiled_tps": fixed_tps,
-            "compiled_of_bound": fixed_tps / bound,
             "compiled_agreeing_tokens": float(
                 _agreeing(out_fixed, out_ours, input_ids.shape[1])
             ),
@@ -137,7 +104,6 @@ def bench_decode(
         extra |= {
             "transformers_tps": theirs_tps,
             "ratio": ours_tps / theirs_tps,
-            "transformers_of_bound": theirs_tps / bound,
             **(
                 {"compiled_ratio": extra["compiled_tps"] / theirs_tps}
                 if compiled
@@ -153,7 +119,6 @@ def bench_decode(
         "weight_mb": weight_bytes / 1e6,
         "bound_tps": bound,
         "matmul_floor_tps": 1.0 / min(floors),
-        "companion_of_bound": ours_tps / bound,
         "new_tokens": float(new_tokens),
     }
 
@@ -164,69 +129,48 @@ def _agreeing(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
     return same.index(False) if False in same else len(same)
 
 
-def _format_alone(r: dict[str, float]) -> str:
-    """The table of a run without the transformers side (random preset weights)."""
+def format_decode(r: dict[str, float]) -> str:
+    """The decode results as a small table: each loop against the bound and against
+    the floor of the products it runs (the compiled step's: their decode form)."""
     floor = r["matmul_floor_tps"]
-    rows = [("eager", r["companion_tps"], r["companion_of_bound"])]
+    fast = r.get("decode_floor_tps", floor)
+    hf = "transformers_tps" in r
+    rows = [("companion" if hf else "eager", r["companion_tps"], floor)]
     if "compiled_tps" in r:
-        rows.append(("compiled", r["compiled_tps"], r["compiled_of_bound"]))
+        rows.append(("compiled", r["compiled_tps"], fast))
+    if hf:
+        rows.append(("transformers", r["transformers_tps"], floor))
     lines = [f"{'':<14}{'tokens/s':>10}{'of bound':>10}{'of floor':>10}"]
-    lines += [f"{n:<14}{t:>10.1f}{b:>10.0%}{t / floor:>10.0%}" for n, t, b in rows]
+    lines += [
+        f"{n:<14}{t:>10.1f}{t / r['bound_tps']:>10.0%}{t / f:>10.0%}"
+        for n, t, f in rows
+    ]
+    if hf:
+        lines.append(f"ratio companion/transformers: {r['ratio']:.2f}x")
     if "compiled_tps" in r:
         lines.append(
-            f"compiled tokens equal eager's for the first "
+            (f"ratio compiled/transformers: {r['compiled_ratio']:.2f}x; " if hf else "")
+            + f"compiled tokens equal eager's for the first "
             f"{int(r['compiled_agreeing_tokens'])} of {int(r['new_tokens'])}"
         )
-    return "\n".join(
-        [
-            *lines,
-            f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
-            f"weights = {r['bound_tps']:.1f} tokens/s",
-            f"matmul floor: the weights' matrix-vector products alone, one launch each: "
-            f"{floor:.1f} tokens/s",
-        ]
-    )
-
-
-def format_decode(r: dict[str, float]) -> str:
-    """The decode results as a small table."""
-    if "transformers_tps" not in r:
-        return _format_alone(r)
-    compiled = []
-    if "compiled_tps" in r:
-        compiled = [
-            f"{'compiled':<14}{r['compiled_tps']:>10.1f}{r['compiled_of_bound']:>10.0%}"
-            "   (generate(..., compile=True): the model's own blocks, compiled)",
-        ]
-    ratios = [f"ratio companion/transformers: {r['ratio']:.2f}x"]
-    if "compiled_tps" in r:
-        ratios.append(
-            f"ratio compiled/transformers: {r['compiled_ratio']:.2f}x (its greedy tokens equal "
-            f"companion's for the first {int(r['compiled_agreeing_tokens'])} of "
-            f"{int(r['new_tokens'])})"
-        )
-    return "\n".join(
-        [
-            f"{'':<14}{'tokens/s':>10}{'of bound':>10}",
-            f"{'companion':<14}{r['companion_tps']:>10.1f}{r['companion_of_bound']:>10.0%}",
-            *compiled,
-            f"{'transformers':<14}{r['transformers_tps']:>10.1f}{r['transformers_of_bound']:>10.0%}",
-            *ratios,
-            f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
-            f"weights = {r['bound_tps']:.1f} tokens/s",
-            f"matmul floor: the same weights' matrix-vector products alone run at "
-            f"{r['matmul_floor_tps']:.1f} tokens/s; of it, companion reaches "
-            f"{r['companion_tps'] / r['matmul_floor_tps']:.0%}, "
-            + (
-                f"compiled {r['compiled_tps'] / r['matmul_floor_tps']:.0%}, "
-                if "compiled_tps" in r
-                else ""
-            )
-            + f"transformers {r['transformers_tps'] / r['matmul_floor_tps']:.0%}",
+    lines += [
+        f"bound: {r['bandwidth_gbs']:.1f} GB/s copy bandwidth / {r['weight_mb']:.0f} MB of "
+        f"weights = {r['bound_tps']:.1f} tokens/s",
+        f"floor: the weights' matrix-vector products alone, as F.linear calls: "
+        f"{floor:.1f} tokens/s"
+        + (
+            f"; compiled in their decode form (companion.ops.matvec), the compiled "
+            f"row's floor: {fast:.1f} tokens/s"
+            if "decode_floor_tps" in r
+            else ""
+        ),
+    ]
+    if hf:
+        lines.append(
             f"greedy tokens identical for the first {int(r['agreeing_tokens'])} of "
-            f"{int(r['new_tokens'])} (after that, near-ties in fp32 may break differently)",
-        ]
-    )
+            f"{int(r['new_tokens'])} (after that, near-ties in fp32 may break differently)"
+        )
+    return "\n".join(lines)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

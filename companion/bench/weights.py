@@ -27,56 +27,19 @@ import torch
 from torch import Tensor, nn
 
 from companion.layers.weight_quant import (
-    BlockLinear,
-    Int8Linear,
     quantize_linears,
     stored_weight_bytes,
 )
 
 from .common import positive_int
-from .decode import copy_bandwidth
+from .floors import copy_bandwidth, products_seconds
 from .kvquant import cached_nll, leading_agreement
 
 __all__ = [
     "add_parser",
     "bench_weights",
     "format_weights",
-    "products_seconds",
-    "widest_isa_options",
 ]
-
-LINEARS = (nn.Linear, Int8Linear, BlockLinear)
-
-
-def widest_isa_options() -> dict[str, int]:
-    """Inductor options for the widest vector ISA this CPU has, whatever
-    ``ATEN_CPU_CAPABILITY`` pins: a speed measurement, its outputs discarded. The width
-    enters the code cache's key, so code for one width never runs built for another."""
-    from torch._inductor import cpu_vec_isa
-
-    widths = [isa.bit_width() for isa in cpu_vec_isa.valid_vec_isa_list()]
-    return {"cpp.simdlen": max(widths)} if widths else {}
-
-
-def products_seconds(model: nn.Module, repeats: int = 5) -> float:
-    """Seconds per token of the model's matrix-vector products alone, compiled for the
-    CPU's widest vector ISA: one row through every linear layer (fp32, int8 or blocks)
-    in turn, nothing else."""
-    layers = [m for m in model.modules() if isinstance(m, LINEARS)]
-    rows = [torch.randn(1, 1, m.in_features) for m in layers]
-
-    def products(xs: list[Tensor]) -> list[Tensor]:
-        return [m(x) for m, x in zip(layers, xs, strict=True)]
-
-    run = torch.compile(products, dynamic=False, options=widest_isa_options())
-    with torch.no_grad():
-        run(rows)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run(rows)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def bench_weights(
@@ -191,7 +154,9 @@ def _command(args: argparse.Namespace) -> None:
         f"{args.new_tokens} new tokens, median of {args.repeats} "
         f"(torch {torch.__version__}, {torch.get_num_threads()} threads)"
     )
-    r = bench_weights(models, reference, prompts, windows, args.new_tokens, args.repeats)
+    r = bench_weights(
+        models, reference, prompts, windows, args.new_tokens, args.repeats
+    )
     print(format_weights(r))
 
 

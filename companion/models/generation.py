@@ -12,10 +12,12 @@ with ``DecoderLM``'s interface (``forward_at``, ``new_cache``, ``check_input_ids
   design), so ``torch.compile`` compiles it once and reuses it at every position;
 - :func:`decode_n_tokens` loops it; :func:`sample` picks the next ids.
 
-``compile=True`` is opt-in. The compiled step's guards (the checks that its inputs still
-have the shapes and dtypes it was compiled for) are evaluated on the first step only and
-skipped on the rest, where the installed torch can (``skip_guard_eval_unsafe``; about 1
-ms a step for a 30-layer model): the loop changes nothing but the values.
+``compile=True`` is opt-in. The compiled step runs every one-row linear map on the CPU
+in its decode form (:mod:`companion.ops.matvec`), which inductor turns into a loop that
+streams the weights. Its guards (the checks that its inputs still have the shapes and
+dtypes it was compiled for) are evaluated on the first step only and skipped on the
+rest, where the installed torch can (``skip_guard_eval_unsafe``; about 1 ms a step for a
+30-layer model): the loop changes nothing but the values.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from companion.checks import check_int, check_number
+from companion.ops.matvec import OneRowLinears
 
 __all__ = [
     "check_generation_args",
@@ -134,15 +137,22 @@ def _inductor_options() -> dict[str, int]:
     return {"cpp.simdlen": isa.bit_width()} if isa else {}
 
 
-def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_token
+def _compiled_decode_step(
+    model: nn.Module, token: Tensor, input_pos: Tensor, cache: nn.Module
+) -> Tensor:
+    """:func:`decode_one_token` compiled, its one-row linear maps traced in their decode
+    form (:func:`companion.ops.matvec.matvec`: the weights streamed row by row)."""
     global _compiled_step
-    if not compile:
-        return decode_one_token
     if _compiled_step is None:
         _compiled_step = torch.compile(
             decode_one_token, dynamic=False, options=_inductor_options()
         )
-    return _compiled_step
+    with OneRowLinears():
+        return _compiled_step(model, token, input_pos, cache)
+
+
+def _step(compile: bool):  # noqa: ANN202 - a plain or a compiled decode_one_token
+    return _compiled_decode_step if compile else decode_one_token
 
 
 def _guards_checked_once(compile: bool) -> contextlib.AbstractContextManager:
