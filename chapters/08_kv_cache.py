@@ -1355,8 +1355,12 @@ Code(
 
 # %% [markdown]
 # `generate(..., compile=True)` compiles the step (the first call pays for the
-# compilation). On the tiny model of the first section (four query heads sharing two K/V
-# heads) the compiled step writes the same tokens as the eager one:
+# compilation). Inside it, every linear map of one row runs in a *decode form*,
+# $\sum_i w_{oi} x_i$ written as a multiply and a sum, which the compiler turns into one
+# loop streaming the weights; a library's matrix product is built for many rows
+# ({doc}`16_serving` shows the form). On the tiny model of the first section (four
+# query heads sharing two K/V heads) the compiled step writes the same tokens as the
+# eager one:
 
 # %%
 fast = tiny_lm.generate(prompt, NEW, compile=True)
@@ -1376,8 +1380,8 @@ assert (smol.n_layers, smol.n_heads, smol.n_kv_heads) == (30, 9, 3)
 # layers, 9 query heads sharing 3 K/V heads, fp32, batch 1), and compares them with a bound
 # measured on the same machine: one token must read every weight once, so no decoder can
 # beat copy bandwidth ÷ weight bytes tokens per second; it also times the weights'
-# matrix-vector products alone (the *matmul floor*). Run it to see where your machine's
-# loops fall. The bound is the yardstick for this chapter's reason once more: at batch 1
+# matrix-vector products alone (the *matmul floor*), as the library's products and in
+# the decode form. Run it to see where your machine's loops fall. The bound is the yardstick for this chapter's reason once more: at batch 1
 # the weights, like the cache, are read for two FLOPs per number, so on a chip whose
 # arithmetic outruns its memory a decode step is memory-bound, and a fast path should win
 # by doing little besides the reads it must do. Whether a given machine is such a chip is

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["median_seconds", "positive_int", "sync"]
+__all__ = ["interleaved_medians", "median_seconds", "positive_int", "sync"]
 
 
 def sync(device: torch.device) -> None:
@@ -34,6 +34,21 @@ def median_seconds(
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_medians(
+    runs: dict[str, Callable[[], object]], device: torch.device, repeats: int
+) -> dict[str, float]:
+    """Median wall time of each of ``runs`` over ``repeats`` rounds after a warm-up
+    round, every round running each in turn: load from elsewhere hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats + 1):  # round 0 warms up and is not counted
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t[1:]) for name, t in times.items()}
 
 
 def positive_int(text: str) -> int:

@@ -1,7 +1,8 @@
 """The gated delta rule, chunked vs recurrent (chapter 11): ``python -m companion.bench
 deltanet``.
 
-Times the forward pass (median of ``--repeats`` after one warm-up) of our
+Times the forward pass (median of ``--repeats`` rounds after a warm-up round, each
+round running every form in turn) of our
 :func:`~companion.ops.delta_rule.chunk_gated_delta_rule`, transformers' pure-PyTorch
 ``torch_chunk_gated_delta_rule`` (Qwen3-Next's fallback; skipped when transformers is
 absent) and our token-by-token
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from companion.device import default_device
 from companion.ops.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
-from .common import median_seconds, positive_int
+from .common import interleaved_medians, positive_int
 
 __all__ = ["add_parser", "bench_deltanet", "format_deltanet"]
 
@@ -91,8 +92,8 @@ def bench_deltanet(
             )
         row: dict[str, float] = {"T": t, "hf_chunk_ms": float("nan")}
         with torch.no_grad():
-            for name, run in impls.items():
-                row[f"{name}_ms"] = 1e3 * median_seconds(run, device, repeats)
+            times = interleaved_medians(impls, device, repeats)
+        row |= {f"{name}_ms": 1e3 * s for name, s in times.items()}
         rows.append(row)
     return rows
 

@@ -7,8 +7,7 @@ tokens per second against these.
 
 from __future__ import annotations
 
-import statistics
-import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +17,13 @@ from companion.ops.matvec import OneRowLinears
 
 from .common import median_seconds
 
-__all__ = ["copy_bandwidth", "matmul_floor", "products_seconds", "widest_isa_options"]
+__all__ = [
+    "copy_bandwidth",
+    "decode_form_products",
+    "matmul_floor",
+    "products_seconds",
+    "widest_isa_options",
+]
 
 
 def copy_bandwidth(
@@ -66,11 +71,11 @@ def widest_isa_options() -> dict[str, int]:
     return {"cpp.simdlen": max(widths)} if widths else {}
 
 
-def products_seconds(model: nn.Module, repeats: int = 5) -> float:
-    """Seconds per token of the model's matrix-vector products alone, compiled for the
-    CPU's widest vector ISA: one row through every linear layer (fp32, int8 or blocks)
-    in turn, nothing else, each in the decode form the compiled step uses
-    (:mod:`companion.ops.matvec` for fp32). Its guards are checked on the first call
+def decode_form_products(model: nn.Module) -> Callable[[], object]:
+    """A function that runs the model's matrix-vector products alone once: one row
+    through every linear layer (fp32, int8 or blocks) in turn, nothing else, each in the
+    decode form the compiled step uses (:mod:`companion.ops.matvec` for fp32), compiled
+    here for the CPU's widest vector ISA. Its guards are checked on this first call
     only, as the step's are."""
     layers = [m for m in model.modules() if isinstance(m, LINEARS)]
     rows = [torch.randn(1, 1, m.in_features) for m in layers]
@@ -81,10 +86,15 @@ def products_seconds(model: nn.Module, repeats: int = 5) -> float:
     run = torch.compile(products, dynamic=False, options=widest_isa_options())
     with torch.no_grad(), OneRowLinears():
         run(rows)
-        times = []
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            for _ in range(repeats):
-                start = time.perf_counter()
+
+    def once() -> None:
+        with torch.no_grad(), OneRowLinears():
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 run(rows)
-                times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return once
+
+
+def products_seconds(model: nn.Module, repeats: int = 5) -> float:
+    """Seconds per token of :func:`decode_form_products` (median of ``repeats``)."""
+    return median_seconds(decode_form_products(model), torch.device("cpu"), repeats)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -24,7 +22,7 @@ from companion.device import default_device
 from companion.layers.moe import MoEFeedForward
 from companion.ops.experts import grouped_mm_available
 
-from .common import positive_int, sync
+from .common import interleaved_medians, positive_int
 
 __all__ = ["add_parser", "bench_moe", "format_moe"]
 
@@ -99,14 +97,8 @@ def bench_moe(
             "reference": lambda: run_ours("reference"),
             **{name: (lambda b=block, x=x: b(x)) for name, block in blocks.items()},
         }
-        times: dict[str, list[float]] = {name: [] for name in runs}
         with torch.no_grad():
-            for _ in range(repeats + 1):  # round 0 warms up and is not counted
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    run()
-                    sync(device)
-                    times[name].append(time.perf_counter() - start)
+            times = interleaved_medians(runs, device, repeats)
             diff = (
                 (run_ours("grouped") - blocks["hf_eager"](x)).abs().max()
                 if blocks
@@ -114,9 +106,7 @@ def bench_moe(
             )
         row: dict[str, float] = {"tokens": n, "max_abs_diff": float(diff)}
         for name in IMPLS:
-            row[f"{name}_ms"] = (
-                1e3 * statistics.median(times[name][1:]) if name in times else NAN
-            )
+            row[f"{name}_ms"] = 1e3 * times[name] if name in times else NAN
         rows.append(row)
     return rows
 
