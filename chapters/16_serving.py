@@ -515,8 +515,9 @@ plt.close(fig)
 # cores at full speed, and a matrix-vector product on two cores keeps fewer reads in
 # flight than a copy does. Decoding end to end adds attention, norms and the per-step
 # work around the products. `python -m companion.bench weights` measures that: the
-# compiled decode step with each form, transformers' fp32 `generate` beside them, and
-# greedy agreement over 256 tokens.
+# compiled decode step with each form, transformers' fp32 `generate` and (where it is
+# installed) llama.cpp on the same Q4_1 file beside them, and greedy agreement over 256
+# tokens.
 
 # %% [markdown]
 # ## Why servers page the cache

@@ -266,3 +266,27 @@ def test_kernels_bench_counts_the_pairs_a_window_lets_through():
     band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
     assert visible_pairs(t, w) == band.sum().item()
     assert visible_pairs(t, None) == visible_pairs(t, t) == t * t / 2
+
+
+def test_weights_bench_reports_forms_and_peers():
+    """Each form gets bytes, bound, floor, agreement and loss; a peer gets tokens/s,
+    its ratio and its agreement with the fp32 form (here the eager loop of the same
+    weights, whose greedy tokens the compiled fp32 form must reproduce)."""
+    import copy
+
+    from companion.bench.weights import HF, bench_weights, format_weights
+    from companion.layers.weight_quant import quantize_linears
+    from companion.models.decoder import DecoderLM
+    from companion.models.presets import tiny
+
+    torch.manual_seed(0)
+    fp32 = DecoderLM(tiny()).eval()
+    models = {"fp32": fp32, "int8": quantize_linears(copy.deepcopy(fp32))}
+    peers = {HF: lambda ids: fp32.generate(ids, 4)[:, ids.shape[1] :]}
+    prompts = torch.randint(0, fp32.cfg.vocab_size, (2, 5))
+    windows = torch.randint(0, fp32.cfg.vocab_size, (2, 40))
+    r = bench_weights(models, peers, prompts, windows, new_tokens=4, repeats=1)
+    assert r[HF]["agree"] == [4, 4]
+    assert r["int8"]["mb"] < r["fp32"]["mb"] and r["int8"]["floor_tps"] > 0
+    table = format_weights(r)
+    assert table.splitlines()[3].startswith(HF) and "1.00x" in table.splitlines()[3]

@@ -118,7 +118,7 @@ def _run(args: argparse.Namespace) -> None:
     device = default_device(args.device or "cpu")
     print(
         f"gated delta rule forward, B=1 H={args.heads} D={args.dim} chunk={args.chunk_size}, "
-        f"fp32 on {device.type}, median of {args.repeats} after a warm-up "
+        f"fp32 on {device.type}, median of {args.repeats} rounds after a warm-up round "
         f"(torch {torch.__version__}, {torch.get_num_threads()} threads)"
     )
     rows = bench_deltanet(
