@@ -453,6 +453,7 @@ glue("ch16-w-verdict-int8", VERDICT[d_int8w.verdict], display=False)
 # NBVAL_IGNORE_OUTPUT
 bandwidth = copy_bandwidth()
 tps = {name: 1 / products_seconds(m) for name, m in forms.items()}  # compiles each
+bandwidth = max(bandwidth, copy_bandwidth(), copy_bandwidth())  # it drifts: the best
 for name in forms:
     roof = bandwidth / mb[name] / 1e6
     print(f"{name:<12} {mb[name]:5.0f} MB/token  bound {roof:7.1f} tokens/s"
@@ -462,6 +463,18 @@ glue("ch16-w-tps-fp32", f"{tps['fp32']:.0f}", display=False)
 glue("ch16-w-tps-q4", f"{tps['Q4_1 (file)']:.0f}", display=False)
 glue("ch16-w-tps-int8", f"{tps['int8']:.0f}", display=False)
 glue("ch16-w-bytes-ratio", f"{mb['fp32'] / mb['int8']:.1f}", display=False)
+above = [name for name in forms if tps[name] * mb[name] * 1e6 >= bandwidth]
+glue(
+    "ch16-w-bound-verdict",
+    "None of the forms reaches the bound: the bound counts bytes copied by both cores "
+    "at full speed, and a matrix-vector product on two cores keeps fewer reads in "
+    "flight than a copy does."
+    if not above
+    else f"In this run {' and '.join(above)} reached the bound as measured: the "
+    "copy is timed in short bursts and this machine's bandwidth drifts between them, "
+    "so the bound is a yardstick with an error of its own, not a wall.",
+    display=False,
+)
 glue(
     "ch16-w-speed-verdict",
     f"On this CPU, in this run, int8's products ran {speedup:.1f} times as fast as "
@@ -511,10 +524,8 @@ plt.close(fig)
 # fewest bytes, but each code costs two more operations to take out of its byte (a mask
 # and a shift), and the block's step and minimum are two more fp16 numbers to widen: on
 # a CPU with two cores that arithmetic, not the memory, can set its pace, so fewer bytes
-# need not mean more tokens. None of the forms reaches the bound: the bound counts bytes copied by both
-# cores at full speed, and a matrix-vector product on two cores keeps fewer reads in
-# flight than a copy does. Decoding end to end adds attention, norms and the per-step
-# work around the products. `python -m companion.bench weights` measures that: the
+# need not mean more tokens. {glue:text}`ch16-w-bound-verdict` Decoding end to end adds
+# attention, norms and the per-step work around the products. `python -m companion.bench weights` measures that: the
 # compiled decode step with each form, transformers' fp32 `generate` and (where it is
 # installed) llama.cpp on the same Q4_1 file beside them, and greedy agreement over 256
 # tokens.

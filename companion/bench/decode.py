@@ -8,12 +8,13 @@ blocks through ``torch.compile``; ``--no-compile`` leaves it out), and transform
 the memory-bandwidth bound: decoding one token reads every weight once, so it cannot
 beat ``copy bandwidth / weight bytes`` tokens/s, where the copy bandwidth is the memory
 traffic (bytes read plus bytes written) per second of a large ``Tensor.copy_``. The
-table also gives the *matmul floor* (:func:`matmul_floor`): the time of the weights'
-matrix-vector products alone as ``F.linear`` calls (the BLAS kernel's speed for one row,
-the floor of every eager loop), and on the CPU the compiled step's own floor, the same
-products compiled in their decode form (:mod:`companion.ops.matvec`). All three are
-measured in every round, between the decoders, and the best round is kept: on a shared
-machine the bandwidth drifts, and the bound must not be the low one.
+table also gives the *matmul floor* (:func:`~companion.bench.floors.matmul_floor`): the
+time of the weights' matrix-vector products alone as ``F.linear`` calls (the BLAS
+kernel's speed for one row, the floor of every eager loop), and on the CPU the compiled
+step's own floor, the same products compiled in their decode form
+(:mod:`companion.ops.matvec`). All three are measured in every round, between the
+decoders, and the best round is kept: on a shared machine the bandwidth drifts, and the
+bound must not be the low one.
 
 On a GPU, ``--device cuda --dtype bf16`` runs the same comparison there, and
 ``--preset NAME`` decodes with random weights of a preset of

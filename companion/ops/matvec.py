@@ -3,8 +3,8 @@ weighted sum over each weight row (chapters 08, 16).
 
 Shape legend: I input features, O output features. Decoding one token multiplies a
 single row by every weight matrix, so each weight is read once and used for two FLOPs:
-the step can be no faster than memory delivers the weights. A BLAS ``gemm`` is built for
-many rows and blocks its loops for reuse a single row cannot have; for one row its
+the step can be no faster than memory delivers the weights. A BLAS ``gemm`` is built
+for many rows and blocks its loops for reuse a single row cannot have; for one row its
 speed is the library's, and on some CPUs far below the memory's (``python -m
 companion.bench decode`` times both forms beside the copy bandwidth). Written as
 ``(W * x).sum(-1)``, the same product is one multiply-and-reduce loop that
@@ -27,16 +27,16 @@ __all__ = ["OneRowLinears", "matvec"]
 
 
 def matvec(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` as a weighted sum over each weight row: ``x (…, I)``,
-    ``weight (O, I)``, ``bias (O,)`` -> ``(…, O)``."""
+    """``F.linear(x, weight, bias)`` as a weighted sum over each weight row:
+    ``x (…, I)``, ``weight (O, I)``, ``bias (O,)`` -> ``(…, O)``."""
     y = (weight * x.unsqueeze(-2)).sum(-1)
     return y if bias is None else y + bias
 
 
 class OneRowLinears(TorchFunctionMode):
-    """While active, every ``F.linear`` (so every ``nn.Linear``) whose input is a single
-    row on the CPU runs as :func:`matvec`; other calls are left as they are. Meant to
-    surround a compiled function, which it changes when that function is traced."""
+    """While active, every ``F.linear`` (so every ``nn.Linear``) whose input is a
+    single row on the CPU runs as :func:`matvec`; other calls are left as they are.
+    Meant to surround a compiled function, which it changes when it is traced."""
 
     def __torch_function__(
         self,
